@@ -1,0 +1,162 @@
+"""The facts Triarch plans with, read from templates/compat/*.yaml (each fact there carries its source).
+
+Loaded once per process; everything downstream asks this module rather than hard-coding a number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from triarch.paths import COMPAT_DIR
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'580.65.06' -> (580, 65, 6); compares driver and CUDA versions numerically."""
+    return tuple(int(part) for part in version.split("."))
+
+
+@dataclass(frozen=True)
+class Gpu:
+    key: str
+    product: str
+    architecture: str
+    compute_capability: str
+    memory_mib: int
+    min_cuda: str
+    data_center: bool
+    ray_accelerator_type: str | None
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    gpu: str | None
+    gpus: int
+    vcpus: int
+    memory_gib: float
+
+
+@dataclass(frozen=True)
+class Image:
+    """A serving image: what CUDA it was built with and which vLLM (and Ray) it bundles."""
+
+    repository: str
+    tag: str
+    cuda: str
+    vllm: str | None
+    """The bundled vLLM release, where it is pinned exactly."""
+    ray: str | None
+    verified: bool = True
+    """False where the tag itself was not seen upstream (its CUDA is inferred from the tag scheme)."""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.repository}:{self.tag}"
+
+
+@dataclass(frozen=True)
+class AmiRelease:
+    """One EKS-optimized AMI release: the NVIDIA driver it ships and its node group release versions."""
+
+    ami_type: str
+    release: str
+    nvidia_driver: str
+    container_toolkit: str | None
+    release_versions: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Catalog:
+    gpus: dict[str, Gpu]
+    instances: dict[str, InstanceType]
+    images: dict[str, Image]
+    amis: dict[str, dict[str, AmiRelease]]
+    cuda_minimum_driver: dict[str, str]
+    minor_version_compatibility: dict[str, str]
+
+    def image(self, ref: str) -> Image | None:
+        return self.images.get(ref)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    with path.open(encoding="utf-8") as handle:
+        data = yaml.safe_load(handle)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def load_catalog(directory: Path = COMPAT_DIR) -> Catalog:
+    cuda = _read(directory / "cuda.yaml")
+    gpus = {
+        key: Gpu(
+            key=key,
+            product=str(g["product"]),
+            architecture=str(g["architecture"]),
+            compute_capability=str(g["computeCapability"]),
+            memory_mib=int(g["memoryMiB"]),
+            min_cuda=str(g["minCuda"]),
+            data_center=bool(g["dataCenter"]),
+            ray_accelerator_type=g.get("rayAcceleratorType"),
+        )
+        for key, g in _read(directory / "gpus.yaml")["gpus"].items()
+    }
+    raw_instances = _read(directory / "instances.yaml")
+    instances = {
+        name: InstanceType(name, i.get("gpu"), int(i.get("gpus", 0)), int(i["vcpus"]), float(i["memoryGiB"]))
+        for section in ("instances", "cpuInstances")
+        for name, i in (raw_instances.get(section) or {}).items()
+    }
+    images = {
+        f"{repository}:{tag}": Image(repository, str(tag), str(i["cuda"]), i.get("vllm"), i.get("ray"),
+                                        bool(i.get("verified", True)))
+        for repository, tags in _read(directory / "images.yaml")["images"].items()
+        for tag, i in tags.items()
+    }
+    amis = {
+        ami_type: {
+            str(release): AmiRelease(
+                ami_type=ami_type,
+                release=str(release),
+                nvidia_driver=str(r["nvidiaDriver"]),
+                container_toolkit=r.get("containerToolkit"),
+                release_versions={str(k): str(v) for k, v in (r.get("releaseVersions") or {}).items()},
+            )
+            for release, r in releases.items()
+        }
+        for ami_type, releases in _read(directory / "amis.yaml")["amiTypes"].items()
+    }
+    return Catalog(
+        gpus=gpus,
+        instances=instances,
+        images=images,
+        amis=amis,
+        cuda_minimum_driver={str(k): str(v) for k, v in cuda["minimumDriver"].items()},
+        minor_version_compatibility={str(k): str(v) for k, v in cuda["minorVersionCompatibility"].items()},
+    )
+
+
+@cache
+def catalog() -> Catalog:
+    """The project's catalog, read once."""
+    return load_catalog()
+
+
+@dataclass(frozen=True)
+class Chart:
+    name: str
+    version: str
+    repository: str
+    image: str | None
+
+
+@cache
+def charts() -> dict[str, Chart]:
+    """Pinned Helm charts (templates/compat/charts.yaml)."""
+    raw = _read(COMPAT_DIR / "charts.yaml")["charts"]
+    return {name: Chart(name, str(c["version"]), str(c["repository"]), c.get("image")) for name, c in raw.items()}

@@ -1,0 +1,1 @@
+"""Thin Pulumi components: each registers what a planner decided, parented, with an explicit provider."""

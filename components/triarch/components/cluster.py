@@ -1,0 +1,108 @@
+"""The cluster and the one Kubernetes provider every Kubernetes resource is given (never the ambient kubeconfig)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from triarch.catalog import Catalog
+from triarch.components.network import Network
+from triarch.components.nodegroups import ManagedNodeGroup, NodeRole
+from triarch.config import ClusterConfig, StackConfig
+from triarch.scheduling import POOL_LABEL
+
+CLUSTER_POLICY = "arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"
+CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
+CORE_ADDONS = ["vpc-cni", "kube-proxy", "eks-pod-identity-agent", "coredns"]
+"""Installed as EKS managed add-ons at the version EKS defaults to for the cluster's Kubernetes version."""
+
+EKS_ASSUME_ROLE = """{"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
+ "Principal": {"Service": "eks.amazonaws.com"}, "Action": "sts:AssumeRole"}]}"""
+
+
+def kubeconfig(name: str, endpoint: str, certificate_authority: str, region: str) -> str:
+    """A kubeconfig built only from stable cluster facts, so the provider is not replaced on every run;
+    credentials come from `aws eks get-token` at use time and never enter state."""
+    user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "aws",
+                     "args": ["eks", "get-token", "--cluster-name", name, "--region", region],
+                     "interactiveMode": "Never"}}
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": name,
+        "clusters": [{"name": name, "cluster": {"server": endpoint, "certificate-authority-data": certificate_authority}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        "users": [{"name": name, "user": user}],
+    })
+
+
+class EksCluster(pulumi.ComponentResource):
+    """VPC, control plane (private endpoint, secrets encrypted with KMS, API authentication), a CPU system node
+    group for add-ons, operators and Ray heads, and the core add-ons."""
+
+    def __init__(self, name: str, stack: StackConfig, facts: Catalog, system_release_version: str,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("triarch:cluster:EksCluster", name, None, opts)
+        config: ClusterConfig = stack.cluster
+        assert stack.aws_region is not None
+        child = pulumi.ResourceOptions(parent=self)
+        self.network = Network(f"{name}-net", config, opts=child)
+        self.role = aws.iam.Role(f"{name}-role", assume_role_policy=EKS_ASSUME_ROLE, opts=child)
+        policy = aws.iam.RolePolicyAttachment(f"{name}-cluster-policy", role=self.role.name,
+                                              policy_arn=CLUSTER_POLICY, opts=child)
+        self.secrets_key = aws.kms.Key(f"{name}-secrets", description=f"EKS secrets of {config.name}",
+                                       enable_key_rotation=True, deletion_window_in_days=30, opts=child)
+        public_cidrs = [str(c) for c in config.endpoint_public_access_cidrs]
+        self.cluster = aws.eks.Cluster(
+            name,
+            name=config.name,
+            version=config.kubernetes_version,
+            role_arn=self.role.arn,
+            vpc_config={
+                "subnet_ids": [s.id for s in self.network.private_subnets + self.network.public_subnets],
+                "endpoint_private_access": True,
+                "endpoint_public_access": bool(public_cidrs),
+                "public_access_cidrs": public_cidrs or None,
+            },
+            access_config={"authentication_mode": "API", "bootstrap_cluster_creator_admin_permissions": True},
+            encryption_config={"provider": {"key_arn": self.secrets_key.arn}, "resources": ["secrets"]},
+            enabled_cluster_log_types=CONTROL_PLANE_LOGS,
+            bootstrap_self_managed_addons=False,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy]))
+        self.node_role = NodeRole(f"{name}-nodes", opts=child)
+        system = config.system_node_group
+        self.system_nodes = ManagedNodeGroup(
+            f"{name}-system", cluster_name=self.cluster.name, node_group_name=f"{config.name}-system",
+            instance_type=system.instance_type, ami_type="AL2023_x86_64_STANDARD",
+            release_version=system_release_version, capacity_type="ON_DEMAND", min_size=system.min,
+            max_size=system.max, disk_gib=system.disk_gib,
+            subnet_ids=[s.id for s in self.network.private_subnets], node_role=self.node_role,
+            labels={POOL_LABEL: "system"}, eks_taints=[], cluster_for_tags=config.name, pool="system",
+            opts=child)
+        self.addons = {
+            addon: aws.eks.Addon(
+                f"{name}-{addon}", cluster_name=self.cluster.name, addon_name=addon,
+                resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
+                # coredns needs nodes to run on; the others are what lets nodes become Ready.
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.system_nodes] if addon == "coredns" else []))
+            for addon in CORE_ADDONS
+        }
+        self.kubeconfig = pulumi.Output.all(
+            self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data
+        ).apply(lambda args: kubeconfig(str(args[0]), str(args[1]), str(args[2]), stack.aws_region or ""))
+        self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig,
+                                     opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.addons.values())))
+        self.register_outputs({"clusterName": self.cluster.name, "endpoint": self.cluster.endpoint})
+
+
+class AdoptedCluster(pulumi.ComponentResource):
+    """An existing cluster, reached through an explicit kubeconfig file and context."""
+
+    def __init__(self, name: str, config: ClusterConfig, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("triarch:cluster:AdoptedCluster", name, None, opts)
+        path = os.path.expanduser(config.kubeconfig or "~/.kube/config")
+        self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=path, context=config.context,
+                                     opts=pulumi.ResourceOptions(parent=self))
+        self.register_outputs({"context": config.context})

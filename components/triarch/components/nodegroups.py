@@ -1,0 +1,103 @@
+"""Node groups: the role nodes run as, EKS-managed groups (GPU and system), and existing GPU nodes joined by patch."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from triarch.planners.nodegroups import EksNodeGroupPlan, PoolPlan, launch_template, node_patch
+
+NODE_POLICIES = {
+    "worker": "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "ecr-pull": "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
+    "cni": "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+}
+"""Only what a node needs: join the cluster, pull images, and let the VPC CNI assign pod addresses."""
+
+EC2_ASSUME_ROLE = """{"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
+ "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}"""
+
+
+class NodeRole(pulumi.ComponentResource):
+    def __init__(self, name: str, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("triarch:nodegroups:NodeRole", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.role = aws.iam.Role(f"{name}-role", assume_role_policy=EC2_ASSUME_ROLE, opts=child)
+        self.attachments = [
+            aws.iam.RolePolicyAttachment(f"{name}-{key}", role=self.role.name, policy_arn=arn, opts=child)
+            for key, arn in NODE_POLICIES.items()
+        ]
+        self.register_outputs({"arn": self.role.arn})
+
+
+class ManagedNodeGroup(pulumi.ComponentResource):
+    """An EKS managed node group behind a launch template that enforces IMDSv2 and an encrypted root volume."""
+
+    def __init__(self, name: str, *, cluster_name: pulumi.Input[str], node_group_name: str,
+                 instance_type: str, ami_type: str, release_version: str, capacity_type: str,
+                 min_size: int, max_size: int, disk_gib: int, subnet_ids: list[pulumi.Output[str]],
+                 node_role: NodeRole, labels: dict[str, str], eks_taints: list[dict[str, str]],
+                 cluster_for_tags: str, pool: str, autoscaler_tags: dict[str, str] | None = None,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("triarch:nodegroups:ManagedNodeGroup", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.launch_template = aws.ec2.LaunchTemplate(
+            f"{name}-lt", name_prefix=f"{node_group_name}-", update_default_version=True,
+            **launch_template(cluster_for_tags, pool, disk_gib), opts=child)
+        self.node_group = aws.eks.NodeGroup(
+            name,
+            cluster_name=cluster_name,
+            node_group_name=node_group_name,
+            node_role_arn=node_role.role.arn,
+            subnet_ids=subnet_ids,
+            instance_types=[instance_type],
+            ami_type=ami_type,
+            release_version=release_version,
+            capacity_type=capacity_type,
+            scaling_config={"min_size": min_size, "max_size": max_size, "desired_size": min_size},
+            update_config={"max_unavailable": 1},
+            labels=labels,
+            taints=eks_taints,
+            launch_template={"id": self.launch_template.id, "version": self.launch_template.latest_version.apply(str)},
+            tags={"triarch.dev/pool": pool},
+            # The autoscaler owns desired_size once the group exists.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=node_role.attachments,
+                                        ignore_changes=["scalingConfig.desiredSize"]))
+        asg_name = self.node_group.resources.apply(lambda rs: rs[0].autoscaling_groups[0].name)
+        self.asg_tags = [
+            aws.autoscaling.Tag(f"{name}-asg-{index}", autoscaling_group_name=asg_name,
+                                tag={"key": key, "value": value, "propagate_at_launch": False}, opts=child)
+            for index, (key, value) in enumerate(sorted((autoscaler_tags or {}).items()))
+        ]
+        self.register_outputs({"nodeGroupName": self.node_group.node_group_name})
+
+
+def gpu_node_group(plan: EksNodeGroupPlan, *, cluster_name: pulumi.Input[str], cluster_for_tags: str, disk_gib: int,
+                   subnet_ids: list[pulumi.Output[str]], node_role: NodeRole,
+                   opts: pulumi.ResourceOptions) -> ManagedNodeGroup:
+    return ManagedNodeGroup(
+        f"gpu-{plan.pool.name}", cluster_name=cluster_name, node_group_name=plan.node_group_name,
+        instance_type=plan.instance_type, ami_type=plan.ami_type, release_version=plan.release_version,
+        capacity_type=plan.capacity_type, min_size=plan.min, max_size=plan.max, disk_gib=disk_gib,
+        subnet_ids=subnet_ids, node_role=node_role, labels=plan.pool.labels, eks_taints=plan.eks_taints,
+        cluster_for_tags=cluster_for_tags, pool=plan.pool.name, autoscaler_tags=plan.autoscaler_tags, opts=opts)
+
+
+class ExistingGpuPool(pulumi.ComponentResource):
+    """Existing GPU nodes (a workstation, an adopted cluster) made members of a pool by labels and taint."""
+
+    def __init__(self, name: str, pool: PoolPlan, nodes: list[str], provider: k8s.Provider,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("triarch:nodegroups:ExistingGpuPool", name, None, opts)
+        self.pool = pool
+        self.patches = [
+            k8s.core.v1.NodePatch(f"{name}-{node}", **_patch_args(node_patch(node, pool)),
+                                  opts=pulumi.ResourceOptions(parent=self, provider=provider))
+            for node in nodes
+        ]
+        self.register_outputs({"nodes": nodes})
+
+
+def _patch_args(patch: dict[str, object]) -> dict[str, object]:
+    return {"metadata": patch["metadata"], "spec": patch["spec"]}

@@ -1,0 +1,415 @@
+"""The typed stack config: one validated model for a whole stack, defaults in one place.
+
+Stacks (stacks/Pulumi.<stack>.yaml) only override. Every check that spans fields lives in
+`StackConfig._cross_checks`, so a bad stack fails here, before any resource is registered.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from ipaddress import IPv4Network
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from triarch.catalog import Catalog, catalog, version_tuple
+from triarch.errors import ConfigError
+
+NAMESPACE = "triarch"
+SUPPORTED_KUBERNETES = tuple(f"1.{minor}" for minor in range(25, 38))
+"""Kubernetes minors whose schemas the strict manifest validation knows (kubernetes-validate 1.37)."""
+
+DnsLabel = Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$")]
+DriverVersion = Annotated[str, Field(pattern=r"^\d{3}\.\d{1,3}(\.\d{1,3})?$")]
+ImageRef = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+|@sha256:[a-f0-9]{64})$")]
+
+RENAMED_KEYS = {
+    "releaseVersion": "amiRelease",
+    "instance_type": "instanceType",
+    "k8sVersion": "kubernetesVersion",
+    "version": "kubernetesVersion",
+}
+"""Keys users reach for, mapped to the key Triarch reads; rejected with a message naming the new key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+
+class SystemNodeGroup(_Model):
+    """CPU nodes for cluster add-ons, operators and Ray heads: GPU nodes are tainted and keep them off."""
+
+    instance_type: str = "m7i.large"
+    min: int = Field(2, ge=1)
+    max: int = Field(4, ge=1)
+    disk_gib: int = Field(50, ge=20, le=1000, alias="diskGiB")
+
+
+class ClusterConfig(_Model):
+    """Create an EKS cluster (create: true) or adopt an existing cluster through a kubeconfig context."""
+
+    create: bool
+    name: DnsLabel
+    kubernetes_version: str
+    zones: list[str] = []
+    vpc_cidr: IPv4Network = IPv4Network("10.0.0.0/16")
+    nat_gateways: Literal["single", "perZone"] = "single"
+    endpoint_public_access_cidrs: list[IPv4Network] = []
+    """Who may reach the API server from outside the VPC; empty keeps the endpoint private."""
+    system_node_group: SystemNodeGroup = SystemNodeGroup()
+    kubeconfig: str | None = None
+    """Path to the kubeconfig of an adopted cluster (default ~/.kube/config)."""
+    context: str | None = None
+    """The kubeconfig context of an adopted cluster; required so the ambient context is never used."""
+
+
+class TimeSlicing(_Model):
+    """Advertise each physical GPU as `replicas` schedulable GPUs (no memory isolation between them)."""
+
+    replicas: int = Field(ge=2, le=16)
+
+
+class NodeGroupConfig(_Model):
+    """A pool of identical GPU nodes. EKS-managed when the cluster is created, otherwise existing nodes."""
+
+    name: DnsLabel
+    # EKS-managed node groups (cluster.create: true)
+    instance_type: str | None = None
+    ami_type: Literal["AL2023_x86_64_NVIDIA", "AL2023_ARM_64_NVIDIA"] = "AL2023_x86_64_NVIDIA"
+    ami_release: str | None = None
+    """EKS AMI release (e.g. v20260512): pins the NVIDIA driver. Unpinned AMIs roll the driver under you."""
+    capacity_type: Literal["ON_DEMAND", "SPOT"] = "ON_DEMAND"
+    disk_gib: int = Field(200, ge=50, le=4000, alias="diskGiB")
+    """Root volume: serving images are 10-20 GiB compressed, and the image cache lives here."""
+    zones: list[str] | None = None
+    # existing nodes (cluster.create: false)
+    gpu: str | None = None
+    gpus_per_node: int | None = Field(None, ge=1, le=16)
+    driver_version: DriverVersion | None = None
+    nodes: list[str] = []
+    """Existing node names to label (and taint) as this pool."""
+    # both
+    min: int = Field(0, ge=0)
+    max: int = Field(1, ge=0)
+    taint: bool = True
+    """Taint the nodes with nvidia.com/gpu:NoSchedule. Only a single-node cluster should turn this off."""
+    time_slicing: TimeSlicing | None = None
+
+
+class AutoscalingConfig(_Model):
+    min: int = Field(1, ge=0)
+    max: int = Field(ge=1)
+
+
+class ModelConfig(_Model):
+    """One served model; its workload is placed on one node group."""
+
+    name: DnsLabel
+    model: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")]
+    engine: Literal["vllm", "ray-serve"]
+    node_group: str
+    replicas: int = Field(1, ge=1, le=64)
+    tensor_parallel_size: int | None = Field(None, ge=1, le=16)
+    max_model_len: int | None = Field(None, ge=128)
+    autoscaling: AutoscalingConfig | None = None
+
+
+class ImagesConfig(_Model):
+    """Serving images, pinned; each must be in templates/compat/images.yaml so its CUDA is known."""
+
+    vllm: ImageRef = "vllm/vllm-openai:v0.33.0"
+    ray_llm: ImageRef = "rayproject/ray-llm:2.60.0-py312-cu130"
+
+
+class DevicePluginConfig(_Model):
+    enabled: bool = True
+    gpu_feature_discovery: bool = True
+
+
+class StackConfig(_Model):
+    aws_region: str | None = None
+    cluster: ClusterConfig
+    node_groups: list[NodeGroupConfig] = Field(min_length=1)
+    models: list[ModelConfig] = []
+    images: ImagesConfig = ImagesConfig()
+    device_plugin: DevicePluginConfig = DevicePluginConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> StackConfig:
+        check_stack(self, catalog())
+        return self
+
+    def node_group(self, name: str) -> NodeGroupConfig:
+        return next(group for group in self.node_groups if group.name == name)
+
+
+def _path(*parts: str | int) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text
+
+
+def _cluster_path(key: str) -> str:
+    return f"{NAMESPACE}:cluster.{key}"
+
+
+def check_stack(stack: StackConfig, facts: Catalog) -> None:
+    """Every rule that spans fields or needs the catalog; raises ConfigError naming the key path."""
+    cluster = stack.cluster
+    if cluster.kubernetes_version not in SUPPORTED_KUBERNETES:
+        raise ConfigError(_cluster_path("kubernetesVersion"), cluster.kubernetes_version,
+                          "is not a supported Kubernetes version", ", ".join(SUPPORTED_KUBERNETES))
+    if cluster.create:
+        if stack.aws_region is None:
+            raise ConfigError("aws:region", None, "must be set when triarch:cluster.create is true",
+                              "an AWS region such as us-east-1")
+        if len(cluster.zones) < 2:
+            raise ConfigError(_cluster_path("zones"), cluster.zones,
+                              "must list at least two zones (EKS places the control plane in two or more)",
+                              f"zones of {stack.aws_region}, e.g. {stack.aws_region}a")
+        for i, zone in enumerate(cluster.zones):
+            if not (zone.startswith(stack.aws_region) and len(zone) == len(stack.aws_region) + 1):
+                raise ConfigError(_path(f"{NAMESPACE}:cluster", "zones", i), zone,
+                                  f"is not a zone of aws:region {stack.aws_region}", f"{stack.aws_region}a, ...")
+        if len(set(cluster.zones)) != len(cluster.zones):
+            raise ConfigError(_cluster_path("zones"), cluster.zones, "lists a zone twice", "distinct zones")
+        for key in ("kubeconfig", "context"):
+            if getattr(cluster, key) is not None:
+                raise ConfigError(_cluster_path(key), getattr(cluster, key),
+                                  "only applies to an adopted cluster", "remove it, or set create: false")
+        system = cluster.system_node_group
+        if system.instance_type not in facts.instances or facts.instances[system.instance_type].gpu:
+            allowed = sorted(n for n, i in facts.instances.items() if not i.gpu)
+            raise ConfigError(_cluster_path("systemNodeGroup.instanceType"), system.instance_type,
+                              "is not a known CPU instance type", ", ".join(allowed))
+        if system.min > system.max:
+            raise ConfigError(_cluster_path("systemNodeGroup.min"), system.min,
+                              f"is greater than systemNodeGroup.max ({system.max})", f"0..{system.max}")
+    elif cluster.context is None:
+        raise ConfigError(_cluster_path("context"), None, "must name the kubeconfig context of the adopted cluster",
+                          "a context from `kubectl config get-contexts` (the ambient context is never used)")
+
+    names: set[str] = set()
+    for i, group in enumerate(stack.node_groups):
+        _check_node_group(stack, group, _path(f"{NAMESPACE}:nodeGroups", i), facts)
+        if group.name in names:
+            raise ConfigError(_path(f"{NAMESPACE}:nodeGroups", i, "name"), group.name, "is used twice",
+                              "a distinct name per node group")
+        names.add(group.name)
+
+    for key, ref in (("vllm", stack.images.vllm), ("rayLlm", stack.images.ray_llm)):
+        if ref.endswith(":latest"):
+            raise ConfigError(f"{NAMESPACE}:images.{key}", ref, "is not pinned", "a versioned tag or a digest")
+        if facts.image(ref) is None:
+            known = sorted(r for r in facts.images if r.startswith(ref.split(":")[0] + ":"))
+            raise ConfigError(f"{NAMESPACE}:images.{key}", ref,
+                              "is not in templates/compat/images.yaml, so its CUDA version is unknown",
+                              ", ".join(known) or "add the image with its CUDA version and source")
+
+    models: set[str] = set()
+    for i, model in enumerate(stack.models):
+        path = _path(f"{NAMESPACE}:models", i)
+        if model.name in models:
+            raise ConfigError(f"{path}.name", model.name, "is used twice", "a distinct name per model")
+        models.add(model.name)
+        if model.node_group not in names:
+            raise ConfigError(f"{path}.nodeGroup", model.node_group, "is not a node group of this stack",
+                              ", ".join(sorted(names)))
+        per_node = gpus_per_node(stack.node_group(model.node_group), facts)
+        if model.tensor_parallel_size is not None and model.tensor_parallel_size > per_node:
+            raise ConfigError(f"{path}.tensorParallelSize", model.tensor_parallel_size,
+                              f"exceeds the {per_node} GPU(s) per node of node group '{model.node_group}'",
+                              f"1..{per_node}")
+        if model.autoscaling is not None:
+            if model.engine != "ray-serve":
+                raise ConfigError(f"{path}.autoscaling", model.autoscaling.model_dump(by_alias=True),
+                                  "needs engine ray-serve (Ray decides replica counts; a CPU HPA on a GPU server "
+                                  "fights it)", "remove autoscaling, or set engine: ray-serve")
+            if model.autoscaling.min > model.autoscaling.max:
+                raise ConfigError(f"{path}.autoscaling.min", model.autoscaling.min,
+                                  f"is greater than autoscaling.max ({model.autoscaling.max})",
+                                  f"0..{model.autoscaling.max}")
+
+
+def _check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, facts: Catalog) -> None:
+    cluster = stack.cluster
+    if group.min > group.max:
+        raise ConfigError(f"{path}.min", group.min, f"is greater than max ({group.max})", f"0..{group.max}")
+    if cluster.create:
+        for key in ("gpu", "gpus_per_node", "driver_version"):
+            if getattr(group, key) is not None:
+                alias = to_camel(key)
+                raise ConfigError(f"{path}.{alias}", getattr(group, key),
+                                  "is derived from instanceType and amiRelease on an EKS node group",
+                                  "remove it")
+        if group.nodes:
+            raise ConfigError(f"{path}.nodes", group.nodes, "only applies to existing nodes", "remove it")
+        gpu_types = sorted(n for n, i in facts.instances.items() if i.gpu)
+        if group.instance_type is None or group.instance_type not in gpu_types:
+            raise ConfigError(f"{path}.instanceType", group.instance_type, "is not a known GPU instance type",
+                              ", ".join(gpu_types))
+        releases = facts.amis.get(group.ami_type, {})
+        if group.ami_release is None or group.ami_release not in releases:
+            raise ConfigError(f"{path}.amiRelease", group.ami_release,
+                              f"is not a known {group.ami_type} release in templates/compat/amis.yaml "
+                              "(the driver it ships must be known)", ", ".join(sorted(releases)))
+        release = releases[group.ami_release]
+        if cluster.kubernetes_version not in release.release_versions:
+            raise ConfigError(f"{path}.amiRelease", group.ami_release,
+                              f"has no AMI for Kubernetes {cluster.kubernetes_version}",
+                              f"a release for {cluster.kubernetes_version}: " + ", ".join(
+                                  sorted(r for r, a in releases.items()
+                                         if cluster.kubernetes_version in a.release_versions)))
+        for i, zone in enumerate(group.zones or []):
+            if zone not in cluster.zones:
+                raise ConfigError(f"{path}.zones[{i}]", zone, "is not one of the cluster's zones",
+                                  ", ".join(cluster.zones))
+        if group.max == 0:
+            raise ConfigError(f"{path}.max", group.max, "leaves the node group without nodes", ">= 1")
+    else:
+        for key in ("instance_type", "ami_release", "zones"):
+            if getattr(group, key) is not None:
+                raise ConfigError(f"{path}.{to_camel(key)}", getattr(group, key),
+                                  "only applies when triarch:cluster.create is true",
+                                  "for existing nodes set gpu, gpusPerNode and driverVersion")
+        if group.gpu is None or group.gpu not in facts.gpus:
+            raise ConfigError(f"{path}.gpu", group.gpu, "is not a known GPU", ", ".join(sorted(facts.gpus)))
+        if group.driver_version is None:
+            raise ConfigError(f"{path}.driverVersion", None,
+                              "must be declared for existing nodes (nvidia-smi prints it)", "e.g. 580.95.05")
+        if version_tuple(group.driver_version) < (400,):
+            raise ConfigError(f"{path}.driverVersion", group.driver_version, "is not an NVIDIA driver version",
+                              "e.g. 580.95.05")
+
+
+def gpu_of(group: NodeGroupConfig, facts: Catalog) -> str:
+    """The GPU catalog key of a node group: from its instance type, or as declared for existing nodes."""
+    if group.instance_type is not None:
+        gpu = facts.instances[group.instance_type].gpu
+        assert gpu is not None
+        return gpu
+    assert group.gpu is not None
+    return group.gpu
+
+
+def gpus_per_node(group: NodeGroupConfig, facts: Catalog) -> int:
+    if group.instance_type is not None:
+        return facts.instances[group.instance_type].gpus
+    return group.gpus_per_node or 1
+
+
+def driver_of(group: NodeGroupConfig, facts: Catalog) -> str:
+    """The NVIDIA driver a node group's nodes run: the AMI release's, or as declared for existing nodes."""
+    if group.ami_release is not None:
+        return facts.amis[group.ami_type][group.ami_release].nvidia_driver
+    assert group.driver_version is not None
+    return group.driver_version
+
+
+# --- reading Pulumi config -------------------------------------------------------------------------------
+
+TOP_LEVEL_KEYS = {to_camel(name): name for name in StackConfig.model_fields if name != "aws_region"}
+
+
+def from_pulumi_config(values: Mapping[str, Any]) -> StackConfig:
+    """Validate a stack from Pulumi config ("ns:key" -> value; objects may be JSON strings, as Pulumi passes them).
+
+    Raises ConfigError with the first mistake; keys of other namespaces (aws:, kubernetes:, pulumi:) are ignored.
+    """
+    data: dict[str, Any] = {}
+    for key, value in values.items():
+        namespace, _, name = key.partition(":")
+        if key == "aws:region":
+            data["awsRegion"] = value
+        if namespace != NAMESPACE:
+            continue
+        if name not in TOP_LEVEL_KEYS:
+            raise ConfigError(key, value, "is not a Triarch config key",
+                              ", ".join(f"{NAMESPACE}:{k}" for k in sorted(TOP_LEVEL_KEYS)))
+        if isinstance(value, str) and value[:1] in "[{":
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as error:
+                raise ConfigError(key, value, f"is not valid JSON ({error.msg})", "a YAML mapping or list") from None
+        data[name] = value
+    try:
+        return StackConfig.model_validate(data)
+    except ValidationError as error:
+        raise _first_error(error) from None
+
+
+def _first_error(error: ValidationError) -> ConfigError:
+    first = error.errors(include_url=False)[0]
+    loc = list(first["loc"])
+    if loc and loc[0] == "awsRegion":
+        path = "aws:region"
+    elif loc:
+        path = _path(f"{NAMESPACE}:{loc[0]}", *loc[1:])
+    else:
+        path = NAMESPACE
+    kind, value = first["type"], first.get("input")
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        if key in RENAMED_KEYS:
+            return ConfigError(path, value, f"is not read by Triarch: the key is '{RENAMED_KEYS[key]}'",
+                               RENAMED_KEYS[key])
+        return ConfigError(path, value, "is not a known key", ", ".join(_allowed_keys(loc[:-1])))
+    if kind == "missing":
+        return ConfigError(path, None, "is required", _describe_field(loc))
+    if kind == "literal_error":
+        return ConfigError(path, value, "is not an allowed value", first["ctx"]["expected"])
+    if kind == "string_pattern_mismatch":
+        return ConfigError(path, value, "has the wrong form", f"a string matching {first['ctx']['pattern']}")
+    message = re.sub(r"^(Value error|Assertion failed), ", "", first["msg"])
+    return ConfigError(path, value, f"is invalid: {message[0].lower()}{message[1:]}", _describe_field(loc))
+
+
+def _model_at(loc: list[Any]) -> type[BaseModel] | None:
+    """The model class reached by a validation location (list indexes skipped)."""
+    model: type[BaseModel] = StackConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = next((f for n, f in model.model_fields.items() if to_camel(n) == part or n == part), None)
+        if field is None:
+            return None
+        target = _inner_model(field.annotation)
+        if target is None:
+            return None
+        model = target
+    return model
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _allowed_keys(loc: list[Any]) -> list[str]:
+    model = _model_at(loc)
+    return sorted(to_camel(name) for name in model.model_fields) if model else []
+
+
+def _describe_field(loc: list[Any]) -> str:
+    model = _model_at(loc[:-1])
+    if model is None:
+        return ""
+    field = next((f for n, f in model.model_fields.items() if to_camel(n) == loc[-1]), None)
+    if field is None:
+        return ""
+    annotation = field.annotation
+    if get_origin(annotation) is Literal:
+        return ", ".join(repr(a) for a in get_args(annotation))
+    name = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+    bounds = [f"{m.__class__.__name__.lower()} {getattr(m, m.__class__.__name__.lower(), '')}"
+              for m in field.metadata if m.__class__.__name__ in ("Ge", "Le", "Gt", "Lt")]
+    return " ".join([name, *bounds]).strip()

@@ -1,0 +1,236 @@
+"""Run the unchanged Pulumi program in-process under Pulumi's mock engine: no CLI, no credentials, no cluster.
+
+The mocks behave like a preview of a new stack: each resource's outputs are its inputs, and everything the
+cloud assigns (ids, ARNs, endpoints) stays unknown, so values derived from them are marked known after apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import runpy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.output import Unknown
+from pulumi.runtime.mocks import MockMonitor
+from pulumi.runtime.rpc import UNKNOWN
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+from triarch.errors import ConfigError
+from triarch.paths import PROGRAM, STACKS_DIR
+
+PROJECT = "triarch"
+KNOWN_AFTER_APPLY = "<known after apply>"
+SECRET = "[secret]"
+SECRET_INPUTS = {"kubernetes:core/v1:Secret": ("data", "stringData")}
+
+NOT_MANIFESTS = ("kubernetes:helm.sh/", "pulumi:providers:", "kubernetes:yaml")
+
+
+@dataclass(frozen=True)
+class Registered:
+    type: str
+    name: str
+    urn: str
+    parent: str | None
+    custom: bool
+    inputs: dict[str, Any]
+
+
+@dataclass
+class PlanRun:
+    stack: str
+    resources: list[Registered] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """What the program logged as warnings (pulumi.log.warn), in order."""
+
+    def by_type(self, prefix: str) -> list[Registered]:
+        return [r for r in self.resources if r.type.startswith(prefix)]
+
+
+def _clean(value: Any) -> Any:
+    """Mock values as a plan shows them: integers as integers, unknowns marked."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Unknown) or value == UNKNOWN:
+        return KNOWN_AFTER_APPLY
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return f"<{type(value).__name__}>"  # a resource reference or another SDK object
+
+
+class _EngineLog(logging.Logger):
+    """Stands in for the engine's log: keeps warnings and errors for the summary instead of printing them."""
+
+    def __init__(self, run: PlanRun) -> None:
+        super().__init__("triarch.offline", logging.WARNING)
+        self.run = run
+
+    def handle(self, record: logging.LogRecord) -> None:
+        self.run.warnings.append(record.getMessage())
+
+
+class _PreviewMocks(pulumi.runtime.Mocks):
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
+        return None, dict(args.inputs)
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+        return {}, None
+
+
+class _RecordingMonitor(MockMonitor):
+    """The SDK's mock monitor, also keeping each registration's parent and order."""
+
+    def __init__(self, mocks: pulumi.runtime.Mocks, run: PlanRun) -> None:
+        super().__init__(mocks)
+        self.run = run
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - the gRPC method name
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            inputs = _clean(self.resources[response.urn].state)
+            for key in SECRET_INPUTS.get(request.type, ()):
+                if key in inputs:
+                    inputs[key] = dict.fromkeys(inputs[key], SECRET)
+            self.run.resources.append(Registered(
+                request.type, request.name, response.urn, request.parent or None, bool(request.custom), inputs))
+        return response
+
+
+def run_program(stack: str, config: Mapping[str, str], secret_keys: list[str],
+                program: Callable[[], object] | None = None) -> PlanRun:
+    """Register every resource of `program` (default: the project's __main__.py) with the given stack config."""
+    run = PlanRun(stack)
+    mocks = _PreviewMocks()
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # before set_mocks: the root stack resource binds to the current loop
+    try:
+        pulumi.runtime.settings.reset_options()
+        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=True,
+                                 monitor=_RecordingMonitor(mocks, run), logger=_EngineLog(run))
+        pulumi.runtime.set_all_config(dict(config), secret_keys)
+        body = program or (lambda: runpy.run_path(str(PROGRAM), run_name="__main__"))
+        _sync_await(run_pulumi_func(body))
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+    return run
+
+
+# --- stack files -------------------------------------------------------------------------------------------
+
+def stack_file(name: str) -> Path:
+    path = STACKS_DIR / f"Pulumi.{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
+        raise ConfigError("--stack", name, "is not a stack of this project", ", ".join(known))
+    return path
+
+
+def stack_name_of(path: Path) -> str:
+    parts = path.name.split(".")
+    return parts[1] if len(parts) == 3 and parts[0] == "Pulumi" else path.stem
+
+
+def read_stack_config(path: Path) -> tuple[dict[str, str], list[str]]:
+    """A stack file's config as the Pulumi engine hands it to a program: strings, objects as JSON.
+
+    Secure values cannot be decrypted offline; they are passed as a placeholder and marked secret.
+    """
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(str(path), None, f"cannot be read as YAML ({error.__class__.__name__})",
+                          "a Pulumi stack file") from None
+    raw = document.get("config") if isinstance(document, dict) else None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: config", raw, "is not a mapping", "key: value pairs")
+    config: dict[str, str] = {}
+    secrets: list[str] = []
+    for key, value in raw.items():
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            config[key] = SECRET
+            secrets.append(key)
+        elif isinstance(value, dict | list):
+            config[key] = json.dumps(value)
+        elif isinstance(value, bool):
+            config[key] = "true" if value else "false"
+        else:
+            config[key] = str(value)
+    return config, secrets
+
+
+# --- what a plan writes ------------------------------------------------------------------------------------
+
+def api_version_of(type_token: str) -> str:
+    """'kubernetes:apps/v1:Deployment' -> 'apps/v1'; the core group has no prefix."""
+    group_version = type_token.split(":")[1]
+    return group_version.removeprefix("core/")
+
+
+def auto_name(resource: Registered) -> str:
+    """What Pulumi names an object without metadata.name: its resource name plus a random suffix
+    (here derived from the URN, so plans are reproducible)."""
+    return f"{resource.name}-{hashlib.sha256(resource.urn.encode()).hexdigest()[:8]}"
+
+
+def manifests(run: PlanRun) -> list[dict[str, Any]]:
+    """Every Kubernetes object the stack creates, as it would be applied."""
+    objects = []
+    for resource in run.resources:
+        if not resource.type.startswith("kubernetes:") or resource.type.startswith(NOT_MANIFESTS):
+            continue
+        if resource.type.endswith("Patch"):
+            continue
+        kind = resource.type.rsplit(":", 1)[1]
+        body = {"apiVersion": api_version_of(resource.type), "kind": kind,
+                **{k: v for k, v in resource.inputs.items() if k not in ("apiVersion", "kind")}}
+        metadata = body.setdefault("metadata", {})
+        metadata.setdefault("name", auto_name(resource))
+        objects.append(body)
+    return objects
+
+
+def manifest_filename(obj: Mapping[str, Any]) -> str:
+    metadata = obj["metadata"]
+    namespace = metadata.get("namespace")
+    parts = [obj["kind"].lower(), *([namespace] if namespace else []), metadata["name"]]
+    return "-".join(parts) + ".yaml"
+
+
+def plan_document(run: PlanRun) -> dict[str, Any]:
+    return {
+        "stack": run.stack,
+        "resources": [
+            {"type": r.type, "name": r.name, "parent": r.parent, "inputs": r.inputs} for r in run.resources
+        ],
+    }
+
+
+def write_plan(run: PlanRun, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps(plan_document(run), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    manifest_dir = out / "manifests"
+    manifest_dir.mkdir(exist_ok=True)
+    for stale in manifest_dir.glob("*.yaml"):
+        stale.unlink()
+    written = []
+    for obj in manifests(run):
+        path = manifest_dir / manifest_filename(obj)
+        path.write_text(yaml.safe_dump(obj, sort_keys=False), encoding="utf-8")
+        written.append(path)
+    return written

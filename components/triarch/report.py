@@ -1,0 +1,92 @@
+"""`triarch plan`: validate, register under mocks, write the plan, and summarise it for a reader."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from triarch.catalog import Catalog, catalog
+from triarch.errors import TriarchError
+from triarch.config import StackConfig, driver_of, from_pulumi_config
+from triarch.matrix import Verdict, require_compatible
+from triarch.offline import PlanRun, Registered, read_stack_config, run_program, write_plan
+from triarch.planners.nodegroups import plan_pool
+from triarch.program import StackError
+
+LAYERS = {"where": "Kubernetes (where)", "how": "Ray (how)", "when": "vLLM (when)"}
+LAYER_OF_MODULE = {
+    "triarch:cluster": "where", "triarch:network": "where", "triarch:nodegroups": "where",
+    "triarch:deviceplugin": "where", "triarch:ray": "how", "triarch:vllm": "when",
+}
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    stack: StackConfig
+    verdicts: list[Verdict]
+    run: PlanRun
+    manifest_paths: list[Path]
+
+
+def plan_stack(name: str, path: Path, out: Path) -> PlanResult:
+    config, secret_keys = read_stack_config(path)
+    stack = from_pulumi_config(config)
+    verdicts = require_compatible(stack, catalog())
+    try:
+        run = run_program(name, config, secret_keys)
+    except StackError as error:
+        raise TriarchError(str(error)) from None
+    return PlanResult(stack, verdicts, run, write_plan(run, out))
+
+
+def layer_of(resource: Registered, by_urn: dict[str, Registered]) -> str:
+    """The layer of the nearest Triarch component above (or at) the resource."""
+    current: Registered | None = resource
+    while current is not None:
+        module = ":".join(current.type.split(":")[:2])
+        if module in LAYER_OF_MODULE:
+            return LAYER_OF_MODULE[module]
+        current = by_urn.get(current.parent or "")
+    return "where"
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def summary(result: PlanResult, facts: Catalog | None = None) -> str:
+    facts = facts or catalog()
+    stack = result.stack
+    cluster = stack.cluster
+    where = (f"EKS cluster {cluster.name} in {', '.join(cluster.zones)}" if cluster.create
+             else f"existing cluster, kubeconfig context {cluster.context}")
+    lines = [f"stack {result.run.stack}: {where}, Kubernetes {cluster.kubernetes_version}", "", "GPU node groups"]
+    rows = [["name", "instance", "GPU", "GPUs/node", "nodes", "NVIDIA driver", "AMI release", "taint"]]
+    for group in stack.node_groups:
+        pool = plan_pool(group, facts)
+        driver = driver_of(group, facts)
+        gpus = str(pool.gpus_per_node) + (f" (x{pool.time_slicing_replicas} sliced)"
+                                          if pool.time_slicing_replicas else "")
+        taint = ",".join(f"{t['key']}={t['value']}:{t['effect']}" for t in pool.taints) or "none"
+        rows.append([group.name, group.instance_type or "existing", f"{pool.gpu.product} {pool.gpu.memory_mib // 1024} GiB",
+                     gpus, f"{group.min}-{group.max}", driver, group.ami_release or "-", taint])
+    lines += _table(rows)
+    if result.verdicts:
+        lines += ["", "Driver/CUDA matrix"]
+        lines += [f"  {v.level:7} {v.message}" for v in result.verdicts]
+    if stack.models:
+        lines += ["", "Models (placement checked; workloads are registered by the Ray/vLLM layer)"]
+        rows = [["name", "engine", "model", "node group", "replicas"]]
+        rows += [[m.name, m.engine, m.model, m.node_group, str(m.replicas)] for m in stack.models]
+        lines += _table(rows)
+    notes = [w for w in result.run.warnings if w not in {v.message for v in result.verdicts}]
+    if notes:
+        lines += ["", "Warnings from the program", *[f"  {w}" for w in notes]]
+    by_urn = {r.urn: r for r in result.run.resources}
+    counts = Counter(layer_of(r, by_urn) for r in result.run.resources if r.custom)
+    lines += ["", f"Resources: {sum(counts.values())} to create"]
+    for key, label in LAYERS.items():
+        lines.append(f"  {label:20} {counts.get(key, 0)}")
+    return "\n".join(lines)

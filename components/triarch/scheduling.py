@@ -1,0 +1,42 @@
+"""The GPU scheduling contract: label keys and the taint shared by node groups, workloads and policies.
+
+Kubernetes decides *where* a replica runs from these. Node groups set them, the device plugin and every GPU
+workload select and tolerate them, and the policy pack checks them; nothing else spells these strings.
+"""
+
+from typing import Final
+
+GPU_PRESENT_LABEL: Final = "nvidia.com/gpu.present"
+"""Set to "true" on GPU nodes at creation; the device plugin chart's default affinity also keys on it."""
+
+POOL_LABEL: Final = "triarch.dev/pool"
+"""The Triarch node group a node belongs to (EKS node group, or a declared pool of existing nodes)."""
+
+GPU_LABEL: Final = "triarch.dev/gpu"
+"""The GPU catalog key (e.g. "l4", "a100-80gb"); present from boot, unlike GPU feature discovery's labels."""
+
+DEVICE_PLUGIN_CONFIG_LABEL: Final = "nvidia.com/device-plugin.config"
+"""Selects a named device plugin config (e.g. time-slicing) for the node; read by the plugin's config manager."""
+
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+"""The extended resource the device plugin advertises."""
+
+GPU_TAINT_KEY: Final = "nvidia.com/gpu"
+GPU_TAINT_VALUE: Final = "present"
+"""The value the device plugin chart's node-feature-discovery worker tolerates by default."""
+GPU_TAINT_EFFECT: Final = "NoSchedule"
+
+
+def gpu_node_labels(pool: str, gpu: str) -> dict[str, str]:
+    """Labels every GPU node of a pool carries."""
+    return {GPU_PRESENT_LABEL: "true", POOL_LABEL: pool, GPU_LABEL: gpu}
+
+
+def gpu_taint() -> dict[str, str]:
+    """The taint in Kubernetes form (a node's spec.taints entry)."""
+    return {"key": GPU_TAINT_KEY, "value": GPU_TAINT_VALUE, "effect": GPU_TAINT_EFFECT}
+
+
+def gpu_toleration() -> dict[str, str]:
+    """The toleration GPU pods carry: matches the taint whatever its value."""
+    return {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": GPU_TAINT_EFFECT}
