@@ -97,8 +97,8 @@ class _RecordingMonitor(MockMonitor):
         super().__init__(mocks)
         self.run = run
 
-    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - the gRPC method name
-        response = super().RegisterResource(request)
+    def RegisterResource(self, request: Any) -> Any:
+        response = super().RegisterResource(request)  # type: ignore[no-untyped-call]  # SDK method is untyped
         if request.type != "pulumi:pulumi:Stack":
             inputs = _clean(self.resources[response.urn].state)
             for key in SECRET_INPUTS.get(request.type, ()):
@@ -109,8 +109,12 @@ class _RecordingMonitor(MockMonitor):
         return response
 
 
+def _run_project_program() -> None:
+    runpy.run_path(str(PROGRAM), run_name="__main__")
+
+
 def run_program(stack: str, config: Mapping[str, str], secret_keys: list[str],
-                program: Callable[[], object] | None = None) -> PlanRun:
+                program: Callable[[], None] | None = None) -> PlanRun:
     """Register every resource of `program` (default: the project's __main__.py) with the given stack config."""
     run = PlanRun(stack)
     mocks = _PreviewMocks()
@@ -121,7 +125,7 @@ def run_program(stack: str, config: Mapping[str, str], secret_keys: list[str],
         pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=True,
                                  monitor=_RecordingMonitor(mocks, run), logger=_EngineLog(run))
         pulumi.runtime.set_all_config(dict(config), secret_keys)
-        body = program or (lambda: runpy.run_path(str(PROGRAM), run_name="__main__"))
+        body = program or _run_project_program
         _sync_await(run_pulumi_func(body))
     finally:
         asyncio.set_event_loop(None)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from triarch.catalog import Catalog, catalog
-from triarch.errors import TriarchError
 from triarch.config import StackConfig, driver_of, from_pulumi_config
+from triarch.errors import TriarchError
 from triarch.matrix import Verdict, require_compatible
 from triarch.offline import PlanRun, Registered, read_stack_config, run_program, write_plan
 from triarch.planners.nodegroups import plan_pool
@@ -70,8 +70,9 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
         gpus = str(pool.gpus_per_node) + (f" (x{pool.time_slicing_replicas} sliced)"
                                           if pool.time_slicing_replicas else "")
         taint = ",".join(f"{t['key']}={t['value']}:{t['effect']}" for t in pool.taints) or "none"
-        rows.append([group.name, group.instance_type or "existing", f"{pool.gpu.product} {pool.gpu.memory_mib // 1024} GiB",
-                     gpus, f"{group.min}-{group.max}", driver, group.ami_release or "-", taint])
+        memory = f"{pool.gpu.memory_mib / 1024:.1f} GiB"
+        rows.append([group.name, group.instance_type or "existing", f"{pool.gpu.product} {memory}", gpus,
+                     f"{group.min}-{group.max}", driver, group.ami_release or "-", taint])
     lines += _table(rows)
     if result.verdicts:
         lines += ["", "Driver/CUDA matrix"]

@@ -32,7 +32,8 @@ def kubeconfig(name: str, endpoint: str, certificate_authority: str, region: str
                      "interactiveMode": "Never"}}
     return json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": name,
-        "clusters": [{"name": name, "cluster": {"server": endpoint, "certificate-authority-data": certificate_authority}}],
+        "clusters": [{"name": name,
+                      "cluster": {"server": endpoint, "certificate-authority-data": certificate_authority}}],
         "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
         "users": [{"name": name, "user": user}],
     })
