@@ -15,8 +15,9 @@ from triarch.errors import EXIT_USAGE, TriarchError
 
 
 @contextmanager
-def progress(message: str, stream: TextIO = sys.stderr, after: float = 1.5) -> Iterator[None]:
+def progress(message: str, stream: TextIO | None = None, after: float = 1.5) -> Iterator[None]:
     """A spinner on a terminal once the work takes longer than `after` seconds; one line otherwise."""
+    stream = stream or sys.stderr
     if not stream.isatty():
         print(f"{message} ...", file=stream, flush=True)
         yield
@@ -56,12 +57,13 @@ def _stack_source(args: argparse.Namespace) -> tuple[str, Path]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from triarch.report import plan_stack, summary
+    from triarch.report import plan_stack, summary, validate_stack_file
 
     name, path = _stack_source(args)
     out = Path(args.out) if args.out else Path("out") / name
+    validated = validate_stack_file(name, path)
     with progress(f"planning stack {name} (Pulumi mock engine, no cloud calls)"):
-        result = plan_stack(name, path, out)
+        result = plan_stack(validated, out)
     print(summary(result))
     print(f"\nwrote {out / 'plan.json'} and {len(result.manifest_paths)} manifest(s) in {out / 'manifests'}")
     return 0

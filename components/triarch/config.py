@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
 
 from triarch.catalog import Catalog, catalog, version_tuple
 from triarch.errors import ConfigError
@@ -354,7 +355,7 @@ def _first_error(error: ValidationError) -> ConfigError:
     kind, value = first["type"], first.get("input")
     if kind == "extra_forbidden":
         key = str(loc[-1])
-        if key in RENAMED_KEYS:
+        if key in RENAMED_KEYS and RENAMED_KEYS[key] in _allowed_keys(loc[:-1]):
             return ConfigError(path, value, f"is not read by Triarch: the key is '{RENAMED_KEYS[key]}'",
                                RENAMED_KEYS[key])
         return ConfigError(path, value, "is not a known key", ", ".join(_allowed_keys(loc[:-1])))
@@ -368,13 +369,18 @@ def _first_error(error: ValidationError) -> ConfigError:
     return ConfigError(path, value, f"is invalid: {message[0].lower()}{message[1:]}", _describe_field(loc))
 
 
+def _key(name: str, field: FieldInfo) -> str:
+    """The key a stack file uses for a field: its explicit alias, else its camelCase name."""
+    return field.alias or to_camel(name)
+
+
 def _model_at(loc: list[Any]) -> type[BaseModel] | None:
     """The model class reached by a validation location (list indexes skipped)."""
     model: type[BaseModel] = StackConfig
     for part in loc:
         if isinstance(part, int):
             continue
-        field = next((f for n, f in model.model_fields.items() if to_camel(n) == part or n == part), None)
+        field = next((f for n, f in model.model_fields.items() if _key(n, f) == part or n == part), None)
         if field is None:
             return None
         target = _inner_model(field.annotation)
@@ -396,14 +402,14 @@ def _inner_model(annotation: Any) -> type[BaseModel] | None:
 
 def _allowed_keys(loc: list[Any]) -> list[str]:
     model = _model_at(loc)
-    return sorted(to_camel(name) for name in model.model_fields) if model else []
+    return sorted(_key(name, f) for name, f in model.model_fields.items()) if model else []
 
 
 def _describe_field(loc: list[Any]) -> str:
     model = _model_at(loc[:-1])
     if model is None:
         return ""
-    field = next((f for n, f in model.model_fields.items() if to_camel(n) == loc[-1]), None)
+    field = next((f for n, f in model.model_fields.items() if _key(n, f) == loc[-1]), None)
     if field is None:
         return ""
     annotation = field.annotation

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from triarch.catalog import Catalog, catalog
+from triarch.catalog import Catalog, catalog, charts
 from triarch.config import StackConfig, driver_of, from_pulumi_config
 from triarch.errors import TriarchError
 from triarch.matrix import Verdict, require_compatible
@@ -22,6 +22,17 @@ LAYER_OF_MODULE = {
 
 
 @dataclass(frozen=True)
+class ValidatedStack:
+    """A stack file read the way the engine passes config, validated, and matrix-checked."""
+
+    name: str
+    config: dict[str, str]
+    secret_keys: list[str]
+    stack: StackConfig
+    verdicts: list[Verdict]
+
+
+@dataclass(frozen=True)
 class PlanResult:
     stack: StackConfig
     verdicts: list[Verdict]
@@ -29,15 +40,19 @@ class PlanResult:
     manifest_paths: list[Path]
 
 
-def plan_stack(name: str, path: Path, out: Path) -> PlanResult:
+def validate_stack_file(name: str, path: Path) -> ValidatedStack:
+    """Everything that can be wrong with a stack's input, checked before the engine starts (raises TriarchError)."""
     config, secret_keys = read_stack_config(path)
     stack = from_pulumi_config(config)
-    verdicts = require_compatible(stack, catalog())
+    return ValidatedStack(name, config, secret_keys, stack, require_compatible(stack, catalog()))
+
+
+def plan_stack(validated: ValidatedStack, out: Path) -> PlanResult:
     try:
-        run = run_program(name, config, secret_keys)
+        run = run_program(validated.name, validated.config, validated.secret_keys)
     except StackError as error:
         raise TriarchError(str(error)) from None
-    return PlanResult(stack, verdicts, run, write_plan(run, out))
+    return PlanResult(validated.stack, validated.verdicts, run, write_plan(run, out))
 
 
 def layer_of(resource: Registered, by_urn: dict[str, Registered]) -> str:
@@ -74,6 +89,11 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
         rows.append([group.name, group.instance_type or "existing", f"{pool.gpu.product} {memory}", gpus,
                      f"{group.min}-{group.max}", driver, group.ami_release or "-", taint])
     lines += _table(rows)
+    if stack.device_plugin.enabled:
+        chart = charts()["nvidia-device-plugin"]
+        gfd = "with GPU feature discovery" if stack.device_plugin.gpu_feature_discovery else "without GFD"
+        lines += ["", f"Device plugin: chart {chart.name} {chart.version} ({chart.repository}), {gfd}, "
+                  "GPU nodes only, tolerating the GPU taint"]
     if result.verdicts:
         lines += ["", "Driver/CUDA matrix"]
         lines += [f"  {v.level:7} {v.message}" for v in result.verdicts]

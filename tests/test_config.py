@@ -1,0 +1,319 @@
+"""Stack config validation: each kind of mistake fails in one line naming the key path, value and options."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import (
+    STACK_NAMES,
+    MutatedConfig,
+    StackConfigReader,
+    StackWriter,
+    compat_data,
+    stack_document,
+)
+from triarch.cli import main
+from triarch.config import ImagesConfig, SystemNodeGroup, from_pulumi_config
+from triarch.errors import ConfigError
+
+GPUS = compat_data("gpus")["gpus"]
+INSTANCES = compat_data("instances")
+AMIS = compat_data("amis")["amiTypes"]["AL2023_x86_64_NVIDIA"]
+IMAGES = compat_data("images")["images"]
+
+
+def config_error(config: Mapping[str, str], path: str, bad: str, allowed_has: list[str]) -> str:
+    """Assert from_pulumi_config fails on `path` with `bad` shown and each of `allowed_has` offered."""
+    with pytest.raises(ConfigError) as info:
+        from_pulumi_config(config)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: "), message
+    head, separator, allowed = message.partition("; allowed: ")
+    assert separator, f"no 'allowed:' in {message!r}"
+    assert bad in head.removeprefix(f"{path}: "), message
+    for item in allowed_has:
+        assert item in allowed, f"{item!r} not offered in {message!r}"
+    return message
+
+
+def _set(*keys: str | int, value: Any) -> Any:
+    """A mutation setting config[keys[0]][keys[1]]... = value."""
+
+    def mutate(config: dict[str, Any]) -> None:
+        target: Any = config
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+
+    return mutate
+
+
+# --- one test per kind of mistake ------------------------------------------------------------------------
+
+def test_unknown_top_level_key(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", lambda c: c.update({"triarch:nodegroups": c.pop("triarch:nodeGroups")}))
+    message = config_error(config, "triarch:nodegroups", "l4", ["triarch:nodeGroups", "triarch:cluster"])
+    assert "triarch:nodegroups," not in message.partition("allowed:")[2]
+
+
+def test_unknown_nested_key(mutated_config: MutatedConfig) -> None:
+    def typo(config: dict[str, Any]) -> None:
+        group = config["triarch:nodeGroups"][1]
+        group["diskGib"] = group.pop("diskGiB")
+
+    message = config_error(mutated_config("prod", typo), "triarch:nodeGroups[1].diskGib", "500",
+                           ["diskGiB", "instanceType", "amiRelease"])
+    assert "diskGib" not in message.partition("; allowed: ")[2].split(", "), "the rejected key is not allowed"
+
+
+def test_renamed_key_names_the_new_key(mutated_config: MutatedConfig) -> None:
+    def rename(config: dict[str, Any]) -> None:
+        group = config["triarch:nodeGroups"][1]
+        del group["amiRelease"]
+        group["releaseVersion"] = "1.35.6-20260714"
+
+    message = config_error(mutated_config("prod", rename), "triarch:nodeGroups[1].releaseVersion",
+                           "1.35.6-20260714", ["amiRelease"])
+    assert "'amiRelease'" in message.partition("; allowed:")[0]
+
+
+@pytest.mark.parametrize(("key", "old", "real_keys"), [
+    ("triarch:devicePlugin", "version", ["enabled", "gpuFeatureDiscovery"]),
+    ("triarch:cluster", "releaseVersion", ["kubernetesVersion", "zones"]),
+])
+def test_rename_hint_only_where_the_new_key_exists(mutated_config: MutatedConfig, key: str, old: str,
+                                                   real_keys: list[str]) -> None:
+    """`version` under devicePlugin (say, a chart version) is not a misspelt kubernetesVersion: that key does
+    not exist there, so the message must list the section's real keys, not point at a key it would reject."""
+    config = mutated_config("prod", lambda c: c.setdefault(key, {}).update({old: "0.20.0"}))
+    message = config_error(config, f"{key}.{old}", "0.20.0", real_keys)
+    renamed_to = {"version": "kubernetesVersion", "releaseVersion": "amiRelease"}[old]
+    assert renamed_to not in message.partition("; allowed:")[2].split(", ")
+
+
+def test_wrong_type(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:nodeGroups", 1, "min", value="two"))
+    message = config_error(config, "triarch:nodeGroups[1].min", "'two'", ["int"])
+    assert "integer" in message
+
+
+def test_out_of_range_value_of_an_aliased_key(mutated_config: MutatedConfig) -> None:
+    """diskGiB is spelt by an explicit alias, not by the camel-case generator: its bounds must be offered."""
+    config = mutated_config("prod", _set("triarch:nodeGroups", 1, "diskGiB", value=10))
+    config_error(config, "triarch:nodeGroups[1].diskGiB", "10", ["50"])
+
+
+def test_unknown_instance_type(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:nodeGroups", 1, "instanceType", value="p9.huge"))
+    gpu_types = sorted(INSTANCES["instances"])
+    message = config_error(config, "triarch:nodeGroups[1].instanceType", "'p9.huge'", gpu_types)
+    allowed = message.partition("; allowed: ")[2].split(", ")
+    assert set(allowed) == set(gpu_types), "only GPU instance types belong in a GPU node group"
+    assert not set(allowed) & set(INSTANCES["cpuInstances"])
+
+
+def test_unknown_gpu_for_existing_nodes(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("local", _set("triarch:nodeGroups", 0, "gpu", value="rtx-9090"))
+    config_error(config, "triarch:nodeGroups[0].gpu", "'rtx-9090'", sorted(GPUS))
+
+
+def test_min_greater_than_max(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", lambda c: c["triarch:nodeGroups"][1].update(min=3, max=2))
+    message = config_error(config, "triarch:nodeGroups[1].min", "3", ["2"])
+    assert "max" in message
+
+
+def test_model_pinned_to_missing_node_group(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:models", 1, "nodeGroup", value="h100"))
+    names = [g["name"] for g in stack_document("prod")["triarch:nodeGroups"]]
+    config_error(config, "triarch:models[1].nodeGroup", "'h100'", names)
+
+
+def test_duplicate_node_group_names(mutated_config: MutatedConfig) -> None:
+    first = stack_document("prod")["triarch:nodeGroups"][0]["name"]
+    config = mutated_config("prod", _set("triarch:nodeGroups", 1, "name", value=first))
+    message = config_error(config, "triarch:nodeGroups[1].name", repr(first), ["distinct"])
+    assert "twice" in message
+
+
+def test_unknown_ami_release(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:nodeGroups", 1, "amiRelease", value="v20990101"))
+    config_error(config, "triarch:nodeGroups[1].amiRelease", "'v20990101'", sorted(AMIS))
+
+
+def test_ami_release_without_ami_for_the_kubernetes_version(mutated_config: MutatedConfig) -> None:
+    kubernetes = stack_document("prod")["triarch:cluster"]["kubernetesVersion"]
+    having = sorted(r for r, a in AMIS.items() if kubernetes in (a.get("releaseVersions") or {}))
+    lacking = sorted(r for r, a in AMIS.items() if a.get("releaseVersions") and r not in having)
+    assert lacking and having
+    config = mutated_config("prod", _set("triarch:nodeGroups", 1, "amiRelease", value=lacking[-1]))
+    message = config_error(config, "triarch:nodeGroups[1].amiRelease", repr(lacking[-1]), having)
+    assert kubernetes in message.partition("; allowed:")[0]
+    assert lacking[-1] not in message.partition("; allowed:")[2]
+
+
+def test_unsupported_kubernetes_version(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:cluster", "kubernetesVersion", value="1.24"))
+    message = config_error(config, "triarch:cluster.kubernetesVersion", "'1.24'", ["1.34", "1.35"])
+    assert "1.24" not in message.partition("; allowed:")[2]
+
+
+def test_zone_not_in_region(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:cluster", "zones", 2, value="us-west-2c"))
+    config_error(config, "triarch:cluster.zones[2]", "'us-west-2c'", ["us-east-1"])
+
+
+def test_fewer_than_two_zones_when_creating(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("dev", _set("triarch:cluster", "zones", value=["us-east-1a"]))
+    config_error(config, "triarch:cluster.zones", "us-east-1a", ["us-east-1"])
+
+
+def test_adopt_without_context(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("local", lambda c: c["triarch:cluster"].pop("context"))
+    config_error(config, "triarch:cluster.context", "None", ["context"])
+
+
+def test_tensor_parallel_size_above_gpus_per_node(mutated_config: MutatedConfig) -> None:
+    prod = stack_document("prod")
+    model = prod["triarch:models"][1]
+    group = next(g for g in prod["triarch:nodeGroups"] if g["name"] == model["nodeGroup"])
+    per_node = INSTANCES["instances"][group["instanceType"]]["gpus"]
+    too_many = per_node * 2
+    config = mutated_config("prod", _set("triarch:models", 1, "tensorParallelSize", value=too_many))
+    message = config_error(config, "triarch:models[1].tensorParallelSize", str(too_many), [f"1..{per_node}"])
+    assert f"{per_node} GPU" in message
+
+
+def test_autoscaling_on_engine_vllm(mutated_config: MutatedConfig) -> None:
+    prod = stack_document("prod")
+    assert prod["triarch:models"][1].get("autoscaling")
+    config = mutated_config("prod", _set("triarch:models", 1, "engine", value="vllm"))
+    config_error(config, "triarch:models[1].autoscaling", "'max': 4", ["ray-serve"])
+
+
+def test_unpinned_latest_image(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:images", value={"vllm": "vllm/vllm-openai:latest"}))
+    config_error(config, "triarch:images.vllm", "'vllm/vllm-openai:latest'", ["tag"])
+
+
+def test_image_not_in_catalog(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:images", value={"vllm": "vllm/vllm-openai:v0.99.0"}))
+    known = [f"vllm/vllm-openai:{tag}" for tag in IMAGES["vllm/vllm-openai"]]
+    message = config_error(config, "triarch:images.vllm", "'vllm/vllm-openai:v0.99.0'", known)
+    assert "rayproject" not in message.partition("; allowed:")[2]
+
+
+def test_invalid_literal(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:models", 0, "engine", value="triton"))
+    config_error(config, "triarch:models[0].engine", "'triton'", ["'vllm'", "'ray-serve'"])
+
+
+# --- what valid stacks give -----------------------------------------------------------------------------
+
+def test_the_project_ships_the_three_stacks() -> None:
+    assert STACK_NAMES == ["dev", "local", "prod"]
+
+
+@pytest.mark.parametrize("name", STACK_NAMES)
+def test_each_shipped_stack_validates(stack_config: StackConfigReader, name: str) -> None:
+    document = stack_document(name)
+    stack = from_pulumi_config(stack_config(name))
+    assert stack.cluster.name == document["triarch:cluster"]["name"]
+    assert [g.name for g in stack.node_groups] == [g["name"] for g in document["triarch:nodeGroups"]]
+    assert [m.name for m in stack.models] == [m["name"] for m in document.get("triarch:models", [])]
+    assert stack.aws_region == document.get("aws:region")
+
+
+def test_default_images_are_in_the_catalog(stack_config: StackConfigReader) -> None:
+    config = stack_config("dev")
+    assert "triarch:images" not in config
+    stack = from_pulumi_config(config)
+    assert stack.images == ImagesConfig()
+    for ref in (stack.images.vllm, stack.images.ray_llm):
+        repository, _, tag = ref.rpartition(":")
+        assert tag in IMAGES[repository], ref
+        assert tag != "latest"
+
+
+def test_system_node_group_defaults(stack_config: StackConfigReader) -> None:
+    config = stack_config("dev")
+    assert "systemNodeGroup" not in config["triarch:cluster"]
+    system = from_pulumi_config(config).cluster.system_node_group
+    assert system == SystemNodeGroup()
+    assert system.instance_type in INSTANCES["cpuInstances"], "the default must be a known CPU instance type"
+    assert 1 <= system.min <= system.max
+
+
+def test_node_group_defaults(stack_config: StackConfigReader) -> None:
+    group = from_pulumi_config(stack_config("dev")).node_groups[0]
+    assert group.ami_type in compat_data("amis")["amiTypes"]
+    assert group.taint is True
+    assert group.disk_gib >= 50
+    assert group.capacity_type == "ON_DEMAND"
+
+
+def test_other_namespaces_are_ignored(stack_config: StackConfigReader) -> None:
+    config = stack_config("prod")
+    noisy = {
+        **config,
+        "aws:profile": "llm-prod",
+        "kubernetes:context": "somewhere",
+        "pulumi:tags": '{"team": "ml"}',
+        "other:nodeGroups": "{not json",
+        "other:cluster": "[1, 2",
+    }
+    assert from_pulumi_config(noisy) == from_pulumi_config(config)
+
+
+# --- the CLI on a bad stack -----------------------------------------------------------------------------
+
+def _bad_stack(write_stack: StackWriter) -> Path:
+    config = stack_document("prod")
+    config["triarch:nodeGroups"][1]["instanceType"] = "p9.huge"
+    return write_stack(config)
+
+
+def test_cli_config_error_is_one_line_and_writes_nothing(write_stack: StackWriter, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path = _bad_stack(write_stack)
+    out = tmp_path / "out"
+    code = main(["plan", "--stack-file", str(path), "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("error: triarch:nodeGroups[1].instanceType: 'p9.huge'")
+    assert "Traceback" not in captured.err + captured.out
+    assert not (out / "plan.json").exists()
+    assert not (out / "manifests").exists()
+
+
+def test_cli_process_stderr_is_only_the_error_line(write_stack: StackWriter, tmp_path: Path) -> None:
+    """The same, through a real process: what a user (or CI log) sees on stderr is the error line alone."""
+    path = _bad_stack(write_stack)
+    out = tmp_path / "out"
+    entry = "import sys; from triarch.cli import main; sys.exit(main())"
+    argv = [sys.executable, "-c", entry, "plan", "--stack-file", str(path), "--out", str(out)]
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("error: triarch:nodeGroups[1].instanceType: ")
+    assert not (out / "plan.json").exists()
+
+
+def test_cli_unknown_stack_lists_the_stacks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--stack", "nosuch"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("error: --stack: 'nosuch'")
+    allowed = lines[0].partition("allowed: ")[2].split(", ")
+    assert sorted(allowed) == ["dev", "local", "prod"]
