@@ -17,8 +17,9 @@ from triarch.scheduling import POOL_LABEL
 
 CLUSTER_POLICY = "arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
-CORE_ADDONS = ["vpc-cni", "kube-proxy", "eks-pod-identity-agent", "coredns"]
-"""Installed as EKS managed add-ons at the version EKS defaults to for the cluster's Kubernetes version."""
+NODE_ADDONS = ["vpc-cni", "kube-proxy", "eks-pod-identity-agent"]
+"""EKS managed add-ons nodes need before they are Ready (CoreDNS follows the nodes). Installed at the version EKS
+defaults to for the cluster's Kubernetes version."""
 
 EKS_ASSUME_ROLE = """{"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
  "Principal": {"Service": "eks.amazonaws.com"}, "Action": "sts:AssumeRole"}]}"""
@@ -73,6 +74,17 @@ class EksCluster(pulumi.ComponentResource):
             bootstrap_self_managed_addons=False,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[policy]))
         self.node_role = NodeRole(f"{name}-nodes", opts=child)
+
+        def addon(addon_name: str, after: list[pulumi.Resource]) -> aws.eks.Addon:
+            return aws.eks.Addon(
+                f"{name}-{addon_name}", cluster_name=self.cluster.name, addon_name=addon_name,
+                resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
+                opts=pulumi.ResourceOptions(parent=self, depends_on=after))
+
+        # Nodes only become Ready once the network add-ons run (the cluster bootstraps none itself), and
+        # CoreDNS needs Ready nodes: so network add-ons, then nodes, then CoreDNS.
+        self.addons = {a: addon(a, []) for a in NODE_ADDONS}
+        self.node_prerequisites: list[pulumi.Resource] = list(self.addons.values())
         system = config.system_node_group
         self.system_nodes = ManagedNodeGroup(
             f"{name}-system", cluster_name=self.cluster.name, node_group_name=f"{config.name}-system",
@@ -81,15 +93,8 @@ class EksCluster(pulumi.ComponentResource):
             max_size=system.max, disk_gib=system.disk_gib,
             subnet_ids=[s.id for s in self.network.private_subnets], node_role=self.node_role,
             labels={POOL_LABEL: "system"}, eks_taints=[], cluster_for_tags=config.name, pool="system",
-            opts=child)
-        self.addons = {
-            addon: aws.eks.Addon(
-                f"{name}-{addon}", cluster_name=self.cluster.name, addon_name=addon,
-                resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
-                # coredns needs nodes to run on; the others are what lets nodes become Ready.
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.system_nodes] if addon == "coredns" else []))
-            for addon in CORE_ADDONS
-        }
+            opts=pulumi.ResourceOptions(parent=self, depends_on=self.node_prerequisites))
+        self.addons["coredns"] = addon("coredns", [self.system_nodes])
         self.kubeconfig = pulumi.Output.all(
             self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data
         ).apply(lambda args: kubeconfig(str(args[0]), str(args[1]), str(args[2]), stack.aws_region or ""))

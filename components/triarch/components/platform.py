@@ -39,7 +39,8 @@ class Platform(pulumi.ComponentResource):
                     plan, cluster_name=eks.cluster.name, cluster_for_tags=stack.cluster.name,
                     disk_gib=group.disk_gib,
                     subnet_ids=[eks.network.private_subnet_by_zone[z].id for z in plan.zones],
-                    node_role=eks.node_role, opts=child))
+                    node_role=eks.node_role,
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=eks.node_prerequisites)))
         else:
             self.cluster = AdoptedCluster(stack.cluster.name, stack.cluster, opts=child)
             for group in stack.node_groups:
