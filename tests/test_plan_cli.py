@@ -1,0 +1,191 @@
+"""`triarch plan` end to end: exit code, plan.json, manifests/ and the printed summary, for every stack."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from triarch import cli
+from triarch.catalog import Catalog, load_catalog
+
+ROOT = Path(__file__).resolve().parents[1]
+STACKS = ("local", "dev", "prod")
+LAYER_LABELS = ("Kubernetes (where)", "Ray (how)", "vLLM (when)")
+NOT_OBJECTS = ("kubernetes:helm.sh/", "kubernetes:yaml")
+
+
+@dataclass
+class Planned:
+    code: int
+    stdout: str
+    out: Path
+
+    @property
+    def document(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.out / "plan.json").read_text(encoding="utf-8"))
+        return data
+
+
+def run_cli(stack: str, out: Path) -> Planned:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli.main(["plan", "--stack", stack, "--out", str(out)])
+    return Planned(code, stdout.getvalue(), out)
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Planned]:
+    """Every stack planned once through the CLI entry point, in this process."""
+    return {stack: run_cli(stack, tmp_path_factory.mktemp(f"plan-{stack}")) for stack in STACKS}
+
+
+@pytest.fixture(scope="module")
+def facts() -> Catalog:
+    return load_catalog(ROOT / "templates" / "compat")
+
+
+def stack_config(name: str) -> dict[str, Any]:
+    document = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{name}.yaml").read_text(encoding="utf-8"))
+    config: dict[str, Any] = document["config"]
+    return config
+
+
+def is_component(type_: str) -> bool:
+    return type_.startswith("triarch:")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_plan_exits_zero(plans: dict[str, Planned], stack: str) -> None:
+    assert plans[stack].code == 0
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_plan_json_shape(plans: dict[str, Planned], stack: str) -> None:
+    document = plans[stack].document
+    assert set(document) == {"stack", "resources"}
+    assert document["stack"] == stack
+    resources = document["resources"]
+    assert isinstance(resources, list) and resources
+    for resource in resources:
+        assert set(resource) == {"type", "name", "parent", "inputs"}, resource
+        assert isinstance(resource["type"], str) and resource["type"].count(":") >= 2
+        assert isinstance(resource["name"], str) and resource["name"]
+        assert isinstance(resource["inputs"], dict)
+        parent = resource["parent"]
+        assert parent is None or (isinstance(parent, str)
+                                  and parent.startswith(f"urn:pulumi:{stack}::triarch::"))
+    types = {r["type"] for r in resources}
+    assert "triarch:platform:Platform" in types
+    assert "kubernetes:helm.sh/v3:Release" in types
+    if stack_config(stack)["triarch:cluster"]["create"]:
+        assert "aws:eks/cluster:Cluster" in types
+    else:
+        assert not [t for t in types if t.startswith("aws:")]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_one_manifest_per_kubernetes_object(plans: dict[str, Planned], stack: str) -> None:
+    planned = plans[stack]
+    files = sorted((planned.out / "manifests").glob("*.yaml"))
+    objects = [r for r in planned.document["resources"]
+               if r["type"].startswith("kubernetes:") and not r["type"].startswith(NOT_OBJECTS)
+               and not r["type"].endswith("Patch")]
+    assert objects, "the stack should create at least one Kubernetes object (the device plugin namespace)"
+    assert len(files) == len(objects), [f.name for f in files]
+    kinds = []
+    for path in files:
+        documents = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+        assert len(documents) == 1, path.name
+        [obj] = documents
+        assert isinstance(obj["apiVersion"], str) and obj["apiVersion"]
+        name = obj["metadata"]["name"]
+        assert isinstance(name, str) and name, path.name
+        assert name in path.name
+        kinds.append(obj["kind"])
+    assert sorted(kinds) == sorted(r["type"].rsplit(":", 1)[1] for r in objects)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_summary_names_each_node_group_and_its_gpu(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                   facts: Catalog, stack: str) -> None:
+    assert cli.main(["plan", "--stack", stack, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    lines = printed.splitlines()
+    for group in stack_config(stack)["triarch:nodeGroups"]:
+        gpu = facts.instances[group["instanceType"]].gpu if "instanceType" in group else group["gpu"]
+        assert gpu is not None
+        product = facts.gpus[gpu].product
+        rows = [line for line in lines if line.split()[:1] == [group["name"]]]
+        assert len(rows) == 1, f"no single summary row for node group {group['name']!r}:\n{printed}"
+        assert product in rows[0], rows[0]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_summary_counts_resources_per_layer(plans: dict[str, Planned], stack: str) -> None:
+    lines = plans[stack].stdout.splitlines()
+    totals = [line for line in lines if line.startswith("Resources")]
+    assert len(totals) == 1, plans[stack].stdout
+    total = int(totals[0].split(":")[1].split()[0])
+    start = lines.index(totals[0])
+    counts = {}
+    for label in LAYER_LABELS:
+        rows = [line for line in lines[start + 1:] if line.strip().startswith(label)]
+        assert len(rows) == 1, f"no Resources line for layer {label}"
+        counts[label] = int(rows[0].split()[-1])
+    assert sum(counts.values()) == total
+    custom = [r for r in plans[stack].document["resources"] if not is_component(r["type"])]
+    assert total == len(custom)
+
+
+def test_stack_file_option_names_the_stack_from_the_file(tmp_path: Path) -> None:
+    planned_dir = tmp_path / "out"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = cli.main(["plan", "--stack-file", str(ROOT / "stacks" / "Pulumi.dev.yaml"),
+                         "--out", str(planned_dir)])
+    assert code == 0
+    assert json.loads((planned_dir / "plan.json").read_text(encoding="utf-8"))["stack"] == "dev"
+
+
+def test_console_script_runs_outside_the_test_process(tmp_path: Path) -> None:
+    script = Path(sys.executable).with_name("triarch")
+    assert script.is_file(), f"the console script {script} is not installed"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
+    done = subprocess.run([str(script), "plan", "--stack", "dev", "--out", str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    document = json.loads((tmp_path / "plan.json").read_text(encoding="utf-8"))
+    assert document["stack"] == "dev"
+    assert any(r["type"] == "aws:eks/nodeGroup:NodeGroup" for r in document["resources"])
+    assert "Resources" in done.stdout
+
+
+def _resources(planned: Planned) -> list[tuple[str, str, str]]:
+    return sorted((r["type"], r["name"], json.dumps(r["inputs"], sort_keys=True))
+                  for r in planned.document["resources"])
+
+
+def test_consecutive_plans_do_not_leak_into_each_other(plans: dict[str, Planned], tmp_path: Path) -> None:
+    # plans already holds local, dev and prod planned in that order in this process; plan them again in
+    # another order and compare: each stack's resources depend on its own stack file only.
+    again = {stack: run_cli(stack, tmp_path / stack) for stack in ("prod", "local", "dev")}
+    for stack in STACKS:
+        assert again[stack].code == 0
+        assert _resources(again[stack]) == _resources(plans[stack]), stack
+    local = again["local"].document
+    assert not [r for r in local["resources"] if r["type"].startswith("aws:")]
+    assert "llm-prod" not in json.dumps(local)
+    dev = json.dumps(again["dev"].document)
+    assert "llm-prod" not in dev and "a100" not in dev
+    for stack, planned in again.items():
+        parents = {r["parent"] for r in planned.document["resources"] if r["parent"]}
+        assert all(p.startswith(f"urn:pulumi:{stack}::") for p in parents), stack
