@@ -69,6 +69,45 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from triarch.catalog import Gpu, catalog
+    from triarch.tuner import Task, load_arch, tune
+
+    arch = load_arch(args.model or args.model_config)
+    if args.gpu is not None:
+        gpus = catalog().gpus
+        if args.gpu not in gpus:
+            raise TriarchError(f"--gpu: {args.gpu!r} is not a known GPU; allowed: {', '.join(sorted(gpus))}")
+        gpu = gpus[args.gpu]
+    elif args.kv_cache_memory_bytes is not None:
+        # The KV budget is given: the GPU only has to be large enough to hold it next to the weights.
+        gpu = Gpu("unspecified", "unspecified GPU (KV budget given)", "unknown", "0.0", 1 << 30, "0.0", True, None)
+    else:
+        raise TriarchError("--gpu: missing; allowed: a GPU from templates/compat/gpus.yaml, or pass "
+                           "--kv-cache-memory-bytes to size the KV cache without one")
+    task: Task = args.task or ("embed" if "embedding" in arch.label.lower() else "generate")
+    sizing = tune(arch, gpu, tensor_parallel_size=args.tensor_parallel_size,
+                  gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
+                  kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory_bytes=args.kv_cache_memory_bytes, task=task,
+                  gpus_available=args.gpus)
+    if args.json:
+        document = {k: v for k, v in dataclasses.asdict(sizing).items() if k != "memory"}
+        document["memory"] = dataclasses.asdict(sizing.memory)
+        print(json.dumps(document, indent=2, sort_keys=True))
+        return 0
+    print(f"{sizing.model} on {gpu.product} ({task}): {sizing.num_parameters / 1e9:.2f}B parameters, "
+          f"tensor_parallel_size={sizing.tensor_parallel_size}")
+    for line in sizing.log_lines():
+        print(f"  {line}")
+    for note in sizing.notes:
+        print(f"  note: {note}")
+    print("engine args: " + " ".join(f"--{k.replace('_', '-')}={v}" for k, v in sizing.engine_args.items()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="triarch", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -78,6 +117,21 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--stack-file", help="any Pulumi stack file")
     plan.add_argument("--out", help="output directory (default: out/<stack>)")
     plan.set_defaults(handler=cmd_plan)
+
+    tune = commands.add_parser("tune", help="size vLLM's KV cache and engine args for a model on a GPU")
+    model = tune.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="a model of templates/models (e.g. Qwen/Qwen3-8B)")
+    model.add_argument("--model-config", help="path to any Hugging Face config.json")
+    tune.add_argument("--gpu", help="a GPU of templates/compat/gpus.yaml (e.g. l4, a100-80gb)")
+    tune.add_argument("--gpus", type=int, default=8, help="GPUs per node the tensor-parallel search may use")
+    tune.add_argument("--tensor-parallel-size", type=int)
+    tune.add_argument("--gpu-memory-utilization", type=float, default=0.92)
+    tune.add_argument("--max-model-len", type=int)
+    tune.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
+    tune.add_argument("--kv-cache-memory-bytes", type=int, help="the KV budget per GPU, as vLLM's flag of that name")
+    tune.add_argument("--task", choices=["generate", "embed"], help="default: embed for embedding models")
+    tune.add_argument("--json", action="store_true", help="one JSON object instead of the start-up log")
+    tune.set_defaults(handler=cmd_tune)
     return parser
 
 

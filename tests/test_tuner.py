@@ -1,0 +1,394 @@
+"""The vLLM engine-arg tuner: parameter counts, KV paging arithmetic, refusals and calibration on public logs."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from triarch.catalog import Gpu, catalog
+from triarch.tuner import (
+    GIB,
+    MIB,
+    ModelArch,
+    TuneError,
+    arch_from_hf_config,
+    catalog_models,
+    count_parameters,
+    kv_bytes_per_token,
+    kv_cache_capacity,
+    load_arch,
+    load_model_config,
+    parameter_breakdown,
+    tune,
+    weight_bytes,
+)
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+KV_CASES = SHARED / "reference" / "vllm-kv-cases.yaml"
+ENGINE_ARGS = SHARED / "reference" / "vllm-0.33.0" / "engine-args.txt"
+MODELS_DIR = Path(__file__).resolve().parents[1] / "templates" / "models"
+
+LLAMA3_8B = "meta-llama/Meta-Llama-3-8B"
+DSV2_LITE = "deepseek-ai/DeepSeek-V2-Lite-Chat"
+
+
+def gpu(key: str) -> Gpu:
+    return catalog().gpus[key]
+
+
+def custom_gpu(mib: int) -> Gpu:
+    return Gpu(key=f"test-{mib}", product=f"Test GPU {mib} MiB", architecture="test", compute_capability="9.0",
+               memory_mib=mib, min_cuda="12.0", data_center=True, ray_accelerator_type=None)
+
+
+def kv_cases() -> list[dict[str, Any]]:
+    if not KV_CASES.is_file():
+        pytest.skip(f"calibration data not available: {KV_CASES} is absent (the shared reference checkout)")
+    data = yaml.safe_load(KV_CASES.read_text(encoding="utf-8"))
+    assert isinstance(data, list)
+    return data
+
+
+def kv_case(source: str) -> dict[str, Any]:
+    return next(c for c in kv_cases() if c["source"] == source)
+
+
+def gib_of(text: str) -> float:
+    """'67.7229 GB' / '8.00 GiB' -> 67.7229 / 8.0 (vLLM's older logs print GiB values labelled GB)."""
+    match = re.match(r"\s*(-?[\d.]+)\s*Gi?B", text)
+    assert match, text
+    return float(match.group(1))
+
+
+# --- catalog -------------------------------------------------------------------------------------------------
+
+
+def test_catalog_has_the_required_models_with_sources() -> None:
+    names = catalog_models()
+    for required in ("Qwen/Qwen3-Embedding-0.6B", "Qwen/Qwen3-8B", DSV2_LITE, "meta-llama/Llama-3.1-8B-Instruct",
+                     LLAMA3_8B, "meta-llama/Llama-3.1-70B-Instruct"):
+        assert required in names
+    for path in MODELS_DIR.glob("*.json"):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        repo = path.stem.replace("--", "/", 1)
+        assert data["_source"] == f"https://huggingface.co/{repo}/blob/main/config.json"
+        arch_from_hf_config(data)  # every entry parses
+
+
+def test_load_model_config_by_name_short_name_and_path(tmp_path: Path) -> None:
+    assert load_model_config("Qwen3-8B") == load_model_config("Qwen/Qwen3-8B")
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2,
+                                                      "num_attention_heads": 4, "vocab_size": 100}))
+    assert load_model_config(tmp_path)["hidden_size"] == 64
+    assert load_model_config(tmp_path / "config.json")["vocab_size"] == 100
+    with pytest.raises(TuneError, match="not in the catalog"):
+        load_model_config("nobody/no-such-model")
+
+
+def test_defaults_for_kv_heads_and_head_dim() -> None:
+    arch = arch_from_hf_config({"hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
+                                "vocab_size": 1000})
+    assert arch.num_key_value_heads == 8 and arch.head_dim == 64
+    with pytest.raises(TuneError, match="lacks vocab_size"):
+        arch_from_hf_config({"hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8})
+
+
+# --- parameters and weights ----------------------------------------------------------------------------------
+
+
+def test_llama3_8b_parameters() -> None:
+    assert count_parameters(load_arch(LLAMA3_8B)) == pytest.approx(8.03e9, rel=0.01)
+
+
+def test_qwen3_8b_parameters() -> None:
+    assert count_parameters(load_arch("Qwen/Qwen3-8B")) == pytest.approx(8.2e9, rel=0.01)
+
+
+def test_deepseek_v2_lite_parameters_count_every_expert() -> None:
+    arch = load_arch(DSV2_LITE)
+    assert arch.is_mla and arch.is_moe and arch.num_moe_layers == 26  # first_k_dense_replace = 1 of 27 layers
+    parts = parameter_breakdown(arch)
+    assert parts.total == pytest.approx(15.7e9, rel=0.01)
+    assert parts.routed_experts == 26 * 64 * 3 * 2048 * 1408
+    assert parts.shared_experts == 26 * 3 * 2048 * 2 * 1408
+
+
+def test_tied_embeddings_and_embedding_task_drop_the_lm_head() -> None:
+    embed = load_arch("Qwen/Qwen3-Embedding-0.6B")
+    assert embed.tie_word_embeddings and parameter_breakdown(embed).lm_head == 0
+    llama = load_arch(LLAMA3_8B)
+    assert count_parameters(llama) - count_parameters(llama, task="embed") == 128256 * 4096
+
+
+def test_quantized_weights_are_smaller() -> None:
+    config = load_model_config("Qwen/Qwen2.5-7B-Instruct")
+    awq = arch_from_hf_config({**config, "quantization_config": {"quant_method": "awq", "bits": 4,
+                                                                  "group_size": 128}})
+    fp8 = arch_from_hf_config({**config, "quantization_config": {"quant_method": "fp8"}})
+    bf16 = weight_bytes(arch_from_hf_config(config))
+    assert weight_bytes(awq) < weight_bytes(fp8) < bf16
+    assert awq.weight_bits == 4 and fp8.weight_bits == 8
+
+
+# --- KV cache arithmetic --------------------------------------------------------------------------------------
+
+
+def test_llama3_8b_kv_bytes_per_token_from_first_principles() -> None:
+    arch = load_arch(LLAMA3_8B)
+    layers, kv_heads, head_dim, bf16 = 32, 8, 4096 // 32, 2
+    assert (arch.num_hidden_layers, arch.num_key_value_heads, arch.head_dim) == (layers, kv_heads, head_dim)
+    expected = layers * 2 * kv_heads * head_dim * bf16  # K and V, every layer
+    assert expected == 131072
+    assert kv_bytes_per_token(arch) == expected
+
+
+def test_tp_shards_kv_heads_until_it_replicates_them() -> None:
+    arch = load_arch(LLAMA3_8B)
+    per_head = 32 * 2 * 128 * 2
+    assert kv_bytes_per_token(arch, tensor_parallel_size=2) == 4 * per_head
+    assert kv_bytes_per_token(arch, tensor_parallel_size=8) == 1 * per_head  # 8 // 8 = 1 head per GPU
+    assert kv_bytes_per_token(arch, tensor_parallel_size=16) == max(1, 8 // 16) * per_head  # replicated, not 0.5
+    assert kv_bytes_per_token(arch, tensor_parallel_size=16) == kv_bytes_per_token(arch, tensor_parallel_size=8)
+
+
+def test_pipeline_parallel_splits_layers() -> None:
+    arch = load_arch(LLAMA3_8B)
+    assert kv_bytes_per_token(arch, pipeline_parallel_size=2) == kv_bytes_per_token(arch) // 2
+
+
+def test_mla_caches_one_latent_per_layer_on_every_tp_rank() -> None:
+    arch = load_arch(DSV2_LITE)
+    expected = 27 * (512 + 64) * 2  # kv_lora_rank + qk_rope_head_dim, bf16, no x2 for K/V
+    for tp in (1, 2, 4, 8, 16):
+        assert kv_bytes_per_token(arch, tensor_parallel_size=tp) == expected
+
+
+@pytest.mark.parametrize("name", [LLAMA3_8B, DSV2_LITE, "Qwen/Qwen3-8B"])
+@pytest.mark.parametrize("fp8", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_fp8_kv_cache_halves_bf16(name: str, fp8: str) -> None:
+    arch = load_arch(name)
+    for tp in (1, 4):
+        assert kv_bytes_per_token(arch, tensor_parallel_size=tp, kv_cache_dtype=fp8) * 2 == kv_bytes_per_token(
+            arch, tensor_parallel_size=tp
+        )
+
+
+def test_capacity_is_whole_blocks() -> None:
+    assert kv_cache_capacity(16 * 1000 * 3 - 1, 1000, 16) == (2, 32)
+    assert kv_cache_capacity(-5, 1000, 16) == (0, 0)
+
+
+# --- tune ------------------------------------------------------------------------------------------------------
+
+
+def test_70b_on_one_8gb_gpu_is_refused_with_numbers() -> None:
+    arch = load_arch("meta-llama/Llama-3.1-70B-Instruct")
+    with pytest.raises(TuneError) as caught:
+        tune(arch, gpu("rtx-4060-laptop"), gpus_available=1)
+    message = str(caught.value)
+    weights = weight_bytes(arch) / GIB
+    assert f"needs {weights:.1f} GiB of weights per GPU" in message
+    assert "(8.0 GiB) at gpu_memory_utilization 0.92 leaves" in message
+    assert re.search(r"leaves \d+\.\d GiB", message)
+
+
+def test_picks_the_smallest_tp_that_fits() -> None:
+    arch = load_arch("meta-llama/Llama-3.1-70B-Instruct")
+    sizing = tune(arch, gpu("a100-80gb"), max_model_len=8192)
+    assert sizing.tensor_parallel_size == 2  # 131 GiB of weights cannot fit on one 80 GB GPU
+    assert sizing.engine_args["tensor_parallel_size"] == 2
+    assert sizing.max_model_len == 8192 and sizing.kv_cache_tokens >= 8192
+    one = tune(load_arch(LLAMA3_8B), gpu("a100-80gb"))
+    assert one.tensor_parallel_size == 1
+
+
+def test_max_model_len_is_capped_to_the_model_and_to_what_fits() -> None:
+    arch = load_arch(LLAMA3_8B)  # max_position_embeddings 8192
+    sizing = tune(arch, gpu("a100-80gb"), max_model_len=100_000)
+    assert sizing.max_model_len == 8192 and any("max_position_embeddings" in n for n in sizing.notes)
+    small = tune(load_arch("meta-llama/Llama-3.1-8B-Instruct"), gpu("l4"), max_model_len=131072,
+                 tensor_parallel_size=1)
+    assert small.max_model_len == small.kv_cache_tokens < 131072
+    assert small.max_concurrency == pytest.approx(1.0)
+
+
+def test_chat_and_embedding_engine_args() -> None:
+    chat = tune(load_arch("Qwen/Qwen3-8B"), gpu("l4"), max_model_len=8192)
+    assert "runner" not in chat.engine_args
+    assert chat.engine_args["max_num_batched_tokens"] >= chat.engine_args["max_num_seqs"]
+    embed = tune(load_arch("Qwen/Qwen3-Embedding-0.6B"), gpu("l4"), task="embed")
+    assert embed.engine_args["runner"] == "pooling" and embed.engine_args["convert"] == "embed"
+    assert embed.engine_args["max_num_batched_tokens"] >= embed.engine_args["max_model_len"] == 32768
+    for sizing in (chat, embed):
+        if ENGINE_ARGS.is_file():
+            names = set(ENGINE_ARGS.read_text(encoding="utf-8").split())
+            assert set(sizing.engine_args) <= names
+        assert sizing.engine_args["gpu_memory_utilization"] == 0.92
+
+
+def test_log_lines_read_like_vllm() -> None:
+    sizing = tune(load_arch(LLAMA3_8B), gpu("a100-80gb"), max_model_len=8192)
+    lines = sizing.log_lines()
+    assert lines[0] == f"Model loading took {weight_bytes(load_arch(LLAMA3_8B)) / GIB:.4f} GiB"
+    assert lines[1].startswith("Available KV cache memory: ") and lines[1].endswith(" GiB")
+    assert lines[2] == f"GPU KV cache size: {sizing.kv_cache_tokens:,} tokens"
+    assert lines[3] == f"Maximum concurrency for 8,192 tokens per request: {sizing.kv_cache_tokens / 8192:.2f}x"
+
+
+def test_unknown_max_model_len_gives_no_concurrency() -> None:
+    config = {k: v for k, v in load_model_config(LLAMA3_8B).items() if k != "max_position_embeddings"}
+    sizing = tune(arch_from_hf_config(config), gpu("a100-80gb"))
+    assert sizing.max_model_len is None and sizing.max_concurrency is None
+    assert "max_model_len" not in sizing.engine_args
+    assert len(sizing.log_lines()) == 3
+
+
+def test_bad_inputs_are_refused() -> None:
+    arch = load_arch(LLAMA3_8B)
+    with pytest.raises(TuneError, match="must divide"):
+        tune(arch, gpu("a100-80gb"), tensor_parallel_size=3)
+    with pytest.raises(TuneError, match="kv_cache_dtype"):
+        tune(arch, gpu("a100-80gb"), kv_cache_dtype="int3")
+    with pytest.raises(TuneError, match="gpu_memory_utilization"):
+        tune(arch, gpu("a100-80gb"), gpu_memory_utilization=1.5)
+
+
+# --- calibration against public vLLM logs ----------------------------------------------------------------------
+
+
+def test_calibration_70b_w8a8_blocks_tokens_and_concurrency() -> None:
+    case = kv_case("vllm-project/vllm PR 12569")
+    s, logged = case["settings"], case["logged"]
+    config = load_model_config("meta-llama/Llama-3.1-70B-Instruct")
+    w8a8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 8}}}}
+    arch = arch_from_hf_config({**config, "quantization_config": w8a8})
+    assert weight_bytes(arch) / GIB == pytest.approx(gib_of(logged["model_weights"]), rel=0.02)
+
+    per_token = kv_bytes_per_token(arch, tensor_parallel_size=s["tensor_parallel_size"])
+    assert per_token == 80 * 2 * 8 * 128 * 2
+    kv_bytes = logged["gpu_blocks"] * s["block_size"] * per_token  # what vLLM had, from its own block count
+    sizing = tune(arch, gpu("h100-80gb"), tensor_parallel_size=s["tensor_parallel_size"], gpus_available=1,
+                  max_model_len=s["max_model_len"], kv_cache_memory_bytes=kv_bytes, block_size=s["block_size"])
+    assert sizing.kv_cache_blocks == logged["gpu_blocks"] == 1381
+    assert sizing.kv_cache_tokens == 22096
+    assert sizing.max_concurrency is not None
+    assert round(sizing.max_concurrency, 2) == logged["max_concurrency_at_2048"] == 10.79
+    assert sizing.log_lines()[-1] == "Maximum concurrency for 2,048 tokens per request: 10.79x"
+    assert sizing.engine_args["kv_cache_memory_bytes"] == kv_bytes
+    assert "gpu_memory_utilization" not in sizing.engine_args
+
+
+def test_calibration_4bit_7b_on_8gib_at_070_is_refused() -> None:
+    case = kv_case("vllm-project/vllm issue 13882")
+    s, logged = case["settings"], case["logged"]
+    assert logged["gpu_blocks"] == 0
+    config = load_model_config("Qwen/Qwen2.5-7B-Instruct")
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    arch = arch_from_hf_config({**config, "quantization_config": awq}, name="Qwen2.5-7B-Instruct-AWQ")
+    # The issue quotes the weights as 5.2032 GB (a GiB value, as vLLM printed it then).
+    assert weight_bytes(arch) / GIB == pytest.approx(5.2032, rel=0.03)
+    small = custom_gpu(int(gib_of(s["gpu_total"]) * 1024))
+    with pytest.raises(TuneError) as caught:
+        tune(arch, small, gpus_available=1, gpu_memory_utilization=s["gpu_memory_utilization"],
+             max_model_len=s["max_model_len"])
+    message = str(caught.value)
+    assert "Qwen2.5-7B-Instruct-AWQ needs 5.2 GiB of weights per GPU" in message
+    match = re.search(r"the KV cache gets (-\d+\.\d\d) GiB", message)
+    assert match, message
+    assert float(match.group(1)) == pytest.approx(gib_of(logged["kv_cache_size"]), abs=0.35)
+
+
+def test_calibration_llama3_8b_bf16_weights() -> None:
+    case = kv_case("vllm-project/vllm issue 12330")
+    logged = case["logged"]
+    arch = load_arch(LLAMA3_8B)
+    assert round(weight_bytes(arch) / GIB, 2) == gib_of(logged["model_weights"]) == 14.96
+    sizing = tune(arch, gpu("a100-40gb"), gpu_memory_utilization=case["settings"]["gpu_memory_utilization"])
+    assert sizing.memory.requested == pytest.approx(gib_of(logged["requested"]) * GIB, rel=0.02)
+    # The modelled non-torch memory is conservative against the logged value.
+    assert sizing.memory.non_torch >= gib_of(logged["non_torch_memory"]) * GIB
+
+
+# --- property: never promise more KV cache than the budget holds -----------------------------------------------
+
+
+@st.composite
+def archs(draw: st.DrawFn) -> ModelArch:
+    heads = draw(st.sampled_from([4, 8, 12, 16, 32, 40, 64, 128]))
+    head_dim = draw(st.sampled_from([64, 80, 128, 256]))
+    layers = draw(st.integers(1, 96))
+    config: dict[str, Any] = {
+        "hidden_size": heads * head_dim,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0])),
+        "vocab_size": draw(st.integers(1000, 260_000)),
+        "intermediate_size": draw(st.integers(256, 65_536)),
+        "tie_word_embeddings": draw(st.booleans()),
+        "torch_dtype": draw(st.sampled_from(["bfloat16", "float16", "float32"])),
+    }
+    if draw(st.booleans()):
+        config["max_position_embeddings"] = draw(st.integers(512, 262_144))
+    if draw(st.booleans()):
+        config.update(n_routed_experts=draw(st.integers(2, 256)), num_experts_per_tok=draw(st.integers(1, 8)),
+                      moe_intermediate_size=draw(st.integers(128, 4096)), n_shared_experts=draw(st.integers(0, 2)),
+                      first_k_dense_replace=draw(st.integers(0, layers)))
+    if draw(st.booleans()):
+        config.update(kv_lora_rank=draw(st.sampled_from([256, 512])), qk_rope_head_dim=64, qk_nope_head_dim=128,
+                      v_head_dim=128, q_lora_rank=draw(st.sampled_from([None, 1536])))
+    if draw(st.booleans()):
+        config["quantization_config"] = {"quant_method": "gptq", "bits": draw(st.sampled_from([4, 8])),
+                                         "group_size": 128}
+    return arch_from_hf_config(config)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    arch=archs(),
+    memory_mib=st.integers(2 * 1024, 200 * 1024),
+    utilization=st.floats(0.3, 0.98),
+    max_model_len=st.one_of(st.none(), st.integers(1, 300_000)),
+    kv_cache_dtype=st.sampled_from(["auto", "fp8"]),
+    task=st.sampled_from(["generate", "embed"]),
+    gpus=st.integers(1, 16),
+    kv_given=st.one_of(st.none(), st.integers(0, 64 * GIB)),
+    block_size=st.sampled_from([16, 32, 64]),
+)
+def test_never_needs_more_kv_than_available(
+    arch: ModelArch, memory_mib: int, utilization: float, max_model_len: int | None, kv_cache_dtype: str,
+    task: Any, gpus: int, kv_given: int | None, block_size: int,
+) -> None:
+    try:
+        sizing = tune(arch, custom_gpu(memory_mib), gpu_memory_utilization=utilization, max_model_len=max_model_len,
+                      kv_cache_dtype=kv_cache_dtype, task=task, gpus_available=gpus,
+                      kv_cache_memory_bytes=kv_given, block_size=block_size)
+    except TuneError as refused:
+        assert re.search(r"\d+\.\d GiB", str(refused))
+        return
+    assert sizing.kv_cache_blocks >= 1
+    assert sizing.kv_cache_blocks * block_size * sizing.kv_bytes_per_token <= sizing.available_kv_bytes
+    assert sizing.kv_cache_tokens == sizing.kv_cache_blocks * block_size
+    if kv_given is None:
+        memory = sizing.memory
+        assert memory.weights + memory.overhead + sizing.available_kv_bytes <= memory_mib * MIB * utilization
+    else:
+        assert sizing.memory.spare >= 0
+    tp = sizing.tensor_parallel_size
+    assert tp <= gpus and arch.num_attention_heads % tp == 0
+    if sizing.max_model_len is not None:
+        assert 1 <= sizing.max_model_len <= sizing.kv_cache_tokens
+        if arch.max_position_embeddings is not None:
+            assert sizing.max_model_len <= arch.max_position_embeddings
+        if max_model_len is not None:
+            assert sizing.max_model_len <= max_model_len
+        assert sizing.max_concurrency is not None and sizing.max_concurrency >= 1
+    assert 1 <= sizing.engine_args["max_num_seqs"] <= sizing.engine_args["max_num_batched_tokens"]
+    if task == "embed" and sizing.max_model_len is not None:  # pooling has no chunked prefill
+        assert sizing.engine_args["max_num_batched_tokens"] >= sizing.max_model_len
