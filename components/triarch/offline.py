@@ -52,9 +52,6 @@ class PlanRun:
     warnings: list[str] = field(default_factory=list)
     """What the program logged as warnings (pulumi.log.warn), in order."""
 
-    def by_type(self, prefix: str) -> list[Registered]:
-        return [r for r in self.resources if r.type.startswith(prefix)]
-
 
 def _clean(value: Any) -> Any:
     """Mock values as a plan shows them: integers as integers, unknowns marked."""
