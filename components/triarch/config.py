@@ -27,6 +27,9 @@ DnsLabel = Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$")]
 DriverVersion = Annotated[str, Field(pattern=r"^\d{3}\.\d{1,3}(\.\d{1,3})?$")]
 ImageRef = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+|@sha256:[a-f0-9]{64})$")]
 
+UNPINNED_TAGS = {"latest"}
+"""Tags that move: an image under one of these is not pinned."""
+
 RENAMED_KEYS = {
     "releaseVersion": "amiRelease",
     "instance_type": "instanceType",
@@ -203,7 +206,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
         names.add(group.name)
 
     for key, ref in (("vllm", stack.images.vllm), ("rayLlm", stack.images.ray_llm)):
-        if ref.endswith(":latest"):
+        if "@" not in ref and ref.rsplit(":", 1)[-1] in UNPINNED_TAGS:
             raise ConfigError(f"{NAMESPACE}:images.{key}", ref, "is not pinned", "a versioned tag or a digest")
         if facts.image(ref) is None:
             known = sorted(r for r in facts.images if r.startswith(ref.split(":")[0] + ":"))
