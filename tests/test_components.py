@@ -184,6 +184,11 @@ def groups_of(config: dict[str, Any]) -> list[dict[str, Any]]:
     return groups
 
 
+def group_spec(config: dict[str, Any], group: str) -> dict[str, Any]:
+    """The stack file's entry for one node group."""
+    return next(g for g in groups_of(config) if g["name"] == group)
+
+
 def walk(value: Any) -> Iterator[Any]:
     yield value
     if isinstance(value, dict):
@@ -223,7 +228,7 @@ def test_every_gpu_node_group_is_a_configured_pool(planned: dict[str, Planned],
 def test_gpu_node_group_carries_scheduling_labels_and_taint(
         planned: dict[str, Planned], configs: dict[str, dict[str, Any]], facts: Catalog,
         stack: str, group: str) -> None:
-    spec = next(g for g in groups_of(configs[stack]) if g["name"] == group)
+    spec = group_spec(configs[stack], group)
     node_group = node_group_of(planned[stack], group)
     inputs = node_group.inputs
     assert inputs["instanceTypes"] == [spec["instanceType"]]
@@ -240,7 +245,7 @@ def test_gpu_node_group_carries_scheduling_labels_and_taint(
 def test_gpu_node_group_pins_the_ami_release(
         planned: dict[str, Planned], configs: dict[str, dict[str, Any]], facts: Catalog,
         stack: str, group: str) -> None:
-    spec = next(g for g in groups_of(configs[stack]) if g["name"] == group)
+    spec = group_spec(configs[stack], group)
     kubernetes = configs[stack]["triarch:cluster"]["kubernetesVersion"]
     inputs = node_group_of(planned[stack], group).inputs
     release = inputs.get("releaseVersion")
@@ -275,7 +280,7 @@ def test_every_node_group_has_a_hardened_launch_template(planned: dict[str, Plan
 def test_autoscaler_node_template_tags(
         planned: dict[str, Planned], configs: dict[str, dict[str, Any]], facts: Catalog,
         stack: str, group: str) -> None:
-    spec = next(g for g in groups_of(configs[stack]) if g["name"] == group)
+    spec = group_spec(configs[stack], group)
     cluster = configs[stack]["triarch:cluster"]["name"]
     node_group = node_group_of(planned[stack], group)
     tags = asg_tags(planned[stack], node_group)

@@ -91,13 +91,11 @@ class ExistingGpuPool(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:nodegroups:ExistingGpuPool", name, None, opts)
         self.pool = pool
+        patches = {node: node_patch(node, pool) for node in nodes}
         self.patches = [
-            k8s.core.v1.NodePatch(f"{name}-{node}", **_patch_args(node_patch(node, pool)),
+            k8s.core.v1.NodePatch(f"{name}-{node}", metadata=patch["metadata"], spec=patch["spec"],
                                   opts=pulumi.ResourceOptions(parent=self, provider=provider))
-            for node in nodes
+            for node, patch in patches.items()
         ]
         self.register_outputs({"nodes": nodes})
 
-
-def _patch_args(patch: dict[str, object]) -> dict[str, object]:
-    return {"metadata": patch["metadata"], "spec": patch["spec"]}
