@@ -49,6 +49,7 @@ NODE_POLICY_ARNS = {
     "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
 }
 CLUSTER_POLICY_ARN = "arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"
+EFS_CSI_POLICY_ARN = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
 BROAD_POLICIES = ("AdministratorAccess", "PowerUserAccess", "IAMFullAccess", "FullAccess")
 
 
@@ -322,14 +323,20 @@ def test_node_role_component_alone_has_exactly_the_three_policies() -> None:
 
 
 @pytest.mark.parametrize("stack", EKS_STACKS)
-def test_stack_grants_only_the_node_and_cluster_policies(planned: dict[str, Planned], stack: str) -> None:
+def test_stack_grants_only_the_node_cluster_and_storage_driver_policies(planned: dict[str, Planned],
+                                                                        stack: str) -> None:
     run = planned[stack]
     [role_component] = [r for r in run.resources if r.type == "triarch:nodegroups:NodeRole"]
     node_arns = [r.inputs["policyArn"] for r in of_type(run, POLICY_ATTACHMENT)
                  if r.parent == role_component.urn]
     assert sorted(node_arns) == sorted(NODE_POLICY_ARNS)
     all_arns = [r.inputs["policyArn"] for r in of_type(run, POLICY_ATTACHMENT)]
-    assert sorted(all_arns) == sorted([*NODE_POLICY_ARNS, CLUSTER_POLICY_ARN])
+    assert sorted(all_arns) == sorted([*NODE_POLICY_ARNS, CLUSTER_POLICY_ARN, EFS_CSI_POLICY_ARN])
+    # The EFS CSI driver's policy goes to a role only its pods assume (EKS pod identity), never to the nodes.
+    [efs] = [r for r in of_type(run, POLICY_ATTACHMENT) if r.inputs["policyArn"] == EFS_CSI_POLICY_ARN]
+    [efs_role] = [r for r in of_type(run, "aws:iam/role:Role") if r.parent == efs.parent and r.name == efs.name]
+    trust = json.loads(efs_role.inputs["assumeRolePolicy"])
+    assert [s["Principal"] for s in trust["Statement"]] == [{"Service": "pods.eks.amazonaws.com"}]
     iam = json.dumps([r.inputs for r in run.resources if r.type.startswith("aws:iam/")])
     for broad in BROAD_POLICIES:
         assert broad not in iam
@@ -376,15 +383,21 @@ def test_local_provider_names_its_kubeconfig_context(planned: dict[str, Planned]
     assert provider.inputs["context"] == configs["local"]["triarch:cluster"]["context"]
 
 
+def device_plugin_release(run: Planned) -> Registered:
+    """The stack's device plugin release (the KubeRay operator is another Helm release)."""
+    [release] = [r for r in of_type(run, RELEASE) if r.inputs["chart"] == "nvidia-device-plugin"]
+    return release
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_device_plugin_release_is_pinned(planned: dict[str, Planned], stack: str) -> None:
-    [release] = of_type(planned[stack], RELEASE)
+    release = device_plugin_release(planned[stack])
     inputs = release.inputs
     assert inputs["chart"] == "nvidia-device-plugin"
     assert inputs["version"] == "0.20.0"
     repository = inputs.get("repositoryOpts", {}).get("repo", "")
     assert repository.startswith("https://"), repository
-    [namespace] = of_type(planned[stack], "kubernetes:core/v1:Namespace")
+    [namespace] = [n for n in of_type(planned[stack], "kubernetes:core/v1:Namespace") if n.parent == release.parent]
     assert inputs["namespace"] == namespace.inputs["metadata"]["name"]
 
 
@@ -417,8 +430,7 @@ def test_local_stack_patches_the_named_node_with_pool_labels(
 # --- time-slicing ---------------------------------------------------------------------------------------
 
 def _sliced_config(planned: Planned, label_value: str) -> dict[str, Any]:
-    [release] = of_type(planned, RELEASE)
-    config = release.inputs["values"]["config"]
+    config = device_plugin_release(planned).inputs["values"]["config"]
     assert label_value in config["map"], sorted(config["map"])
     assert config["default"] in config["map"]
     entry = yaml.safe_load(config["map"][label_value])
@@ -449,8 +461,7 @@ def test_time_slicing_on_existing_nodes(planned: dict[str, Planned]) -> None:
 def test_without_time_slicing_there_is_no_device_plugin_config(planned: dict[str, Planned],
                                                                stack: str) -> None:
     run = planned[stack]
-    [release] = of_type(run, RELEASE)
-    assert "config" not in release.inputs["values"]
+    assert "config" not in device_plugin_release(run).inputs["values"]
     labelled = [r for r in [*gpu_node_groups(run), *of_type(run, NODE_PATCH)]
                 if scheduling.DEVICE_PLUGIN_CONFIG_LABEL in json.dumps(r.inputs)]
     assert labelled == []

@@ -72,7 +72,9 @@ def test_kubernetes_validate_has_schemas_for_every_stack_version() -> None:
 def test_every_manifest_is_valid_for_the_stack_kubernetes_version(runs: dict[str, PlanRun],
                                                                   name: str) -> None:
     version = kubernetes_version(name)
-    objects = manifests(runs[name])
+    # Built-in kinds here; custom resources (RayService) are validated against their CRDs in test_ray_crds.
+    objects = [o for o in manifests(runs[name]) if "." not in o["apiVersion"].split("/")[0]
+               or o["apiVersion"].split("/")[0].endswith(".k8s.io")]
     assert objects, f"stack {name} produced no Kubernetes objects"
     failures = []
     for obj in objects:
@@ -154,7 +156,7 @@ def upstream_values() -> dict[str, Any]:
 
 
 def release_of(run: PlanRun) -> dict[str, Any]:
-    releases = [r for r in run.resources if r.type == RELEASE]
+    releases = [r for r in run.resources if r.type == RELEASE and r.inputs["chart"] == "nvidia-device-plugin"]
     assert len(releases) == 1
     return releases[0].inputs
 

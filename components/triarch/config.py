@@ -109,16 +109,47 @@ class AutoscalingConfig(_Model):
 
 
 class ModelConfig(_Model):
-    """One served model; its workload is placed on one node group."""
+    """One served model; its workload is placed on one node group, its engine args come from the tuner."""
 
     name: DnsLabel
     model: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")]
+    """Hugging Face repo id; its architecture must be in templates/models (or given by modelConfig)."""
+    model_config_path: str | None = Field(None, alias="modelConfig")
+    """Path (relative to the project) of the model's config.json, for models outside templates/models."""
     engine: Literal["vllm", "ray-serve"]
     node_group: str
+    task: Literal["generate", "embed"] | None = None
+    """Default: embed for models whose name says Embedding, generate otherwise."""
     replicas: int = Field(1, ge=1, le=64)
     tensor_parallel_size: int | None = Field(None, ge=1, le=16)
     max_model_len: int | None = Field(None, ge=128)
+    gpu_memory_utilization: float = Field(0.92, gt=0.1, le=0.95)
+    """vLLM's default since 0.20; above 0.95 leaves too little for CUDA graphs and fragmentation."""
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     autoscaling: AutoscalingConfig | None = None
+    route_prefix: Annotated[str, Field(pattern=r"^/[a-z0-9/_-]*$")] | None = None
+    """Ray Serve route prefix (ray-serve engine); default /<name>."""
+    startup_minutes: int = Field(30, ge=5, le=240)
+    """How long the startup probe waits for the weights to download and load before restarting the pod."""
+    cache_gib: int | None = Field(None, ge=1, le=4096, alias="cacheGiB")
+    """Size of the Hugging Face cache volume; default twice the weights, at least 20 GiB."""
+
+    @property
+    def resolved_task(self) -> Literal["generate", "embed"]:
+        if self.task is not None:
+            return self.task
+        return "embed" if "embedding" in self.model.lower() else "generate"
+
+
+class ServingConfig(_Model):
+    """Where the serving workloads live and how their model cache is stored."""
+
+    namespace: DnsLabel = "llm"
+    storage_class: str | None = None
+    """StorageClass of the model caches. Default: on a created cluster, the EFS class Triarch installs (shared by
+    all replicas); on an adopted cluster, the cluster's default class."""
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] | None = None
+    """Default: ReadWriteMany on a created cluster (EFS), ReadWriteOnce on an adopted one."""
 
 
 class ImagesConfig(_Model):
@@ -140,6 +171,7 @@ class StackConfig(_Model):
     models: list[ModelConfig] = []
     images: ImagesConfig = ImagesConfig()
     device_plugin: DevicePluginConfig = DevicePluginConfig()
+    serving: ServingConfig = ServingConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> StackConfig:
@@ -228,6 +260,9 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
             raise ConfigError(f"{path}.tensorParallelSize", model.tensor_parallel_size,
                               f"exceeds the {per_node} GPU(s) per node of node group '{model.node_group}'",
                               f"1..{per_node}")
+        if model.route_prefix is not None and model.engine != "ray-serve":
+            raise ConfigError(f"{path}.routePrefix", model.route_prefix, "only applies to engine ray-serve",
+                              "remove it (a vllm model gets its own Service)")
         if model.autoscaling is not None:
             if model.engine != "ray-serve":
                 raise ConfigError(f"{path}.autoscaling", model.autoscaling.model_dump(by_alias=True),
@@ -317,6 +352,8 @@ def driver_of(group: NodeGroupConfig, facts: Catalog) -> str:
 # --- reading Pulumi config -------------------------------------------------------------------------------
 
 TOP_LEVEL_KEYS = {to_camel(name): name for name in StackConfig.model_fields if name != "aws_region"}
+SECRET_KEYS = {"hfToken"}
+"""Triarch keys read as Pulumi secrets by the program, never into the model (so never into a message)."""
 
 
 def from_pulumi_config(values: Mapping[str, Any]) -> StackConfig:
@@ -331,9 +368,11 @@ def from_pulumi_config(values: Mapping[str, Any]) -> StackConfig:
             data["awsRegion"] = value
         if namespace != NAMESPACE:
             continue
+        if name in SECRET_KEYS:
+            continue
         if name not in TOP_LEVEL_KEYS:
             raise ConfigError(key, value, "is not a Triarch config key",
-                              ", ".join(f"{NAMESPACE}:{k}" for k in sorted(TOP_LEVEL_KEYS)))
+                              ", ".join(f"{NAMESPACE}:{k}" for k in sorted([*TOP_LEVEL_KEYS, *SECRET_KEYS])))
         if isinstance(value, str) and value[:1] in "[{":
             try:
                 value = json.loads(value)

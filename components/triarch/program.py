@@ -9,9 +9,10 @@ from pulumi.runtime.config import CONFIG, get_config_env
 
 from triarch.catalog import catalog
 from triarch.components.platform import Platform
-from triarch.config import StackConfig, from_pulumi_config
+from triarch.config import NAMESPACE, StackConfig, from_pulumi_config
 from triarch.errors import TriarchError
 from triarch.matrix import require_compatible
+from triarch.planners.models import ModelPlan, plan_models
 
 
 class StackError(pulumi.RunError):
@@ -23,21 +24,25 @@ def pulumi_config_values() -> dict[str, Any]:
     return {**get_config_env(), **CONFIG.get()}
 
 
-def load_stack() -> StackConfig:
-    """Validate config and the driver/CUDA matrix before any resource exists; a mistake is one sentence."""
+def load_stack() -> tuple[StackConfig, list[ModelPlan]]:
+    """Validate config, the driver/CUDA matrix and every model's sizing before any resource exists; a mistake is
+    one sentence."""
     stack = from_pulumi_config(pulumi_config_values())
     for verdict in require_compatible(stack, catalog()):
         if verdict.level == "warning":
             pulumi.log.warn(verdict.message)
-    return stack
+    return stack, plan_models(stack, catalog())
 
 
 def main() -> Platform:
     try:
-        stack = load_stack()
+        stack, models = load_stack()
     except TriarchError as error:
         # RunError prints the sentence without a traceback under the Pulumi CLI.
         raise StackError(str(error)) from None
-    platform = Platform("triarch", stack, catalog())
+    hf_token = pulumi.Config(NAMESPACE).get_secret("hfToken")
+    platform = Platform("triarch", stack, catalog(), models, hf_token)
     pulumi.export("pools", [p.name for p in platform.pools])
+    pulumi.export("models", {p.name: {"engine": p.config.engine, "tensorParallelSize": p.sizing.tensor_parallel_size,
+                                      "kvCacheTokens": p.sizing.kv_cache_tokens} for p in models})
     return platform

@@ -11,13 +11,16 @@ from triarch.config import StackConfig, driver_of, from_pulumi_config
 from triarch.errors import TriarchError
 from triarch.matrix import Verdict, require_compatible
 from triarch.offline import PlanRun, Registered, read_stack_config, run_program, write_plan
+from triarch.planners.models import ModelPlan, plan_models
 from triarch.planners.nodegroups import plan_pool
+from triarch.planners.ray import replica_bounds
 from triarch.program import StackError
 
 LAYERS = {"where": "Kubernetes (where)", "how": "Ray (how)", "when": "vLLM (when)"}
 LAYER_OF_MODULE = {
     "triarch:cluster": "where", "triarch:network": "where", "triarch:nodegroups": "where",
-    "triarch:deviceplugin": "where", "triarch:ray": "how", "triarch:vllm": "when",
+    "triarch:deviceplugin": "where", "triarch:storage": "where", "triarch:serving": "where",
+    "triarch:ray": "how", "triarch:vllm": "when",
 }
 
 
@@ -30,12 +33,14 @@ class ValidatedStack:
     secret_keys: list[str]
     stack: StackConfig
     verdicts: list[Verdict]
+    models: list[ModelPlan]
 
 
 @dataclass(frozen=True)
 class PlanResult:
     stack: StackConfig
     verdicts: list[Verdict]
+    models: list[ModelPlan]
     run: PlanRun
     manifest_paths: list[Path]
 
@@ -44,7 +49,8 @@ def validate_stack_file(name: str, path: Path) -> ValidatedStack:
     """Everything that can be wrong with a stack's input, checked before the engine starts (raises TriarchError)."""
     config, secret_keys = read_stack_config(path)
     stack = from_pulumi_config(config)
-    return ValidatedStack(name, config, secret_keys, stack, require_compatible(stack, catalog()))
+    verdicts = require_compatible(stack, catalog())
+    return ValidatedStack(name, config, secret_keys, stack, verdicts, plan_models(stack, catalog()))
 
 
 def plan_stack(validated: ValidatedStack, out: Path) -> PlanResult:
@@ -52,7 +58,7 @@ def plan_stack(validated: ValidatedStack, out: Path) -> PlanResult:
         run = run_program(validated.name, validated.config, validated.secret_keys)
     except StackError as error:
         raise TriarchError(str(error)) from None
-    return PlanResult(validated.stack, validated.verdicts, run, write_plan(run, out))
+    return PlanResult(validated.stack, validated.verdicts, validated.models, run, write_plan(run, out))
 
 
 def layer_of(resource: Registered, by_urn: dict[str, Registered]) -> str:
@@ -97,10 +103,18 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
     if result.verdicts:
         lines += ["", "Driver/CUDA matrix"]
         lines += [f"  {v.level:7} {v.message}" for v in result.verdicts]
-    if stack.models:
-        lines += ["", "Models (placement checked; workloads are registered by the Ray/vLLM layer)"]
-        rows = [["name", "engine", "model", "node group", "replicas"]]
-        rows += [[m.name, m.engine, m.model, m.node_group, str(m.replicas)] for m in stack.models]
+    if result.models:
+        lines += ["", "Models (engine args from the tuner; KV capacity per replica)"]
+        rows = [["name", "engine", "model", "node group", "GPUs x replicas", "TP", "KV cache", "max len",
+                 "max concurrency"]]
+        for plan in result.models:
+            low, high = replica_bounds(plan)
+            replicas = str(low) if low == high else f"{low}-{high}"
+            sizing = plan.sizing
+            concurrency = f"{sizing.max_concurrency:.1f}x" if sizing.max_concurrency is not None else "-"
+            rows.append([plan.name, plan.config.engine, plan.config.model, plan.pool.name,
+                         f"{plan.gpus_per_replica} x {replicas}", str(sizing.tensor_parallel_size),
+                         f"{sizing.kv_cache_tokens:,} tokens", str(sizing.max_model_len or "-"), concurrency])
         lines += _table(rows)
     notes = [w for w in result.run.warnings if w not in {v.message for v in result.verdicts}]
     if notes:

@@ -8,19 +8,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from triarch.catalog import Chart
+from triarch.components.manifests import register
 from triarch.planners.device_plugin import NAMESPACE, RELEASE
-
-
-def namespace_manifest(name: str, pod_security: str, why: str) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "labels": {"pod-security.kubernetes.io/enforce": pod_security,
-                       "pod-security.kubernetes.io/enforce-version": "latest",
-                       "app.kubernetes.io/managed-by": "triarch"},
-            "annotations": {"triarch.dev/pod-security-reason": why},
-        }
-    }
+from triarch.planners.pods import namespace
 
 
 class DevicePlugin(pulumi.ComponentResource):
@@ -28,12 +18,10 @@ class DevicePlugin(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:deviceplugin:DevicePlugin", name, None, opts)
         child = pulumi.ResourceOptions(parent=self, provider=provider)
-        self.namespace = k8s.core.v1.Namespace(
-            f"{name}-ns", **namespace_manifest(
-                NAMESPACE, "privileged",
-                "the device plugin mounts the kubelet's device-plugin socket directory (hostPath), and GPU feature "
-                "discovery runs privileged as the chart ships it; nothing else runs here"),
-            opts=child)
+        self.namespace = register(namespace(
+            NAMESPACE, "privileged",
+            "the device plugin mounts the kubelet's device-plugin socket directory (hostPath), and GPU feature "
+            "discovery runs privileged as the chart ships it; nothing else runs here"), child)
         self.release = k8s.helm.v3.Release(
             name,
             name=RELEASE,

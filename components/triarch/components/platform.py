@@ -1,4 +1,4 @@
-"""The whole stack: cluster, GPU pools, device plugin. Reads the validated config and the planners' output."""
+"""The whole stack: cluster, GPU pools, device plugin (where), KubeRay and Ray Serve (how), vLLM (when)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ from triarch.catalog import Catalog, charts
 from triarch.components.cluster import AdoptedCluster, EksCluster
 from triarch.components.device_plugin import DevicePlugin
 from triarch.components.nodegroups import ExistingGpuPool, ManagedNodeGroup, gpu_node_group
+from triarch.components.serving import KubeRayOperator, RayServing, ServingNamespace, VllmServer
+from triarch.components.storage import SharedModelStore
 from triarch.config import StackConfig
 from triarch.planners.device_plugin import device_plugin_values
+from triarch.planners.models import ModelPlan
 from triarch.planners.nodegroups import PoolPlan, plan_eks_node_group, plan_pool
+from triarch.planners.serving import serving_settings
 
 
 def system_release_version(stack: StackConfig, facts: Catalog) -> str:
@@ -21,8 +25,8 @@ def system_release_version(stack: StackConfig, facts: Catalog) -> str:
 
 
 class Platform(pulumi.ComponentResource):
-    def __init__(self, name: str, stack: StackConfig, facts: Catalog,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, name: str, stack: StackConfig, facts: Catalog, models: list[ModelPlan],
+                 hf_token: pulumi.Output[str] | None, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:platform:Platform", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.pools: list[PoolPlan] = []
@@ -57,4 +61,35 @@ class Platform(pulumi.ComponentResource):
             self.device_plugin = DevicePlugin("nvidia-device-plugin", chart, values, self.provider,
                                               opts=pulumi.ResourceOptions(parent=self,
                                                                           depends_on=self.gpu_node_groups))
+        self._serve(stack, facts, models, hf_token)
         self.register_outputs({"pools": [p.name for p in self.pools]})
+
+    def _serve(self, stack: StackConfig, facts: Catalog, models: list[ModelPlan],
+               hf_token: pulumi.Output[str] | None) -> None:
+        """The Ray and vLLM layers, on the pools above (they wait for the device plugin and the model store)."""
+        self.store: SharedModelStore | None = None
+        self.serving_namespace: ServingNamespace | None = None
+        self.kuberay: KubeRayOperator | None = None
+        self.ray: RayServing | None = None
+        self.vllm_servers: list[VllmServer] = []
+        if not models:
+            return
+        settings = serving_settings(stack, with_token=hf_token is not None)
+        ready: list[pulumi.Resource] = [self.device_plugin] if self.device_plugin else []
+        if isinstance(self.cluster, EksCluster) and stack.serving.storage_class is None:
+            self.store = SharedModelStore(f"{stack.cluster.name}-models", self.cluster, str(stack.cluster.vpc_cidr),
+                                          self.provider, opts=pulumi.ResourceOptions(parent=self))
+            ready.append(self.store)
+        self.serving_namespace = ServingNamespace("serving", settings, hf_token, self.provider,
+                                                  opts=pulumi.ResourceOptions(parent=self))
+        ready.append(self.serving_namespace)
+        after = pulumi.ResourceOptions(parent=self, depends_on=ready)
+        for plan in models:
+            if plan.config.engine == "vllm":
+                self.vllm_servers.append(VllmServer(plan.name, plan, settings, self.provider, opts=after))
+        if any(plan.config.engine == "ray-serve" for plan in models):
+            system_pool = "system" if stack.cluster.create else None
+            self.kuberay = KubeRayOperator("kuberay-operator", charts()["kuberay-operator"], system_pool,
+                                           self.provider, opts=pulumi.ResourceOptions(parent=self))
+            self.ray = RayServing("ray-serve", models, stack.images.ray_llm, settings, self.kuberay, self.provider,
+                                  opts=after)

@@ -1,0 +1,42 @@
+"""Register a planner's plain Kubernetes dicts as Pulumi resources, one class per kind, explicit provider."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+KINDS: dict[tuple[str, str], Any] = {
+    ("v1", "Namespace"): k8s.core.v1.Namespace,
+    ("v1", "Secret"): k8s.core.v1.Secret,
+    ("v1", "Service"): k8s.core.v1.Service,
+    ("v1", "PersistentVolumeClaim"): k8s.core.v1.PersistentVolumeClaim,
+    ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
+    ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
+    ("storage.k8s.io/v1", "StorageClass"): k8s.storage.v1.StorageClass,
+}
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()
+
+
+def resource_name(obj: dict[str, Any]) -> str:
+    metadata = obj["metadata"]
+    return "-".join([obj["kind"].lower(), *([metadata["namespace"]] if "namespace" in metadata else []),
+                     metadata["name"]])
+
+
+def register(obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
+    """One object as Pulumi registers it: built-in kinds through their typed class, others as CustomResource."""
+    body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
+    cls = KINDS.get((obj["apiVersion"], obj["kind"]))
+    if cls is None:
+        custom: pulumi.CustomResource = k8s.apiextensions.CustomResource(
+            resource_name(obj), api_version=obj["apiVersion"], kind=obj["kind"], **body, opts=opts)
+        return custom
+    # Typed classes take top-level fields in snake_case (reclaimPolicy -> reclaim_policy); nested dicts stay as is.
+    resource: pulumi.CustomResource = cls(resource_name(obj), **{_snake(k): v for k, v in body.items()}, opts=opts)
+    return resource

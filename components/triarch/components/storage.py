@@ -1,0 +1,61 @@
+"""A shared model cache for a created cluster: EFS, its CSI driver (pod identity, no node permissions) and a
+StorageClass, so every replica of a model, on any node and zone, reads one copy of the weights."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from triarch.components.cluster import EksCluster
+from triarch.components.manifests import register
+from triarch.planners.pods import RUN_AS
+from triarch.planners.serving import EFS_STORAGE_CLASS
+
+EFS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
+EFS_CSI_SERVICE_ACCOUNT = "efs-csi-controller-sa"
+POD_IDENTITY_TRUST = """{"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
+ "Principal": {"Service": "pods.eks.amazonaws.com"}, "Action": ["sts:AssumeRole", "sts:TagSession"]}]}"""
+
+
+class SharedModelStore(pulumi.ComponentResource):
+    def __init__(self, name: str, eks: EksCluster, vpc_cidr: str, provider: k8s.Provider,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("triarch:storage:SharedModelStore", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        network = eks.network
+        self.security_group = aws.ec2.SecurityGroup(
+            f"{name}-nfs", vpc_id=network.vpc.id, description="NFS from the cluster VPC to the model cache",
+            ingress=[{"protocol": "tcp", "from_port": 2049, "to_port": 2049, "cidr_blocks": [vpc_cidr],
+                      "description": "NFS from nodes"}],
+            opts=child)
+        self.file_system = aws.efs.FileSystem(
+            f"{name}-fs", encrypted=True, performance_mode="generalPurpose", throughput_mode="elastic",
+            tags={"Name": f"{name}-model-cache"}, opts=child)
+        self.mount_targets = [
+            aws.efs.MountTarget(f"{name}-mt-{zone}", file_system_id=self.file_system.id, subnet_id=subnet.id,
+                                security_groups=[self.security_group.id], opts=child)
+            for zone, subnet in network.private_subnet_by_zone.items()
+        ]
+        self.driver_role = aws.iam.Role(f"{name}-efs-csi", assume_role_policy=POD_IDENTITY_TRUST, opts=child)
+        policy = aws.iam.RolePolicyAttachment(f"{name}-efs-csi", role=self.driver_role.name,
+                                              policy_arn=EFS_CSI_POLICY, opts=child)
+        self.driver = aws.eks.Addon(
+            f"{name}-efs-csi-driver", cluster_name=eks.cluster.name, addon_name="aws-efs-csi-driver",
+            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
+            pod_identity_associations=[{"role_arn": self.driver_role.arn,
+                                        "service_account": EFS_CSI_SERVICE_ACCOUNT}],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[eks.system_nodes, eks.addons["eks-pod-identity-agent"],
+                                                                 policy]))
+        self.storage_class = register({
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": EFS_STORAGE_CLASS, "labels": {"app.kubernetes.io/managed-by": "triarch"}},
+            "provisioner": "efs.csi.aws.com",
+            # One access point per claim, owned by the serving user.
+            "parameters": {"provisioningMode": "efs-ap", "fileSystemId": self.file_system.id,
+                           "directoryPerms": "700", "uid": str(RUN_AS), "gid": str(RUN_AS),
+                           "basePath": "/triarch"},
+            "reclaimPolicy": "Retain",
+            "volumeBindingMode": "Immediate",
+        }, pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.driver, *self.mount_targets]))
+        self.register_outputs({"fileSystemId": self.file_system.id})

@@ -1,0 +1,100 @@
+"""Each model's plan: its pool, its tuned engine args, its GPUs per replica, image and cache size.
+
+The tuner runs here once per model; workloads, the plan summary and policies read the result.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from triarch.catalog import Catalog, InstanceType
+from triarch.config import ModelConfig, StackConfig, gpus_per_node
+from triarch.errors import ConfigError
+from triarch.matrix import images_by_engine
+from triarch.paths import PROJECT_ROOT
+from triarch.planners.nodegroups import PoolPlan, plan_pool
+from triarch.tuner import GIB, Sizing, TuneError, load_arch, tune
+
+MIN_CACHE_GIB = 20
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    config: ModelConfig
+    pool: PoolPlan
+    instance: InstanceType | None
+    """The node's instance type, when Triarch knows it (EKS node groups); sizes CPU and memory requests."""
+    sizing: Sizing
+    image: str
+    cache_gib: int
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """What one replica reserves: tensor-parallel x pipeline-parallel GPUs."""
+        return self.sizing.tensor_parallel_size * self.sizing.pipeline_parallel_size
+
+    @property
+    def route_prefix(self) -> str:
+        return self.config.route_prefix or f"/{self.config.name}"
+
+
+def _model_path(index: int) -> str:
+    return f"triarch:models[{index}]"
+
+
+def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
+    model = stack.models[index]
+    group = stack.node_group(model.node_group)
+    pool = plan_pool(group, facts)
+    source = PROJECT_ROOT / model.model_config_path if model.model_config_path else model.model
+    try:
+        arch = load_arch(source)
+    except TuneError as error:
+        key = "modelConfig" if model.model_config_path else "model"
+        value = model.model_config_path or model.model
+        raise ConfigError(f"{_model_path(index)}.{key}", value, "has no known architecture",
+                          f"a model of templates/models, or modelConfig: path/to/config.json ({error})") from None
+    try:
+        sizing = tune(arch, pool.gpu, tensor_parallel_size=model.tensor_parallel_size,
+                      gpu_memory_utilization=model.gpu_memory_utilization, max_model_len=model.max_model_len,
+                      kv_cache_dtype=model.kv_cache_dtype, task=model.resolved_task,
+                      gpus_available=gpus_per_node(group, facts))
+    except TuneError as error:
+        raise ConfigError(_model_path(index), model.model,
+                          f"cannot be served on node group '{group.name}' ({pool.gpu.product}): {error}") from None
+    cache = model.cache_gib or max(MIN_CACHE_GIB, math.ceil(2 * sizing.weights_bytes / GIB))
+    instance = facts.instances.get(group.instance_type) if group.instance_type else None
+    return ModelPlan(model, pool, instance, sizing, images_by_engine(stack)[model.engine], cache)
+
+
+def plan_models(stack: StackConfig, facts: Catalog) -> list[ModelPlan]:
+    plans = [plan_model(stack, i, facts) for i in range(len(stack.models))]
+    prefixes: dict[str, str] = {}
+    for i, plan in enumerate(plans):
+        if plan.config.engine != "ray-serve":
+            continue
+        if plan.route_prefix in prefixes:
+            raise ConfigError(f"{_model_path(i)}.routePrefix", plan.route_prefix,
+                              f"is already the route of model '{prefixes[plan.route_prefix]}'",
+                              "a distinct route prefix per ray-serve model")
+        prefixes[plan.route_prefix] = plan.name
+    return plans
+
+
+def pod_resources(plan: ModelPlan) -> dict[str, dict[str, str]]:
+    """Requests equal to limits (Guaranteed QoS): the replica's GPUs and its share of the node's CPU and memory,
+    leaving a core and a fifth of the memory for the kubelet, daemon sets and page cache."""
+    gpus = plan.gpus_per_replica
+    if plan.instance is not None and plan.instance.gpus:
+        share = gpus / plan.instance.gpus
+        cpu = max(1, int(plan.instance.vcpus * share) - 1)
+        memory = max(4, int(plan.instance.memory_gib * share * 0.8))
+    else:
+        cpu, memory = 2, 8  # existing nodes of unknown size: a modest floor
+    amounts = {"cpu": str(cpu), "memory": f"{memory}Gi", "nvidia.com/gpu": str(gpus)}
+    return {"requests": dict(amounts), "limits": dict(amounts)}

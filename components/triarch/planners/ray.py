@@ -1,0 +1,194 @@
+"""Models served by Ray Serve: one RayService whose applications are the models, behind their route prefixes.
+
+Ray decides *how* work is split: replicas per model, GPUs per replica (tensor x pipeline parallel), routing and
+autoscaling on ongoing requests. Kubernetes only places the pods: the head on CPU nodes with `num-gpus: 0`,
+one worker group per (GPU pool, GPUs per replica), each worker pod one replica's worth of GPUs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+import yaml
+
+from triarch.catalog import catalog
+from triarch.paths import TEMPLATES_DIR
+from triarch.planners import pods
+from triarch.planners.models import ModelPlan, pod_resources
+from triarch.scheduling import GPU_PRESENT_LABEL
+
+RAY_SERVICE = "llm"
+SERVE_PORT = 8000
+DRAIN_SECONDS = 60
+"""How long a terminating worker waits for Serve to move its replicas (preStop)."""
+GRACEFUL_SHUTDOWN_SECONDS = 30
+"""Serve's graceful_shutdown_timeout_s: in-flight requests a stopping replica still finishes."""
+GRACE_MARGIN_SECONDS = 15
+HEAD_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "serve": SERVE_PORT, "metrics": 8080}
+"""Ray's default ports; reachable through the ClusterIP services KubeRay creates, never outside the cluster."""
+
+
+@dataclass(frozen=True)
+class WorkerGroupKey:
+    pool: str
+    gpus: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.pool}-{self.gpus}gpu"
+
+
+def worker_grace_seconds() -> int:
+    return DRAIN_SECONDS + GRACEFUL_SHUTDOWN_SECONDS + GRACE_MARGIN_SECONDS
+
+
+def prestop_script() -> str:
+    template = jinja2.Template((TEMPLATES_DIR / "prestop" / "ray-worker-drain.sh.j2").read_text(encoding="utf-8"),
+                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    script: str = template.render(drain_seconds=DRAIN_SECONDS)
+    return script
+
+
+def replica_bounds(plan: ModelPlan) -> tuple[int, int]:
+    scaling = plan.config.autoscaling
+    return (scaling.min, scaling.max) if scaling else (plan.config.replicas, plan.config.replicas)
+
+
+def llm_config(plan: ModelPlan) -> dict[str, Any]:
+    """Ray Serve LLM's LLMConfig for one model (field names of ray.serve.llm.LLMConfig)."""
+    low, high = replica_bounds(plan)
+    batch = int(plan.sizing.engine_args.get("max_num_seqs", 1))
+    deployment: dict[str, Any] = {
+        # A replica takes at most what vLLM batches at once; more would queue inside the engine unseen by Serve.
+        "max_ongoing_requests": batch,
+        "graceful_shutdown_timeout_s": GRACEFUL_SHUTDOWN_SECONDS,
+    }
+    if plan.config.autoscaling:
+        # Scale out at half a batch per replica, before requests wait in vLLM's queue.
+        deployment["autoscaling_config"] = {"min_replicas": low, "max_replicas": high,
+                                            "target_ongoing_requests": max(1, batch // 2)}
+    else:
+        deployment["num_replicas"] = low
+    config: dict[str, Any] = {
+        "model_loading_config": {"model_id": plan.name, "model_source": plan.config.model},
+        "engine_kwargs": dict(plan.sizing.engine_args),
+        "deployment_config": deployment,
+    }
+    if plan.pool.gpu.ray_accelerator_type:
+        config["accelerator_type"] = plan.pool.gpu.ray_accelerator_type
+    return config
+
+
+def serve_config(plans: list[ModelPlan]) -> dict[str, Any]:
+    return {"applications": [
+        {"name": plan.name, "route_prefix": plan.route_prefix, "import_path": "ray.serve.llm:build_openai_app",
+         "args": {"llm_configs": [llm_config(plan)]}}
+        for plan in plans
+    ]}
+
+
+def _container(name: str, image: str, resources: dict[str, Any], with_token: bool) -> dict[str, Any]:
+    return {
+        "name": name, "image": image, "resources": resources, "env": pods.cache_env(with_token),
+        # Ray writes its session files under /tmp and caches under $HOME; the root filesystem stays writable
+        # for the runtime-env agent, so it is not read-only (see the pod annotation).
+        "securityContext": pods.container_security(read_only_root=False),
+        "volumeMounts": pods.volume_mounts(),
+    }
+
+
+READ_ONLY_ROOT_EXCEPTION = {
+    "triarch.dev/security-exception": "readOnlyRootFilesystem=false: Ray's runtime-env agent installs into the "
+                                      "image's site-packages at run time",
+}
+
+
+def head_group(image: str, claim: str, with_token: bool) -> dict[str, Any]:
+    resources = {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
+    container = _container("ray-head", image, resources, with_token)
+    container["ports"] = [{"name": name, "containerPort": port, "protocol": "TCP"}
+                          for name, port in HEAD_PORTS.items()]
+    return {
+        # No GPUs and no CPUs for tasks on the head: replicas go to the GPU workers, the head keeps GCS and Serve.
+        "rayStartParams": {"num-gpus": "0", "num-cpus": "0", "dashboard-host": "0.0.0.0"},
+        "template": {
+            "metadata": {"labels": dict(pods.MANAGED_BY), "annotations": dict(READ_ONLY_ROOT_EXCEPTION)},
+            "spec": {
+                "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 100, "preference": {"matchExpressions": [
+                        {"key": GPU_PRESENT_LABEL, "operator": "DoesNotExist"}]}}]}},
+                "automountServiceAccountToken": False,
+                "securityContext": pods.pod_security(),
+                "containers": [container],
+                "volumes": pods.volumes(claim, shm_gib=2),
+            },
+        },
+    }
+
+
+def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim: str,
+                 with_token: bool) -> dict[str, Any]:
+    low = sum(replica_bounds(p)[0] for p in plans)
+    high = sum(replica_bounds(p)[1] for p in plans)
+    container = _container("ray-worker", image, pod_resources(plans[0]), with_token)
+    container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", prestop_script()]}}}
+    container["env"].append({"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": str(DRAIN_SECONDS)})
+    selector = {"ray.io/group": key.name}
+    return {
+        "groupName": key.name,
+        "replicas": low, "minReplicas": low, "maxReplicas": high,
+        "rayStartParams": {},
+        "template": {
+            "metadata": {"labels": {**pods.MANAGED_BY, "triarch.dev/models": "_".join(p.name for p in plans)},
+                         "annotations": dict(READ_ONLY_ROOT_EXCEPTION)},
+            "spec": {
+                **pods.placement(key.pool, selector),
+                "terminationGracePeriodSeconds": worker_grace_seconds(),
+                "automountServiceAccountToken": False,
+                "securityContext": pods.pod_security(),
+                "containers": [container],
+                "volumes": pods.volumes(claim, shm_gib=2 * key.gpus),
+            },
+        },
+    }
+
+
+def ray_manifests(plans: list[ModelPlan], image: str, settings: pods.ServingSettings) -> list[dict[str, Any]]:
+    """The model cache claim and the RayService; empty when no model uses the ray-serve engine."""
+    served = [p for p in plans if p.config.engine == "ray-serve"]
+    if not served:
+        return []
+    groups: dict[WorkerGroupKey, list[ModelPlan]] = defaultdict(list)
+    for plan in served:
+        groups[WorkerGroupKey(plan.pool.name, plan.gpus_per_replica)].append(plan)
+    claim = pods.cache_claim_name(RAY_SERVICE)
+    ray_version = catalog().images[image].ray
+    autoscaled = any(p.config.autoscaling for p in served)
+    cluster: dict[str, Any] = {
+        "headGroupSpec": head_group(image, claim, settings.with_token),
+        "workerGroupSpecs": [worker_group(key, members, image, claim, settings.with_token)
+                             for key, members in groups.items()],
+        "enableInTreeAutoscaling": autoscaled,
+    }
+    if ray_version:
+        cluster["rayVersion"] = ray_version
+    if autoscaled:
+        cluster["autoscalerOptions"] = {
+            "upscalingMode": "Default", "idleTimeoutSeconds": 600,
+            "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "500m", "memory": "1Gi"}},
+            "securityContext": pods.container_security(read_only_root=False),
+        }
+    service = {
+        "apiVersion": "ray.io/v1", "kind": "RayService",
+        "metadata": {"name": RAY_SERVICE, "namespace": settings.namespace, "labels": dict(pods.MANAGED_BY)},
+        "spec": {
+            "serveConfigV2": yaml.safe_dump(serve_config(served), sort_keys=False),
+            "upgradeStrategy": {"type": "NewCluster"},
+            "rayClusterConfig": cluster,
+        },
+    }
+    size = sum(p.cache_gib for p in served)
+    return [pods.cache_claim(RAY_SERVICE, size, settings), service]
