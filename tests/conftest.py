@@ -81,3 +81,25 @@ def mutated_config(write_stack: StackWriter) -> MutatedConfig:
         return read_stack_config(write_stack(config))[0]
 
     return build
+
+
+def unknown_paths(ours: Any, upstream: Any, path: str = "") -> list[str]:
+    """Key paths set in `ours` that the chart's values.yaml does not have.
+
+    Below a key whose upstream default is an empty map ({}) anything goes (config.map, nodeSelector,
+    resources, securityContext, ...); a list replaces the upstream list whole, so its items are not compared.
+    """
+    if not isinstance(ours, dict):
+        return []
+    if not isinstance(upstream, dict):
+        return [path or "<root>"]  # a map where the chart has a scalar or a list
+    if not upstream:
+        return []
+    missing = []
+    for key, value in ours.items():
+        child = f"{path}.{key}" if path else str(key)
+        if key not in upstream:
+            missing.append(child)
+        elif isinstance(value, dict) and upstream[key] is not None:
+            missing += unknown_paths(value, upstream[key], child)
+    return missing

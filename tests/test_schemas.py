@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from conftest import unknown_paths
 from triarch.offline import PlanRun, manifests, read_stack_config, run_program
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,28 +122,6 @@ def test_an_unknown_field_fails_strict_validation(runs: dict[str, PlanRun]) -> N
 
 
 # --- device plugin Helm values --------------------------------------------------------------------------
-
-def unknown_paths(ours: Any, upstream: Any, path: str = "") -> list[str]:
-    """Key paths set in `ours` that the chart's values.yaml does not have.
-
-    Below a key whose upstream default is an empty map ({}) anything goes (config.map, nodeSelector,
-    resources, securityContext, ...); a list replaces the upstream list whole, so its items are not compared.
-    """
-    if not isinstance(ours, dict):
-        return []
-    if not isinstance(upstream, dict):
-        return [path or "<root>"]  # a map where the chart has a scalar or a list
-    if not upstream:
-        return []
-    missing = []
-    for key, value in ours.items():
-        child = f"{path}.{key}" if path else str(key)
-        if key not in upstream:
-            missing.append(child)
-        elif isinstance(value, dict) and upstream[key] is not None:
-            missing += unknown_paths(value, upstream[key], child)
-    return missing
-
 
 @pytest.fixture(scope="module")
 def upstream_values() -> dict[str, Any]:

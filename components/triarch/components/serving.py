@@ -19,10 +19,11 @@ KUBERAY_NAMESPACE = "kuberay-system"
 
 
 def kuberay_values(system_pool: str | None) -> dict[str, Any]:
-    """Operator on CPU nodes, with requests and limits; every key exists in the chart's values.yaml (1.7.0)."""
-    values: dict[str, Any] = {
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}},
-    }
+    """Operator on CPU nodes with its resources fixed; every key exists in the chart's values.yaml (1.7.0).
+
+    Only limits: the chart's values declare no `requests`, and Kubernetes sets requests equal to limits.
+    """
+    values: dict[str, Any] = {"resources": {"limits": {"cpu": "500m", "memory": "512Mi"}}}
     if system_pool is not None:
         values["nodeSelector"] = {"triarch.dev/pool": system_pool}
     return values

@@ -1,0 +1,112 @@
+"""Ray objects against the KubeRay 1.7.0 CRDs the API server enforces, and the operator's Helm values against
+its chart. The API server prunes unknown fields of a structural schema silently, so a misspelt field would
+vanish without an error: the walk below rejects unknown fields as kubernetes-validate's strict mode does."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import unknown_paths
+from triarch.offline import manifests, read_stack_config, run_program
+
+ROOT = Path(__file__).resolve().parents[1]
+KUBERAY = ROOT.parent / "shared" / "reference" / "kuberay-v1.7.0"
+STACKS = ("local", "dev", "prod")
+
+
+def crd_schema(file: str) -> dict[str, Any]:
+    path = KUBERAY / file
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: the KubeRay CRDs live in ../shared, which is not checked out here")
+    crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+    [served] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema: dict[str, Any] = served["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def unknown_fields(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Field paths of `value` that the structural schema does not declare (and so would prune)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    found: list[str] = []
+    if isinstance(value, dict):
+        properties = schema.get("properties")
+        additional = schema.get("additionalProperties")
+        for key, child in value.items():
+            where = f"{path}.{key}" if path else key
+            if properties is not None and key in properties:
+                found += unknown_fields(child, properties[key], where)
+            elif isinstance(additional, dict):
+                found += unknown_fields(child, additional, where)
+            elif properties is not None or additional is False:
+                found.append(where)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            found += unknown_fields(item, schema["items"], f"{path}[{i}]")
+    return found
+
+
+@pytest.fixture(scope="module")
+def ray_objects() -> dict[str, list[dict[str, Any]]]:
+    objects = {}
+    for name in STACKS:
+        config, secrets = read_stack_config(ROOT / "stacks" / f"Pulumi.{name}.yaml")
+        run = run_program(name, config, secrets)
+        objects[name] = [o for o in manifests(run) if o["apiVersion"].startswith("ray.io/")]
+    return objects
+
+
+def test_prod_serves_through_a_ray_service(ray_objects: dict[str, list[dict[str, Any]]]) -> None:
+    assert [o["kind"] for o in ray_objects["prod"]] == ["RayService"]
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_ray_services_validate_against_the_crd(ray_objects: dict[str, list[dict[str, Any]]], name: str) -> None:
+    schema = crd_schema("ray.io_rayservices.yaml")
+    for obj in ray_objects[name]:
+        assert obj["kind"] == "RayService"
+        jsonschema.validate(obj, schema)
+        assert unknown_fields({k: v for k, v in obj.items() if k != "metadata"}, schema) == []
+
+
+def test_ray_cluster_config_validates_as_a_ray_cluster_spec(ray_objects: dict[str, list[dict[str, Any]]]) -> None:
+    schema = crd_schema("ray.io_rayclusters.yaml")
+    [service] = ray_objects["prod"]
+    cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "spec": service["spec"]["rayClusterConfig"]}
+    jsonschema.validate(cluster, schema)
+    assert unknown_fields(cluster, schema) == []
+
+
+def test_the_walk_finds_misspelt_and_misplaced_fields(ray_objects: dict[str, list[dict[str, Any]]]) -> None:
+    schema = crd_schema("ray.io_rayservices.yaml")
+    [service] = ray_objects["prod"]
+    broken = copy.deepcopy({k: v for k, v in service.items() if k != "metadata"})
+    broken["spec"]["serveConfigv2"] = broken["spec"].pop("serveConfigV2")
+    broken["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["minReplica"] = 1
+    broken["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["imag"] = "x"
+    assert sorted(unknown_fields(broken, schema)) == [
+        "spec.rayClusterConfig.headGroupSpec.template.spec.containers[0].imag",
+        "spec.rayClusterConfig.workerGroupSpecs[0].minReplica",
+        "spec.serveConfigv2",
+    ]
+
+
+def test_kuberay_operator_values_exist_in_the_chart() -> None:
+    path = KUBERAY / "values.yaml"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: the chart's values live in ../shared, which is not checked out here")
+    upstream = yaml.safe_load(path.read_text(encoding="utf-8"))
+    config, secrets = read_stack_config(ROOT / "stacks" / "Pulumi.prod.yaml")
+    run = run_program("prod", config, secrets)
+    [release] = [r for r in run.resources if r.type == "kubernetes:helm.sh/v3:Release"
+                 and r.inputs["chart"] == "kuberay-operator"]
+    chart = yaml.safe_load((KUBERAY / "Chart.yaml").read_text(encoding="utf-8"))
+    assert release.inputs["version"] == str(chart["version"])
+    assert release.inputs["values"]
+    assert unknown_paths(release.inputs["values"], upstream) == []
