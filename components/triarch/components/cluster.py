@@ -21,6 +21,9 @@ NODE_ADDONS = ["vpc-cni", "kube-proxy", "eks-pod-identity-agent"]
 """EKS managed add-ons nodes need before they are Ready (CoreDNS follows the nodes). Installed at the version EKS
 defaults to for the cluster's Kubernetes version."""
 
+ADDON_CONFIGURATION = {"vpc-cni": json.dumps({"enableNetworkPolicy": "true"})}
+"""The VPC CNI enforces NetworkPolicy only when asked (the serving namespace relies on it)."""
+
 EKS_ASSUME_ROLE = """{"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
  "Principal": {"Service": "eks.amazonaws.com"}, "Action": "sts:AssumeRole"}]}"""
 
@@ -79,6 +82,7 @@ class EksCluster(pulumi.ComponentResource):
             return aws.eks.Addon(
                 f"{name}-{addon_name}", cluster_name=self.cluster.name, addon_name=addon_name,
                 resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
+                configuration_values=ADDON_CONFIGURATION.get(addon_name),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=after))
 
         # Nodes only become Ready once the network add-ons run (the cluster bootstraps none itself), and

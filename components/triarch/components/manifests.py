@@ -16,6 +16,7 @@ KINDS: dict[tuple[str, str], Any] = {
     ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
     ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
     ("storage.k8s.io/v1", "StorageClass"): k8s.storage.v1.StorageClass,
+    ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
 }
 
 

@@ -80,14 +80,15 @@ class Platform(pulumi.ComponentResource):
             self.store = SharedModelStore(f"{stack.cluster.name}-models", self.cluster, str(stack.cluster.vpc_cidr),
                                           self.provider, opts=pulumi.ResourceOptions(parent=self))
             ready.append(self.store)
-        self.serving_namespace = ServingNamespace("serving", settings, hf_token, self.provider,
+        with_ray = any(plan.config.engine == "ray-serve" for plan in models)
+        self.serving_namespace = ServingNamespace("serving", settings, hf_token, with_ray, self.provider,
                                                   opts=pulumi.ResourceOptions(parent=self))
         ready.append(self.serving_namespace)
         after = pulumi.ResourceOptions(parent=self, depends_on=ready)
         for plan in models:
             if plan.config.engine == "vllm":
                 self.vllm_servers.append(VllmServer(plan.name, plan, settings, self.provider, opts=after))
-        if any(plan.config.engine == "ray-serve" for plan in models):
+        if with_ray:
             system_pool = "system" if stack.cluster.create else None
             self.kuberay = KubeRayOperator("kuberay-operator", charts()["kuberay-operator"], system_pool,
                                            self.provider, opts=pulumi.ResourceOptions(parent=self))

@@ -13,9 +13,8 @@ from triarch.components.manifests import register
 from triarch.planners import pods
 from triarch.planners.models import ModelPlan
 from triarch.planners.ray import ray_manifests
+from triarch.planners.serving import KUBERAY_NAMESPACE, network_policies
 from triarch.planners.vllm import vllm_manifests
-
-KUBERAY_NAMESPACE = "kuberay-system"
 
 
 def kuberay_values(system_pool: str | None) -> dict[str, Any]:
@@ -31,11 +30,13 @@ def kuberay_values(system_pool: str | None) -> dict[str, Any]:
 
 class ServingNamespace(pulumi.ComponentResource):
     def __init__(self, name: str, settings: pods.ServingSettings, hf_token: pulumi.Output[str] | None,
-                 provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None) -> None:
+                 with_ray: bool, provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:serving:ServingNamespace", name, None, opts)
         child = pulumi.ResourceOptions(parent=self, provider=provider)
         self.namespace = register(pods.namespace(settings.namespace, "restricted",
                                                  "inference pods run as non-root with no added capabilities"), child)
+        in_namespace = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.namespace])
+        self.network_policies = [register(p, in_namespace) for p in network_policies(settings, with_ray)]
         self.token: k8s.core.v1.Secret | None = None
         if hf_token is not None:
             self.token = k8s.core.v1.Secret(

@@ -70,7 +70,8 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels, "annotations": {
             # `pulumi up` waits for the rollout: a node from zero, then the download, then the load.
-            "pulumi.com/timeoutSeconds": str(NODE_PROVISIONING_SECONDS + plan.config.startup_minutes * 60)}},
+            "pulumi.com/timeoutSeconds": str(NODE_PROVISIONING_SECONDS + plan.config.startup_minutes * 60),
+            **pods.SCANNER_EXCEPTIONS}},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector},
