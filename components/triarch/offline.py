@@ -20,7 +20,7 @@ import pulumi
 import yaml
 from pulumi.output import Unknown
 from pulumi.runtime.mocks import MockMonitor
-from pulumi.runtime.rpc import UNKNOWN
+from pulumi.runtime.rpc import UNKNOWN, _special_secret_sig, _special_sig_key
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
@@ -54,12 +54,16 @@ class PlanRun:
 
 
 def _clean(value: Any) -> Any:
-    """Mock values as a plan shows them: integers as integers, unknowns marked."""
+    """Mock values as a plan shows them: integers as integers, unknowns and secrets marked."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, Unknown) or value == UNKNOWN:
         return KNOWN_AFTER_APPLY
     if isinstance(value, Mapping):
+        if value.get(_special_sig_key) == _special_secret_sig:
+            # A Pulumi secret: its shape stays (a map keeps its keys), its values never reach the plan.
+            inner = value.get("value")
+            return dict.fromkeys(inner, SECRET) if isinstance(inner, Mapping) else SECRET
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_clean(v) for v in value]

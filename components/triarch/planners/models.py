@@ -6,7 +6,7 @@ The tuner runs here once per model; workloads, the plan summary and policies rea
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from triarch.catalog import Catalog, InstanceType
 from triarch.config import ModelConfig, StackConfig, gpus_per_node
@@ -28,6 +28,9 @@ class ModelPlan:
     sizing: Sizing
     image: str
     cache_gib: int
+    surge_fits: bool = True
+    """Whether the pool has GPUs for one more replica while every other model on it runs at its largest: a
+    rolling update can then add before it removes (it would wait forever otherwise)."""
 
     @property
     def name(self) -> str:
@@ -72,8 +75,13 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
     return ModelPlan(model, pool, instance, sizing, images_by_engine(stack)[model.engine], cache)
 
 
+def largest_gpu_use(plan: ModelPlan) -> int:
+    return plan.config.replicas if plan.config.autoscaling is None else plan.config.autoscaling.max
+
+
 def plan_models(stack: StackConfig, facts: Catalog) -> list[ModelPlan]:
     plans = [plan_model(stack, i, facts) for i in range(len(stack.models))]
+    plans = [replace(plan, surge_fits=_surge_fits(stack, plan, plans)) for plan in plans]
     prefixes: dict[str, str] = {}
     for i, plan in enumerate(plans):
         if plan.config.engine != "ray-serve":
@@ -84,6 +92,13 @@ def plan_models(stack: StackConfig, facts: Catalog) -> list[ModelPlan]:
                               "a distinct route prefix per ray-serve model")
         prefixes[plan.route_prefix] = plan.name
     return plans
+
+
+def _surge_fits(stack: StackConfig, plan: ModelPlan, plans: list[ModelPlan]) -> bool:
+    capacity = stack.node_group(plan.pool.name).max * plan.pool.schedulable_gpus_per_node
+    others = sum(largest_gpu_use(p) * p.gpus_per_replica for p in plans
+                 if p.pool.name == plan.pool.name and p.name != plan.name)
+    return (plan.config.replicas + 1) * plan.gpus_per_replica + others <= capacity
 
 
 def pod_resources(plan: ModelPlan) -> dict[str, dict[str, str]]:

@@ -38,6 +38,14 @@ def serve_args(plan: ModelPlan) -> list[str]:
     return args
 
 
+def rolling_update(plan: ModelPlan) -> dict[str, int]:
+    """Never below serving capacity (a new replica is Ready before an old one goes) where the pool has room for
+    the extra replica; where it has not (a one-GPU workstation), replace one at a time instead of waiting forever."""
+    if plan.surge_fits:
+        return {"maxUnavailable": 0, "maxSurge": 1}
+    return {"maxUnavailable": 1, "maxSurge": 0}
+
+
 def _probe(failures: int, period: int) -> dict[str, Any]:
     return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": period, "timeoutSeconds": 5,
             "failureThreshold": failures}
@@ -75,8 +83,7 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector},
-            # Never below serving capacity: a new replica is Ready before an old one goes.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(plan)},
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
