@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from triarch.cli import main
+from triarch.tuner import load_model_config
 
 
 def _tune_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
@@ -53,3 +57,57 @@ def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], ar
     assert main(["tune", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and named in err[0]
+
+
+# --- the public start-up logs, reproduced through the command line ---------------------------------------------
+
+KV_CASES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "vllm-kv-cases.yaml"
+
+
+def _case(source: str) -> dict[str, Any]:
+    if not KV_CASES.is_file():
+        pytest.skip(f"{KV_CASES} is absent: the public vLLM logs live in ../shared, not checked out here")
+    cases = yaml.safe_load(KV_CASES.read_text(encoding="utf-8"))
+    case: dict[str, Any] = next(c for c in cases if c["source"] == source)
+    return case
+
+
+def _config_file(tmp_path: Path, model: str, quantization: dict[str, Any]) -> Path:
+    config = {**load_model_config(model), "quantization_config": quantization}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def test_cli_reproduces_the_70b_w8a8_log(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    case = _case("vllm-project/vllm PR 12569")
+    settings, logged = case["settings"], case["logged"]
+    w8a8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 8}}}}
+    path = _config_file(tmp_path, "meta-llama/Llama-3.1-70B-Instruct", w8a8)
+    # Llama-3.1-70B: 80 layers x (K, V) x 8 KV heads x 128 head dim x 2 bytes; the log's blocks give the budget.
+    budget = logged["gpu_blocks"] * settings["block_size"] * 80 * 2 * 8 * 128 * 2
+    doc = _tune_json(capsys, "--model-config", str(path), "--kv-cache-memory-bytes", str(budget), "--gpus", "1",
+                     "--tensor-parallel-size", str(settings["tensor_parallel_size"]),
+                     "--max-model-len", str(settings["max_model_len"]))
+    assert doc["kv_cache_blocks"] == logged["gpu_blocks"]
+    assert doc["kv_cache_tokens"] == logged["gpu_blocks"] * settings["block_size"]
+    assert round(doc["max_concurrency"], 2) == logged["max_concurrency_at_2048"]  # type: ignore[arg-type]
+    assert doc["weights_bytes"] / 2**30 == pytest.approx(float(logged["model_weights"].split()[0]), rel=0.02)  # type: ignore[operator]
+
+
+def test_cli_refuses_the_4bit_7b_on_8_gib_at_070(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    case = _case("vllm-project/vllm issue 13882")
+    settings = case["settings"]
+    path = _config_file(tmp_path, "Qwen/Qwen2.5-7B-Instruct", {"quant_method": "awq", "bits": 4, "group_size": 128})
+    code = main(["tune", "--model-config", str(path), "--gpu", "rtx-4060-laptop", "--gpus", "1",
+                 "--gpu-memory-utilization", str(settings["gpu_memory_utilization"]),
+                 "--max-model-len", str(settings["max_model_len"])])
+    assert code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "KV cache gets -" in line and "GiB" in line
+
+
+def test_cli_weights_of_llama3_8b_match_the_log(capsys: pytest.CaptureFixture[str]) -> None:
+    logged = _case("vllm-project/vllm issue 12330")["logged"]
+    doc = _tune_json(capsys, "--model", "meta-llama/Meta-Llama-3-8B", "--gpu", "a100-40gb")
+    assert round(doc["weights_bytes"] / 2**30, 2) == float(logged["model_weights"].split()[0])  # type: ignore[operator]
