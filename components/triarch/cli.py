@@ -69,6 +69,30 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from triarch.guardrails.check import evaluate, load_policy_config, report_json, report_markdown, report_text
+    from triarch.guardrails.rules import Resource
+    from triarch.report import plan_stack, validate_stack_file
+
+    name, path = _stack_source(args)
+    policy_config = load_policy_config(Path(args.policy_config) if args.policy_config else None)
+    validated = validate_stack_file(name, path)
+    with progress(f"checking stack {name} against triarch-guardrails"), tempfile.TemporaryDirectory() as scratch:
+        result = plan_stack(validated, Path(args.out) if args.out else Path(scratch))
+    resources = [Resource(r.type, r.name, r.inputs, r.urn) for r in result.run.resources
+                 if r.custom and not r.type.startswith("pulumi:providers:")]
+    findings = evaluate(resources, policy_config)
+    if args.format == "json":
+        print(report_json(findings, name))
+    elif args.format == "markdown":
+        print(report_markdown(findings, name))
+    else:
+        print(report_text(findings))
+    return 1 if any(f.enforcement == "mandatory" for f in findings) else 0
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     import dataclasses
     import json
@@ -117,6 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--stack-file", help="any Pulumi stack file")
     plan.add_argument("--out", help="output directory (default: out/<stack>)")
     plan.set_defaults(handler=cmd_plan)
+
+    check = commands.add_parser("check", help="plan a stack offline and evaluate the triarch-guardrails policies")
+    source = check.add_mutually_exclusive_group(required=True)
+    source.add_argument("--stack", help="a stack of this project (stacks/Pulumi.<stack>.yaml)")
+    source.add_argument("--stack-file", help="any Pulumi stack file")
+    check.add_argument("--policy-config", help="policy pack config JSON (as for pulumi --policy-pack-config)")
+    check.add_argument("--format", choices=["text", "json", "markdown"], default="text")
+    check.add_argument("--out", help="also write the plan here (default: a temporary directory)")
+    check.set_defaults(handler=cmd_check)
 
     tune = commands.add_parser("tune", help="size vLLM's KV cache and engine args for a model on a GPU")
     model = tune.add_mutually_exclusive_group(required=True)

@@ -48,8 +48,9 @@ def worker_grace_seconds() -> int:
 def prestop_script() -> str:
     template = jinja2.Template((TEMPLATES_DIR / "prestop" / "ray-worker-drain.sh.j2").read_text(encoding="utf-8"),
                                undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    script: str = template.render(drain_seconds=DRAIN_SECONDS)
-    return script
+    rendered = template.render(drain_seconds=DRAIN_SECONDS)
+    # The template's comments document it; the pod spec carries only what runs.
+    return "\n".join(line for line in rendered.splitlines() if not line.lstrip().startswith("#")) + "\n"
 
 
 def replica_bounds(plan: ModelPlan) -> tuple[int, int]:

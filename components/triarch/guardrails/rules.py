@@ -1,0 +1,521 @@
+"""The guardrails. Each rule says why it exists, its default enforcement, its thresholds, and a message that
+names the resource and the fix. Resource rules see one resource's properties; stack rules see all of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeGuard
+
+from triarch.catalog import catalog
+from triarch.guardrails.workloads import (
+    UNKNOWN,
+    PodTemplate,
+    command_line,
+    containers,
+    flag,
+    gpu_count,
+    hook_commands,
+    is_vllm,
+    kind_of,
+    llm_configs,
+    name_of,
+    pod_templates,
+    prestop_seconds,
+    ray_cluster_spec,
+    requests_gpus,
+)
+from triarch.matrix import Node, check_image_on_node
+from triarch.scheduling import GPU_LABEL, GPU_PRESENT_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, POOL_LABEL
+from triarch.tuner import TuneError, load_arch, weight_bytes
+
+Layer = Literal["Kubernetes", "Ray", "vLLM"]
+Enforcement = Literal["mandatory", "advisory", "disabled"]
+Config = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Resource:
+    type: str
+    name: str
+    props: Mapping[str, Any]
+    urn: str = ""
+
+
+ResourceCheck = Callable[[Resource, Config], list[str]]
+StackCheck = Callable[[list[Resource], Config], list[tuple[Resource, str]]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    layer: Layer
+    description: str
+    enforcement: Enforcement
+    check_resource: ResourceCheck | None = None
+    check_stack: StackCheck | None = None
+    config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """JSON schema of each threshold, with its default."""
+
+    def settings(self, given: Config | None) -> dict[str, Any]:
+        values = {key: schema["default"] for key, schema in self.config.items()}
+        values.update({k: v for k, v in (given or {}).items() if k in self.config})
+        return values
+
+
+RULES: list[Rule] = []
+
+
+def rule(name: str, layer: Layer, description: str, enforcement: Enforcement = "mandatory",
+         config: dict[str, dict[str, Any]] | None = None, stack: bool = False) -> Callable[[Any], Any]:
+    def register(check: Any) -> Any:
+        RULES.append(Rule(name, layer, description, enforcement,
+                          None if stack else check, check if stack else None, config or {}))
+        return check
+    return register
+
+
+def _gpu_templates(resource: Resource) -> list[PodTemplate]:
+    return [t for t in pod_templates(resource.type, resource.props, resource.name) if requests_gpus(t.spec)]
+
+
+def _known(value: object) -> TypeGuard[int | float | str]:
+    """A value the plan knows (not missing, not only known after apply)."""
+    return value is not None and value != UNKNOWN
+
+
+# --- Kubernetes: where ------------------------------------------------------------------------------------
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+@rule("gpu-zone-spread", "Kubernetes",
+      "Replicated GPU workloads spread over zones, so one zone's outage or GPU shortage leaves replicas serving.",
+      config={"maxSkew": {"type": "integer", "minimum": 1, "default": 1}})
+def zone_spread(resource: Resource, config: Config) -> list[str]:
+    limit = int(config["maxSkew"])
+    messages = []
+    for template in _gpu_templates(resource):
+        if template.replicas < 2 or template.ray_head:
+            continue
+        spreads = [c for c in template.spec.get("topologySpreadConstraints") or [] if c.get("topologyKey") == ZONE]
+        if not spreads:
+            messages.append(f"{template.where}: {template.replicas} GPU replicas with no topologySpreadConstraint on "
+                            f"{ZONE}; add one with maxSkew <= {limit}")
+        elif any(int(c.get("maxSkew", 1)) > limit for c in spreads):
+            messages.append(f"{template.where}: zone spread maxSkew above {limit}; set maxSkew <= {limit}")
+    return messages
+
+
+@rule("gpu-limits", "Kubernetes",
+      "GPUs are only scheduled through limits (nvidia.com/gpu), and a request different from the limit is "
+      "rejected or misleading: the device plugin cannot overcommit.")
+def gpu_limits(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for template in pod_templates(resource.type, resource.props, resource.name):
+        for c in containers(template.spec):
+            limit, request = gpu_count(c, "limits"), gpu_count(c, "requests")
+            if request is not None and limit is None:
+                messages.append(f"{template.where} container {c.get('name')}: nvidia.com/gpu requested but not "
+                                "limited; set resources.limits['nvidia.com/gpu']")
+            elif request is not None and limit is not None and request != limit:
+                messages.append(f"{template.where} container {c.get('name')}: nvidia.com/gpu request {request} != "
+                                f"limit {limit}; make them equal")
+            elif limit == 0 and is_vllm(c):
+                messages.append(f"{template.where} container {c.get('name')}: a vLLM server without GPUs; set "
+                                "resources.limits['nvidia.com/gpu']")
+    return messages
+
+
+def _tolerates_gpu_taint(pod: Mapping[str, Any]) -> bool:
+    for toleration in pod.get("tolerations") or []:
+        if toleration.get("operator") == "Exists" and not toleration.get("key"):
+            return True
+        if toleration.get("key") == GPU_TAINT_KEY and toleration.get("effect") in (None, "", GPU_TAINT_EFFECT):
+            return True
+    return False
+
+
+def _selects_gpu_nodes(pod: Mapping[str, Any]) -> bool:
+    keys = {POOL_LABEL, GPU_LABEL, GPU_PRESENT_LABEL}
+    if keys & set(pod.get("nodeSelector") or {}):
+        return True
+    terms = ((((pod.get("affinity") or {}).get("nodeAffinity") or {})
+              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
+    return bool(terms) and all(any(e.get("key") in keys for e in t.get("matchExpressions") or []) for t in terms)
+
+
+@rule("gpu-scheduling", "Kubernetes",
+      "GPU pods must tolerate the GPU nodes' taint (else they stay Pending) and select GPU nodes by the labels "
+      "Triarch's node groups set (else they land on the wrong GPU, or wait for one that never comes).")
+def gpu_scheduling(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for template in _gpu_templates(resource):
+        if not _tolerates_gpu_taint(template.spec):
+            messages.append(f"{template.where}: requests GPUs but does not tolerate the {GPU_TAINT_KEY}:"
+                            f"{GPU_TAINT_EFFECT} taint; add a toleration for key {GPU_TAINT_KEY}")
+        if not _selects_gpu_nodes(template.spec):
+            messages.append(f"{template.where}: requests GPUs without selecting GPU nodes; add a nodeSelector on "
+                            f"{POOL_LABEL} (or {GPU_LABEL})")
+    return messages
+
+
+DANGEROUS_CAPABILITIES = {"SYS_ADMIN", "ALL", "CAP_SYS_ADMIN"}
+
+
+@rule("no-privileged-pods", "Kubernetes",
+      "GPUs reach containers through the device plugin and the container toolkit: no workload needs privileged, "
+      "SYS_ADMIN or the host's PID namespace, and each hands the node to anyone who compromises the pod.")
+def no_privileged(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for template in pod_templates(resource.type, resource.props, resource.name):
+        if template.spec.get("hostPID"):
+            messages.append(f"{template.where}: hostPID is true; remove it")
+        for c in containers(template.spec):
+            security = c.get("securityContext") or {}
+            if security.get("privileged"):
+                messages.append(f"{template.where} container {c.get('name')}: privileged; remove it (GPUs come "
+                                "from nvidia.com/gpu limits)")
+            added = set((security.get("capabilities") or {}).get("add") or [])
+            dangerous = sorted(added & DANGEROUS_CAPABILITIES)
+            if dangerous:
+                messages.append(f"{template.where} container {c.get('name')}: adds {dangerous}; drop it (the device "
+                                "plugin, not SYS_ADMIN, gives access to the GPU)")
+    return messages
+
+
+RESET_WORDS = ("--gpu-reset", "nvidia-smi -r", "nvidia-smi --reset", "nvidia-smi -rgc", "echo 1 > /sys/bus/pci")
+
+
+@rule("no-device-reset", "Kubernetes",
+      "Resetting a GPU from a pod (nvidia-smi --gpu-reset in a hook) needs exclusive root access to the device and "
+      "kills every other process on it; drain instead.")
+def no_device_reset(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for template in pod_templates(resource.type, resource.props, resource.name):
+        for c in containers(template.spec):
+            texts = [*hook_commands(c), " ".join(command_line(c))]
+            if any(word in text for text in texts for word in RESET_WORDS):
+                messages.append(f"{template.where} container {c.get('name')}: resets the GPU device; remove the "
+                                "reset and drain requests in preStop instead")
+    return messages
+
+
+@rule("pinned-images", "Kubernetes",
+      "A moving tag changes the CUDA inside the image under a pinned driver: every image carries a version tag "
+      "or a digest, never :latest.")
+def pinned_images(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for template in pod_templates(resource.type, resource.props, resource.name):
+        for c in containers(template.spec):
+            image = str(c.get("image") or "")
+            if not image or image == UNKNOWN or "@sha256:" in image:
+                continue
+            last = image.rsplit("/", 1)[-1]
+            if ":" not in last:
+                messages.append(f"{template.where} container {c.get('name')}: image {image} has no tag; pin a "
+                                "version tag or digest")
+            elif last.rsplit(":", 1)[1] == "latest":
+                messages.append(f"{template.where} container {c.get('name')}: image {image} uses :latest; pin a "
+                                "version tag or digest")
+    return messages
+
+
+@rule("gpu-nodegroup-labels-taint", "Kubernetes",
+      "EKS GPU node groups carry the pool labels workloads select and the GPU taint that keeps other pods off; "
+      "without them GPU pods stay Pending or CPU pods fill the GPU nodes.")
+def nodegroup_labels(resource: Resource, config: Config) -> list[str]:
+    if resource.type != "aws:eks/nodeGroup:NodeGroup" or "NVIDIA" not in str(resource.props.get("amiType", "")):
+        return []
+    messages = []
+    labels = resource.props.get("labels") or {}
+    missing = [key for key in (POOL_LABEL, GPU_LABEL, GPU_PRESENT_LABEL) if key not in labels]
+    if missing:
+        messages.append(f"node group {resource.name}: missing labels {missing}; set them on the node group")
+    taints = resource.props.get("taints") or []
+    if not any(t.get("key") == GPU_TAINT_KEY and t.get("effect") == "NO_SCHEDULE" for t in taints):
+        messages.append(f"node group {resource.name}: no {GPU_TAINT_KEY} NO_SCHEDULE taint; add it")
+    return messages
+
+
+@rule("imdsv2-required", "Kubernetes",
+      "Pods must not reach the node's instance credentials: launch templates require IMDSv2 tokens with a hop "
+      "limit that stops at the node.",
+      config={"maxHopLimit": {"type": "integer", "minimum": 1, "default": 1}})
+def imdsv2(resource: Resource, config: Config) -> list[str]:
+    if resource.type != "aws:ec2/launchTemplate:LaunchTemplate":
+        return []
+    options = resource.props.get("metadataOptions") or {}
+    messages = []
+    if options.get("httpTokens") != "required":
+        messages.append(f"launch template {resource.name}: metadataOptions.httpTokens is not 'required'; set it")
+    hops = options.get("httpPutResponseHopLimit")
+    if _known(hops) and int(hops) > int(config["maxHopLimit"]):
+        messages.append(f"launch template {resource.name}: hop limit {hops} lets pods reach IMDS; set "
+                        f"httpPutResponseHopLimit <= {config['maxHopLimit']}")
+    return messages
+
+
+CACHE_PATHS = ("/root/.cache/huggingface", "/models")
+
+
+@rule("model-cache-not-emptydir", "Kubernetes",
+      "Weights on emptyDir are downloaded again on every restart and reschedule (minutes to hours for large "
+      "models, and a hub rate limit); cache them on a PersistentVolumeClaim.",
+      config={"minModelGiB": {"type": "number", "minimum": 0, "default": 2}})
+def model_cache(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for template in _gpu_templates(resource):
+        volumes = {v.get("name"): v for v in template.spec.get("volumes") or []}
+        for c in containers(template.spec):
+            env = {e.get("name"): e.get("value") for e in c.get("env") or []}
+            cache_paths = [p for p in (env.get("HF_HOME"), *CACHE_PATHS) if p]
+            if _model_gib(_served_model(c)) < float(config["minModelGiB"]):
+                continue
+            for mount in c.get("volumeMounts") or []:
+                path = str(mount.get("mountPath", ""))
+                covers_cache = any(path == p or p.startswith(path.rstrip("/") + "/") for p in cache_paths)
+                if covers_cache and "emptyDir" in (volumes.get(mount.get("name")) or {}):
+                    messages.append(f"{template.where} container {c.get('name')}: model cache {path} is an "
+                                    "emptyDir; mount a PersistentVolumeClaim there")
+    return messages
+
+
+def _served_model(container: Mapping[str, Any]) -> str | None:
+    """The model a vLLM container serves: `vllm serve <model>` or `--model <model>`."""
+    if not is_vllm(container):
+        return None
+    argv = command_line(container)
+    positional = argv[2] if len(argv) > 2 and argv[:2] == ["vllm", "serve"] else None
+    return flag(argv, "model") or positional
+
+
+def _model_gib(model: str | None) -> float:
+    """Weights of a catalog model in GiB; unknown models count as large."""
+    if not model:
+        return float("inf")
+    try:
+        return weight_bytes(load_arch(model)) / (1 << 30)
+    except TuneError:
+        return float("inf")
+
+
+# --- Ray: how ---------------------------------------------------------------------------------------------
+
+RAY_PORTS = {6379: "GCS", 8265: "dashboard", 10001: "Ray client"}
+
+
+@rule("ray-ports-internal", "Ray",
+      "The Ray dashboard, GCS and client ports run arbitrary code on the cluster: they never leave it through a "
+      "LoadBalancer, NodePort or Ingress.")
+def ray_ports(resource: Resource, config: Config) -> list[str]:
+    kind = kind_of(resource.type)
+    props = resource.props
+    name = name_of(props, resource.name)
+    messages = []
+    spec = props.get("spec") or {}
+    if kind in ("v1:Service", "core/v1:Service") and spec.get("type") in ("LoadBalancer", "NodePort"):
+        for port in spec.get("ports") or []:
+            numbers = {port.get("port"), port.get("targetPort")}
+            for number, what in RAY_PORTS.items():
+                if number in numbers or str(number) in numbers:
+                    messages.append(f"Service {name}: exposes the Ray {what} port {number} through "
+                                    f"{spec['type']}; use ClusterIP and reach it with kubectl port-forward")
+    elif kind.endswith(":Ingress"):
+        for rule_ in (props.get("spec") or {}).get("rules") or []:
+            for path in ((rule_.get("http") or {}).get("paths") or []):
+                port = (((path.get("backend") or {}).get("service") or {}).get("port") or {})
+                backend_port = port.get("number")
+                if backend_port in RAY_PORTS or port.get("name") in ("dashboard", "gcs-server", "client"):
+                    what = RAY_PORTS[backend_port] if backend_port in RAY_PORTS else str(port.get("name"))
+                    messages.append(f"Ingress {name}: routes to the Ray {what} port; remove that path (expose only "
+                                    "the Serve port 8000)")
+    elif kind in ("ray.io/v1:RayService", "ray.io/v1:RayCluster"):
+        head = ray_cluster_spec(kind, props).get("headGroupSpec") or {}
+        if head.get("serviceType") in ("LoadBalancer", "NodePort"):
+            messages.append(f"{kind.rsplit(':', 1)[-1]} {name}: head serviceType {head['serviceType']} exposes the "
+                            "dashboard, GCS and client ports; use ClusterIP")
+    return messages
+
+
+CPU_METRICS = ("cpu", "memory")
+
+
+@rule("no-cpu-hpa-on-gpu", "Ray",
+      "A GPU server is busy when its batch is full, not when its CPU is: an HPA on CPU or memory scales it at the "
+      "wrong time and fights Ray Serve's own autoscaler. Scale on requests (Ray Serve) or on vLLM's queue metrics.",
+      stack=True)
+def no_cpu_hpa(resources: list[Resource], config: Config) -> list[tuple[Resource, str]]:
+    gpu_targets = set()
+    for r in resources:
+        kind = kind_of(r.type)
+        if kind in ("apps/v1:Deployment", "apps/v1:StatefulSet") and _gpu_templates(r):
+            namespace = (r.props.get("metadata") or {}).get("namespace", "default")
+            gpu_targets.add((namespace, kind.rsplit(":", 1)[-1], name_of(r.props, r.name)))
+    found = []
+    for r in resources:
+        if not kind_of(r.type).endswith(":HorizontalPodAutoscaler"):
+            continue
+        spec = r.props.get("spec") or {}
+        target = spec.get("scaleTargetRef") or {}
+        namespace = (r.props.get("metadata") or {}).get("namespace", "default")
+        if (namespace, target.get("kind"), target.get("name")) not in gpu_targets:
+            continue
+        resource_metrics = [m for m in spec.get("metrics") or [] if m.get("type") == "Resource"
+                            and (m.get("resource") or {}).get("name") in CPU_METRICS]
+        if resource_metrics or spec.get("targetCPUUtilizationPercentage") is not None:
+            found.append((r, f"HorizontalPodAutoscaler {name_of(r.props, r.name)}: scales the GPU server "
+                             f"{target.get('kind')} {target.get('name')} on CPU/memory; remove it, or scale on "
+                             "vllm:num_requests_waiting (or serve it with Ray Serve autoscaling)"))
+    return found
+
+
+# --- vLLM: when -------------------------------------------------------------------------------------------
+
+
+def _inference_containers(template: PodTemplate) -> list[Mapping[str, Any]]:
+    return [c for c in template.spec.get("containers") or []
+            if (gpu_count(c) or 0) > 0 or is_vllm(c)]
+
+
+@rule("prestop-drain", "vLLM",
+      "Requests in flight when a pod stops are dropped unless a preStop hook lets endpoints drain and the "
+      "grace period covers the hook plus the server's own drain (vLLM's --shutdown-timeout).",
+      config={"minDrainSeconds": {"type": "integer", "minimum": 0, "default": 10}})
+def prestop_drain(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for template in pod_templates(resource.type, resource.props, resource.name):
+        if template.ray_head:
+            continue
+        grace = int(template.spec.get("terminationGracePeriodSeconds", 30))
+        for c in _inference_containers(template):
+            pre = prestop_seconds(c)
+            if pre is None:
+                messages.append(f"{template.where} container {c.get('name')}: no preStop hook; add one that waits "
+                                "for endpoints to drain (and never `ray stop`)")
+                continue
+            if any("ray stop" in text for text in hook_commands(c)):
+                messages.append(f"{template.where} container {c.get('name')}: preStop runs `ray stop`, which drops "
+                                "in-flight requests; drain the Ray node instead")
+            drain = int(flag(command_line(c), "shutdown-timeout") or 0) if is_vllm(c) else 0
+            need = pre + max(drain, int(config["minDrainSeconds"]))
+            if grace < need:
+                messages.append(f"{template.where} container {c.get('name')}: terminationGracePeriodSeconds {grace} < "
+                                f"preStop {pre}s + drain {max(drain, int(config['minDrainSeconds']))}s; set it to "
+                                f">= {need}")
+    return messages
+
+
+@rule("inference-probes", "vLLM",
+      "Without a readiness probe a loading server gets traffic; without a startup probe the liveness probe kills "
+      "it mid-download.")
+def inference_probes(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for template in pod_templates(resource.type, resource.props, resource.name):
+        if template.ray:
+            continue  # KubeRay injects the probes of Ray pods
+        for c in _inference_containers(template):
+            missing = [p for p in ("readinessProbe", "startupProbe") if not c.get(p)]
+            if missing:
+                messages.append(f"{template.where} container {c.get('name')}: missing {', '.join(missing)}; probe "
+                                "/health, with a startup probe long enough for the model download")
+    return messages
+
+
+def _vllm_settings(resource: Resource) -> list[tuple[str, dict[str, Any], int | None]]:
+    """(where, engine settings, GPUs the replica holds) for each vLLM server or Ray Serve model."""
+    found: list[tuple[str, dict[str, Any], int | None]] = []
+    for template in pod_templates(resource.type, resource.props, resource.name):
+        for c in template.spec.get("containers") or []:
+            if not is_vllm(c) or template.ray:
+                continue
+            argv = command_line(c)
+            settings = {key: flag(argv, key.replace("_", "-")) for key in
+                        ("gpu_memory_utilization", "tensor_parallel_size", "pipeline_parallel_size")}
+            found.append((f"{template.where} container {c.get('name')}", settings, gpu_count(c)))
+    if kind_of(resource.type) == "ray.io/v1:RayService":
+        groups = {gpu_count(c) for t in pod_templates(resource.type, resource.props, resource.name)
+                  if t.ray and not t.ray_head for c in t.spec.get("containers") or []}
+        for app, llm in llm_configs(resource.props):
+            kwargs = dict(llm.get("engine_kwargs") or {})
+            tp = int(kwargs.get("tensor_parallel_size", 1)) * int(kwargs.get("pipeline_parallel_size", 1))
+            gpus = tp if tp in groups else (max((g or 0) for g in groups) if groups else None)
+            found.append((f"RayService {name_of(resource.props, resource.name)} application {app}", kwargs, gpus))
+    return found
+
+
+@rule("vllm-memory-utilization", "vLLM",
+      "gpu_memory_utilization near 1.0 leaves no room for CUDA graphs, NCCL buffers and fragmentation: vLLM "
+      "fails at start or under load.",
+      config={"max": {"type": "number", "minimum": 0.1, "maximum": 1.0, "default": 0.95}})
+def memory_utilization(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for where, settings, _ in _vllm_settings(resource):
+        value = settings.get("gpu_memory_utilization")
+        if _known(value) and float(value) > float(config["max"]):
+            messages.append(f"{where}: gpu_memory_utilization {value} > {config['max']}; lower it (Triarch's tuner "
+                            "sizes the KV cache at 0.92)")
+    return messages
+
+
+@rule("vllm-parallelism-matches-gpus", "vLLM",
+      "vLLM starts one worker per GPU of tensor x pipeline parallelism: fewer GPUs than that and it cannot start, "
+      "more and they sit idle.")
+def parallelism(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for where, settings, gpus in _vllm_settings(resource):
+        tp = int(settings.get("tensor_parallel_size") or 1)
+        pp = int(settings.get("pipeline_parallel_size") or 1)
+        if gpus is not None and tp * pp != gpus:
+            messages.append(f"{where}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {tp * pp} but the "
+                            f"replica holds {gpus} GPU(s); make nvidia.com/gpu equal {tp * pp}")
+    return messages
+
+
+# --- stack: driver/CUDA -----------------------------------------------------------------------------------
+
+
+def _pool_nodes(resources: list[Resource]) -> tuple[dict[str, Node], list[tuple[Resource, str]]]:
+    facts = catalog()
+    nodes: dict[str, Node] = {}
+    problems: list[tuple[Resource, str]] = []
+    for r in resources:
+        if r.type != "aws:eks/nodeGroup:NodeGroup":
+            continue
+        labels = r.props.get("labels") or {}
+        pool, gpu = labels.get(POOL_LABEL), labels.get(GPU_LABEL)
+        if not pool or gpu not in facts.gpus:
+            continue
+        ami_type, version = r.props.get("amiType"), r.props.get("releaseVersion")
+        release = next((a for a in facts.amis.get(str(ami_type), {}).values()
+                        if version in a.release_versions.values()), None)
+        if release is None:
+            problems.append((r, f"node group {r.name}: AMI {ami_type} release {version} is not in "
+                                "templates/compat/amis.yaml, so its NVIDIA driver is unknown; pin a known release"))
+            continue
+        nodes[pool] = Node(pool, facts.gpus[gpu], release.nvidia_driver, f"pins AMI release {release.release}")
+    return nodes, problems
+
+
+@rule("driver-cuda-compatible", "Kubernetes",
+      "A node driver older than the CUDA inside the serving image fails at start (cudaGetDeviceCount errors): "
+      "every image scheduled on a GPU pool must run on that pool's pinned driver.", stack=True)
+def driver_cuda(resources: list[Resource], config: Config) -> list[tuple[Resource, str]]:
+    facts = catalog()
+    nodes, found = _pool_nodes(resources)
+    for r in resources:
+        for template in _gpu_templates(r):
+            pool = (template.spec.get("nodeSelector") or {}).get(POOL_LABEL)
+            if pool not in nodes:
+                continue
+            for c in template.spec.get("containers") or []:
+                image_ref = str(c.get("image") or "")
+                image = facts.image(image_ref)
+                if image is None:
+                    found.append((r, f"{template.where}: image {image_ref} is not in templates/compat/images.yaml, "
+                                     "so its CUDA version is unknown; add it with its CUDA version and source"))
+                    continue
+                verdict = check_image_on_node(image, nodes[pool], facts)
+                if verdict.level == "error":
+                    found.append((r, f"{template.where}: {verdict.message}"))
+    return found

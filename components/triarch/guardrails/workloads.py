@@ -1,0 +1,158 @@
+"""Reading workloads out of resource properties, whatever kind carries them (Deployment, RayService, ...)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from triarch.scheduling import GPU_RESOURCE
+
+UNKNOWN = "<known after apply>"
+"""How an offline plan marks a value only the cloud knows; policies skip what they cannot see."""
+
+POD_TEMPLATE_KINDS = ("apps/v1:Deployment", "apps/v1:StatefulSet", "apps/v1:DaemonSet", "batch/v1:Job")
+RAY_KINDS = ("ray.io/v1:RayService", "ray.io/v1:RayCluster")
+
+
+@dataclass(frozen=True)
+class PodTemplate:
+    """One pod template and where it came from (`Deployment embed`, `RayService llm worker group l4-1gpu`)."""
+
+    where: str
+    spec: Mapping[str, Any]
+    replicas: int
+    ray: bool = False
+    ray_head: bool = False
+
+
+def kind_of(resource_type: str) -> str:
+    """'kubernetes:apps/v1:Deployment' -> 'apps/v1:Deployment'; '' for anything not Kubernetes."""
+    if not resource_type.startswith("kubernetes:"):
+        return ""
+    return resource_type.split(":", 1)[1]
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def name_of(props: Mapping[str, Any], fallback: str = "") -> str:
+    metadata = props.get("metadata") or {}
+    return str(metadata.get("name") or fallback)
+
+
+def ray_cluster_spec(kind: str, props: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = props.get("spec") or {}
+    return (spec.get("rayClusterConfig") or {}) if kind.endswith("RayService") else spec
+
+
+def pod_templates(resource_type: str, props: Mapping[str, Any], name: str = "") -> Iterator[PodTemplate]:
+    kind = kind_of(resource_type)
+    label = f"{kind.rsplit(':', 1)[-1]} {name_of(props, name)}"
+    spec = props.get("spec") or {}
+    if kind in POD_TEMPLATE_KINDS:
+        replicas = 1 if kind.endswith(("DaemonSet", "Job")) else _int(spec.get("replicas", 1), 1)
+        yield PodTemplate(label, (spec.get("template") or {}).get("spec") or {}, replicas)
+    elif kind in RAY_KINDS:
+        cluster = ray_cluster_spec(kind, props)
+        head = cluster.get("headGroupSpec") or {}
+        yield PodTemplate(f"{label} head", (head.get("template") or {}).get("spec") or {}, 1, ray=True, ray_head=True)
+        for group in cluster.get("workerGroupSpecs") or []:
+            replicas = max(_int(group.get("maxReplicas"), 1), _int(group.get("replicas"), 1))
+            yield PodTemplate(f"{label} worker group {group.get('groupName', '?')}",
+                              (group.get("template") or {}).get("spec") or {}, replicas, ray=True)
+
+
+def containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
+
+
+def gpu_count(container: Mapping[str, Any], section: str = "limits") -> int | None:
+    value = ((container.get("resources") or {}).get(section) or {}).get(GPU_RESOURCE)
+    return None if value is None else _int(value, 0)
+
+
+def requests_gpus(pod: Mapping[str, Any]) -> bool:
+    return any((gpu_count(c, "limits") or 0) > 0 or (gpu_count(c, "requests") or 0) > 0
+               for c in containers(pod))
+
+
+def command_line(container: Mapping[str, Any]) -> list[str]:
+    """The container's command and args as one argv; a `sh -c` script is split into words."""
+    words = [str(w) for w in [*(container.get("command") or []), *(container.get("args") or [])]]
+    if len(words) >= 3 and words[0].endswith("sh") and words[1] == "-c":
+        try:
+            return [*words[:2], *shlex.split(words[2])]
+        except ValueError:
+            return words
+    return words
+
+
+def is_vllm(container: Mapping[str, Any]) -> bool:
+    argv = command_line(container)
+    return "vllm" in str(container.get("image", "")) or any(w in ("vllm", "vllm.entrypoints.openai.api_server")
+                                                            for w in argv)
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The value of `--name V` or `--name=V` (the last one wins, as argparse does)."""
+    found = None
+    for i, word in enumerate(argv):
+        if word == f"--{name}" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif word.startswith(f"--{name}="):
+            found = word.split("=", 1)[1]
+    return found
+
+
+def hook_commands(container: Mapping[str, Any]) -> list[str]:
+    """Every command the container's lifecycle hooks run, as text."""
+    texts = []
+    lifecycle = container.get("lifecycle") or {}
+    for hook in (lifecycle.get("preStop"), lifecycle.get("postStart")):
+        command = ((hook or {}).get("exec") or {}).get("command") or []
+        if command:
+            text = " ".join(str(c) for c in command)
+            texts.append("\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")))
+    return texts
+
+
+SLEEP = re.compile(r"\bsleep\s+(\d+)")
+
+
+def prestop_seconds(container: Mapping[str, Any]) -> int | None:
+    """How long the preStop hook takes at most: the sum of its `sleep N`s (None without a preStop)."""
+    pre_stop = (container.get("lifecycle") or {}).get("preStop")
+    if not pre_stop:
+        return None
+    if "sleep" in pre_stop:  # the native sleep action
+        return _int((pre_stop["sleep"] or {}).get("seconds"), 0)
+    command = " ".join(str(c) for c in ((pre_stop.get("exec") or {}).get("command") or []))
+    return sum(int(n) for n in SLEEP.findall(command))
+
+
+def serve_applications(props: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    text = (props.get("spec") or {}).get("serveConfigV2")
+    if not isinstance(text, str) or text == UNKNOWN:
+        return []
+    try:
+        config = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        return []
+    return list(config.get("applications") or []) if isinstance(config, dict) else []
+
+
+def llm_configs(props: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(application name, LLMConfig) for every model a RayService's Serve config runs."""
+    for app in serve_applications(props):
+        for config in ((app.get("args") or {}).get("llm_configs") or []):
+            if isinstance(config, Mapping):
+                yield str(app.get("name", "?")), config

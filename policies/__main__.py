@@ -1,0 +1,65 @@
+"""The triarch-guardrails policy pack: each rule of triarch.guardrails.rules as a Pulumi policy.
+
+Constructing PolicyPack starts the Analyzer gRPC server and blocks; the rules themselves are plain functions
+that `triarch check` runs too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyConfigSchema,
+    PolicyPack,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+from triarch.guardrails.rules import RULES, Resource, Rule
+
+LEVELS = {"mandatory": EnforcementLevel.MANDATORY, "advisory": EnforcementLevel.ADVISORY,
+          "disabled": EnforcementLevel.DISABLED}
+
+
+def resource_policy(rule: Rule) -> ResourceValidationPolicy:
+    check = rule.check_resource
+    assert check is not None
+
+    def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
+        resource = Resource(args.resource_type, args.name, args.props, args.urn)
+        for message in check(resource, rule.settings(args.get_config())):
+            report(message, None)
+
+    return ResourceValidationPolicy(name=rule.name, description=rule.description, validate=validate,
+                                    enforcement_level=LEVELS[rule.enforcement], config_schema=_schema(rule))
+
+
+def stack_policy(rule: Rule) -> StackValidationPolicy:
+    check = rule.check_stack
+    assert check is not None
+
+    def validate(args: StackValidationArgs, report: ReportViolation) -> None:
+        resources = [Resource(r.resource_type, r.name, r.props, r.urn) for r in args.resources]
+        for resource, message in check(resources, rule.settings(args.get_config())):
+            report(message, resource.urn or None)
+
+    return StackValidationPolicy(name=rule.name, description=rule.description, validate=validate,
+                                 enforcement_level=LEVELS[rule.enforcement], config_schema=_schema(rule))
+
+
+def _schema(rule: Rule) -> PolicyConfigSchema | None:
+    if not rule.config:
+        return None
+    properties: dict[str, Any] = {k: dict(v) for k, v in rule.config.items()}
+    return PolicyConfigSchema(properties=properties)
+
+
+PolicyPack(
+    name="triarch-guardrails",
+    description="Three-layer rules for GPU inference on Kubernetes: placement, Ray, vLLM.",
+    policies=[resource_policy(r) if r.check_resource else stack_policy(r) for r in RULES],
+)
