@@ -3,6 +3,7 @@ names the resource and the fix. Resource rules see one resource's properties; st
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeGuard
@@ -184,7 +185,9 @@ def no_privileged(resource: Resource, config: Config) -> list[str]:
     return messages
 
 
-RESET_WORDS = ("--gpu-reset", "nvidia-smi -r", "nvidia-smi --reset", "nvidia-smi -rgc", "echo 1 > /sys/bus/pci")
+DEVICE_RESET = re.compile(r"nvidia-smi\b[^;&|\n]*\s(-r|--gpu-reset|-rgc|--reset-gpu-clocks)\b|--gpu-reset"
+                          r"|/sys/bus/pci/devices/[^\s]*/(reset|remove)")
+"""nvidia-smi's reset switches wherever they sit (`nvidia-smi -i 0 -r`), and PCI resets through sysfs."""
 
 
 @rule("no-device-reset", "Kubernetes",
@@ -195,7 +198,7 @@ def no_device_reset(resource: Resource, config: Config) -> list[str]:
     for template in pod_templates(resource.type, resource.props, resource.name):
         for c in containers(template.spec):
             texts = [*hook_commands(c), " ".join(command_line(c))]
-            if any(word in text for text in texts for word in RESET_WORDS):
+            if any(DEVICE_RESET.search(text) for text in texts):
                 messages.append(f"{template.where} container {c.get('name')}: resets the GPU device; remove the "
                                 "reset and drain requests in preStop instead")
     return messages
@@ -221,11 +224,20 @@ def pinned_images(resource: Resource, config: Config) -> list[str]:
     return messages
 
 
+def _gpu_node_group(props: Mapping[str, Any]) -> bool:
+    """A GPU AMI type, or an instance type the catalog knows to carry GPUs."""
+    ami_type = str(props.get("amiType", ""))
+    if "NVIDIA" in ami_type or "GPU" in ami_type:
+        return True
+    instances = catalog().instances
+    return any((instances[t].gpus if t in instances else 0) > 0 for t in props.get("instanceTypes") or [])
+
+
 @rule("gpu-nodegroup-labels-taint", "Kubernetes",
       "EKS GPU node groups carry the pool labels workloads select and the GPU taint that keeps other pods off; "
       "without them GPU pods stay Pending or CPU pods fill the GPU nodes.")
 def nodegroup_labels(resource: Resource, config: Config) -> list[str]:
-    if resource.type != "aws:eks/nodeGroup:NodeGroup" or "NVIDIA" not in str(resource.props.get("amiType", "")):
+    if resource.type != "aws:eks/nodeGroup:NodeGroup" or not _gpu_node_group(resource.props):
         return []
     messages = []
     labels = resource.props.get("labels") or {}
@@ -286,7 +298,10 @@ def _served_model(container: Mapping[str, Any]) -> str | None:
     if not is_vllm(container):
         return None
     argv = command_line(container)
-    positional = argv[2] if len(argv) > 2 and argv[:2] == ["vllm", "serve"] else None
+    if argv[:2] == ["vllm", "serve"]:
+        argv = argv[2:]
+    # `vllm serve MODEL`, or the image's own entrypoint with the model as the first argument.
+    positional = next((w for w in argv[:1] if "/" in w and not w.startswith(("-", "/"))), None)
     return flag(argv, "model") or positional
 
 
@@ -303,6 +318,8 @@ def _model_gib(model: str | None) -> float:
 # --- Ray: how ---------------------------------------------------------------------------------------------
 
 RAY_PORTS = {6379: "GCS", 8265: "dashboard", 10001: "Ray client"}
+RAY_PORT_NAMES = {6379: "gcs-server", 8265: "dashboard", 10001: "client"}
+"""The names KubeRay gives those ports on the head pod."""
 
 
 @rule("ray-ports-internal", "Ray",
@@ -318,18 +335,20 @@ def ray_ports(resource: Resource, config: Config) -> list[str]:
         for port in spec.get("ports") or []:
             numbers = {port.get("port"), port.get("targetPort")}
             for number, what in RAY_PORTS.items():
-                if number in numbers or str(number) in numbers:
+                if number in numbers or str(number) in numbers or RAY_PORT_NAMES[number] in numbers:
                     messages.append(f"Service {name}: exposes the Ray {what} port {number} through "
                                     f"{spec['type']}; use ClusterIP and reach it with kubectl port-forward")
     elif kind.endswith(":Ingress"):
-        for rule_ in (props.get("spec") or {}).get("rules") or []:
-            for path in ((rule_.get("http") or {}).get("paths") or []):
-                port = (((path.get("backend") or {}).get("service") or {}).get("port") or {})
-                backend_port = port.get("number")
-                if backend_port in RAY_PORTS or port.get("name") in ("dashboard", "gcs-server", "client"):
-                    what = RAY_PORTS[backend_port] if backend_port in RAY_PORTS else str(port.get("name"))
-                    messages.append(f"Ingress {name}: routes to the Ray {what} port; remove that path (expose only "
-                                    "the Serve port 8000)")
+        backends = [path.get("backend") or {} for rule_ in spec.get("rules") or []
+                    for path in ((rule_.get("http") or {}).get("paths") or [])]
+        backends.append(spec.get("defaultBackend") or {})
+        for backend in backends:
+            port = ((backend.get("service") or {}).get("port") or {})
+            backend_port = port.get("number")
+            if backend_port in RAY_PORTS or port.get("name") in RAY_PORT_NAMES.values():
+                what = RAY_PORTS[backend_port] if backend_port in RAY_PORTS else str(port.get("name"))
+                messages.append(f"Ingress {name}: routes to the Ray {what} port; remove that path (expose only "
+                                "the Serve port 8000)")
     elif kind in ("ray.io/v1:RayService", "ray.io/v1:RayCluster"):
         head = ray_cluster_spec(kind, props).get("headGroupSpec") or {}
         if head.get("serviceType") in ("LoadBalancer", "NodePort"):
@@ -339,6 +358,15 @@ def ray_ports(resource: Resource, config: Config) -> list[str]:
 
 
 CPU_METRICS = ("cpu", "memory")
+
+
+def _resource_metric(metric: Mapping[str, Any]) -> str | None:
+    """The resource a Resource or ContainerResource metric scales on."""
+    if metric.get("type") == "Resource":
+        return (metric.get("resource") or {}).get("name")
+    if metric.get("type") == "ContainerResource":
+        return (metric.get("containerResource") or {}).get("name")
+    return None
 
 
 @rule("no-cpu-hpa-on-gpu", "Ray",
@@ -361,9 +389,11 @@ def no_cpu_hpa(resources: list[Resource], config: Config) -> list[tuple[Resource
         namespace = (r.props.get("metadata") or {}).get("namespace", "default")
         if (namespace, target.get("kind"), target.get("name")) not in gpu_targets:
             continue
-        resource_metrics = [m for m in spec.get("metrics") or [] if m.get("type") == "Resource"
-                            and (m.get("resource") or {}).get("name") in CPU_METRICS]
-        if resource_metrics or spec.get("targetCPUUtilizationPercentage") is not None:
+        metrics = spec.get("metrics")
+        resource_metrics = [m for m in metrics or [] if _resource_metric(m) in CPU_METRICS]
+        v2_default = "autoscaling/v2" in r.type and not metrics  # no metrics: 80% CPU
+        v1 = "autoscaling/v1" in r.type  # v1 scales on CPU only
+        if resource_metrics or v2_default or v1 or spec.get("targetCPUUtilizationPercentage") is not None:
             found.append((r, f"HorizontalPodAutoscaler {name_of(r.props, r.name)}: scales the GPU server "
                              f"{target.get('kind')} {target.get('name')} on CPU/memory; remove it, or scale on "
                              "vllm:num_requests_waiting (or serve it with Ray Serve autoscaling)"))
@@ -397,7 +427,7 @@ def prestop_drain(resource: Resource, config: Config) -> list[str]:
             if any("ray stop" in text for text in hook_commands(c)):
                 messages.append(f"{template.where} container {c.get('name')}: preStop runs `ray stop`, which drops "
                                 "in-flight requests; drain the Ray node instead")
-            drain = int(flag(command_line(c), "shutdown-timeout") or 0) if is_vllm(c) else 0
+            drain = int(flag(command_line(c), "shutdown_timeout") or 0) if is_vllm(c) else 0
             need = pre + max(drain, int(config["minDrainSeconds"]))
             if grace < need:
                 messages.append(f"{template.where} container {c.get('name')}: terminationGracePeriodSeconds {grace} < "
@@ -430,7 +460,7 @@ def _vllm_settings(resource: Resource) -> list[tuple[str, dict[str, Any], int | 
             if not is_vllm(c) or template.ray:
                 continue
             argv = command_line(c)
-            settings = {key: flag(argv, key.replace("_", "-")) for key in
+            settings = {key: flag(argv, key) for key in
                         ("gpu_memory_utilization", "tensor_parallel_size", "pipeline_parallel_size")}
             found.append((f"{template.where} container {c.get('name')}", settings, gpu_count(c)))
     if kind_of(resource.type) == "ray.io/v1:RayService":
@@ -501,21 +531,49 @@ def _pool_nodes(resources: list[Resource]) -> tuple[dict[str, Node], list[tuple[
       "A node driver older than the CUDA inside the serving image fails at start (cudaGetDeviceCount errors): "
       "every image scheduled on a GPU pool must run on that pool's pinned driver.", stack=True)
 def driver_cuda(resources: list[Resource], config: Config) -> list[tuple[Resource, str]]:
-    facts = catalog()
     nodes, found = _pool_nodes(resources)
     for r in resources:
         for template in _gpu_templates(r):
-            pool = (template.spec.get("nodeSelector") or {}).get(POOL_LABEL)
-            if pool not in nodes:
-                continue
-            for c in template.spec.get("containers") or []:
-                image_ref = str(c.get("image") or "")
-                image = facts.image(image_ref)
-                if image is None:
-                    found.append((r, f"{template.where}: image {image_ref} is not in templates/compat/images.yaml, "
-                                     "so its CUDA version is unknown; add it with its CUDA version and source"))
-                    continue
-                verdict = check_image_on_node(image, nodes[pool], facts)
-                if verdict.level == "error":
-                    found.append((r, f"{template.where}: {verdict.message}"))
+            for pool in _selected_pools(template.spec, nodes):
+                found += _images_on_pool(r, template, nodes[pool])
+    return found
+
+
+def _selected_pools(pod: Mapping[str, Any], nodes: Mapping[str, Node]) -> list[str]:
+    """The pools a pod can land on, by the pool or GPU label, in its nodeSelector or required node affinity."""
+    def matching(key: str, values: set[str]) -> set[str]:
+        if key == POOL_LABEL:
+            return values & set(nodes)
+        if key == GPU_LABEL:
+            return {name for name, node in nodes.items() if node.gpu.key in values}
+        return set()
+
+    pools: set[str] | None = None
+    for key, value in (pod.get("nodeSelector") or {}).items():
+        chosen = matching(key, {str(value)})
+        if key in (POOL_LABEL, GPU_LABEL):
+            pools = chosen if pools is None else pools & chosen
+    terms = ((((pod.get("affinity") or {}).get("nodeAffinity") or {})
+              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
+    for term in terms:
+        for expression in term.get("matchExpressions") or []:
+            if expression.get("operator") == "In" and expression.get("key") in (POOL_LABEL, GPU_LABEL):
+                chosen = matching(expression["key"], {str(v) for v in expression.get("values") or []})
+                pools = chosen if pools is None else pools | chosen
+    return sorted(pools or [])
+
+
+def _images_on_pool(r: Resource, template: PodTemplate, node: Node) -> list[tuple[Resource, str]]:
+    facts = catalog()
+    found = []
+    for c in template.spec.get("containers") or []:
+        image_ref = str(c.get("image") or "")
+        image = facts.image(image_ref)
+        if image is None:
+            found.append((r, f"{template.where}: image {image_ref} is not in templates/compat/images.yaml, so its "
+                             "CUDA version is unknown; add it with its CUDA version and source"))
+            continue
+        verdict = check_image_on_node(image, node, facts)
+        if verdict.level == "error":
+            found.append((r, f"{template.where}: {verdict.message}"))
     return found

@@ -102,13 +102,19 @@ def is_vllm(container: Mapping[str, Any]) -> bool:
                                                             for w in argv)
 
 
+SHORT_FLAGS = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp"}
+"""vLLM's short aliases."""
+
+
 def flag(argv: list[str], name: str) -> str | None:
-    """The value of `--name V` or `--name=V` (the last one wins, as argparse does)."""
+    """The value of a vLLM flag given as `--name V`, `--name=V`, with dashes or underscores, or by its short
+    alias (the last one wins, as argparse does). `name` uses underscores: `tensor_parallel_size`."""
+    spellings = {f"--{name.replace('_', '-')}", f"--{name}", *([SHORT_FLAGS[name]] if name in SHORT_FLAGS else [])}
     found = None
     for i, word in enumerate(argv):
-        if word == f"--{name}" and i + 1 < len(argv):
+        if word in spellings and i + 1 < len(argv):
             found = argv[i + 1]
-        elif word.startswith(f"--{name}="):
+        elif "=" in word and word.split("=", 1)[0] in spellings:
             found = word.split("=", 1)[1]
     return found
 
