@@ -6,6 +6,7 @@ that `triarch check` runs too.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pulumi_policy import (
@@ -19,10 +20,32 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
+from pulumi_policy.proxy import UnknownValueError
+
 from triarch.guardrails.rules import RULES, Resource, Rule
+from triarch.guardrails.workloads import UNKNOWN
 
 LEVELS = {"mandatory": EnforcementLevel.MANDATORY, "advisory": EnforcementLevel.ADVISORY,
           "disabled": EnforcementLevel.DISABLED}
+
+
+def plain(value: Any) -> Any:
+    """Engine properties as the rules (and `triarch check`) see them: plain dicts and lists, whole numbers as
+    integers (protobuf carries every number as a float), values unknown during preview as the plan's marker."""
+    if isinstance(value, Mapping):
+        return {key: _item(value, key) for key in value}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [_item(value, i) for i in range(len(value))]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _item(container: Any, key: Any) -> Any:
+    try:
+        return plain(container[key])
+    except UnknownValueError:
+        return UNKNOWN
 
 
 def resource_policy(rule: Rule) -> ResourceValidationPolicy:
@@ -30,7 +53,7 @@ def resource_policy(rule: Rule) -> ResourceValidationPolicy:
     assert check is not None
 
     def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
-        resource = Resource(args.resource_type, args.name, args.props, args.urn)
+        resource = Resource(args.resource_type, args.name, plain(args.props), args.urn)
         for message in check(resource, rule.settings(args.get_config())):
             report(message, None)
 
@@ -43,7 +66,7 @@ def stack_policy(rule: Rule) -> StackValidationPolicy:
     assert check is not None
 
     def validate(args: StackValidationArgs, report: ReportViolation) -> None:
-        resources = [Resource(r.resource_type, r.name, r.props, r.urn) for r in args.resources]
+        resources = [Resource(r.resource_type, r.name, plain(r.props), r.urn) for r in args.resources]
         for resource, message in check(resources, rule.settings(args.get_config())):
             report(message, resource.urn or None)
 
