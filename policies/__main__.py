@@ -19,7 +19,6 @@ from pulumi_policy import (
     StackValidationArgs,
     StackValidationPolicy,
 )
-
 from pulumi_policy.proxy import UnknownValueError
 
 from triarch.guardrails.rules import RULES, Resource, Rule
