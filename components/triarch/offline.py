@@ -27,6 +27,9 @@ from pulumi.runtime.sync_await import _sync_await
 from triarch.errors import ConfigError
 from triarch.paths import PROGRAM, STACKS_DIR
 
+_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+"""libyaml's dumper where PyYAML was built with it: a plan writes a few dozen manifests."""
+
 PROJECT = "triarch"
 KNOWN_AFTER_APPLY = "<known after apply>"
 SECRET = "[secret]"
@@ -236,6 +239,6 @@ def write_plan(run: PlanRun, out: Path) -> list[Path]:
     written = []
     for obj in manifests(run):
         path = manifest_dir / manifest_filename(obj)
-        path.write_text(yaml.safe_dump(obj, sort_keys=False), encoding="utf-8")
+        path.write_text(yaml.dump(obj, Dumper=_YAML_DUMPER, sort_keys=False), encoding="utf-8")
         written.append(path)
     return written
