@@ -132,20 +132,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_stack_source(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--stack", help="a stack of this project (stacks/Pulumi.<stack>.yaml)")
+    source.add_argument("--stack-file", help="any Pulumi stack file")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="triarch", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     plan = commands.add_parser("plan", help="register a stack under Pulumi's mock engine; write plan.json + manifests")
-    source = plan.add_mutually_exclusive_group(required=True)
-    source.add_argument("--stack", help="a stack of this project (stacks/Pulumi.<stack>.yaml)")
-    source.add_argument("--stack-file", help="any Pulumi stack file")
+    _add_stack_source(plan)
     plan.add_argument("--out", help="output directory (default: out/<stack>)")
     plan.set_defaults(handler=cmd_plan)
 
     check = commands.add_parser("check", help="plan a stack offline and evaluate the triarch-guardrails policies")
-    source = check.add_mutually_exclusive_group(required=True)
-    source.add_argument("--stack", help="a stack of this project (stacks/Pulumi.<stack>.yaml)")
-    source.add_argument("--stack-file", help="any Pulumi stack file")
+    _add_stack_source(check)
     check.add_argument("--policy-config", help="policy pack config JSON (as for pulumi --policy-pack-config)")
     check.add_argument("--format", choices=["text", "json", "markdown"], default="text")
     check.add_argument("--out", help="also write the plan here (default: a temporary directory)")

@@ -12,6 +12,9 @@ GPU_PRESENT_LABEL: Final = "nvidia.com/gpu.present"
 POOL_LABEL: Final = "triarch.dev/pool"
 """The Triarch node group a node belongs to (EKS node group, or a declared pool of existing nodes)."""
 
+SYSTEM_POOL: Final = "system"
+"""The pool name of a created cluster's CPU nodes (add-ons, operators, Ray heads)."""
+
 GPU_LABEL: Final = "triarch.dev/gpu"
 """The GPU catalog key (e.g. "l4", "a100-80gb"); present from boot, unlike GPU feature discovery's labels."""
 

@@ -13,7 +13,7 @@ from triarch.catalog import Catalog
 from triarch.components.network import Network
 from triarch.components.nodegroups import ManagedNodeGroup, NodeRole
 from triarch.config import ClusterConfig, StackConfig
-from triarch.scheduling import POOL_LABEL
+from triarch.scheduling import POOL_LABEL, SYSTEM_POOL
 
 CLUSTER_POLICY = "arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
@@ -96,7 +96,7 @@ class EksCluster(pulumi.ComponentResource):
             release_version=system_release_version, capacity_type="ON_DEMAND", min_size=system.min,
             max_size=system.max, disk_gib=system.disk_gib,
             subnet_ids=[s.id for s in self.network.private_subnets], node_role=self.node_role,
-            labels={POOL_LABEL: "system"}, eks_taints=[], cluster_for_tags=config.name, pool="system",
+            labels={POOL_LABEL: SYSTEM_POOL}, eks_taints=[], cluster_for_tags=config.name, pool=SYSTEM_POOL,
             opts=pulumi.ResourceOptions(parent=self, depends_on=self.node_prerequisites))
         self.addons["coredns"] = addon("coredns", [self.system_nodes])
         self.kubeconfig = pulumi.Output.all(

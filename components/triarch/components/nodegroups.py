@@ -7,6 +7,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from triarch.planners.nodegroups import EksNodeGroupPlan, PoolPlan, launch_template, node_patch
+from triarch.scheduling import POOL_LABEL
 
 NODE_POLICIES = {
     "worker": "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
@@ -60,7 +61,7 @@ class ManagedNodeGroup(pulumi.ComponentResource):
             labels=labels,
             taints=eks_taints,
             launch_template={"id": self.launch_template.id, "version": self.launch_template.latest_version.apply(str)},
-            tags={"triarch.dev/pool": pool},
+            tags={POOL_LABEL: pool},
             # The autoscaler owns desired_size once the group exists.
             opts=pulumi.ResourceOptions(parent=self, depends_on=node_role.attachments,
                                         ignore_changes=["scalingConfig.desiredSize"]))

@@ -15,6 +15,7 @@ from triarch.planners.device_plugin import device_plugin_values
 from triarch.planners.models import ModelPlan
 from triarch.planners.nodegroups import PoolPlan, plan_eks_node_group, plan_pool
 from triarch.planners.serving import serving_settings
+from triarch.scheduling import SYSTEM_POOL
 
 
 def system_release_version(stack: StackConfig, facts: Catalog) -> str:
@@ -89,7 +90,7 @@ class Platform(pulumi.ComponentResource):
             if plan.config.engine == "vllm":
                 self.vllm_servers.append(VllmServer(plan.name, plan, settings, self.provider, opts=after))
         if with_ray:
-            system_pool = "system" if stack.cluster.create else None
+            system_pool = SYSTEM_POOL if stack.cluster.create else None
             self.kuberay = KubeRayOperator("kuberay-operator", charts()["kuberay-operator"], system_pool,
                                            self.provider, opts=pulumi.ResourceOptions(parent=self))
             self.ray = RayServing("ray-serve", models, stack.images.ray_llm, settings, self.kuberay, self.provider,

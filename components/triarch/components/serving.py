@@ -15,6 +15,7 @@ from triarch.planners.models import ModelPlan
 from triarch.planners.ray import ray_manifests
 from triarch.planners.serving import KUBERAY_NAMESPACE, network_policies
 from triarch.planners.vllm import vllm_manifests
+from triarch.scheduling import POOL_LABEL
 
 
 def kuberay_values(system_pool: str | None) -> dict[str, Any]:
@@ -24,7 +25,7 @@ def kuberay_values(system_pool: str | None) -> dict[str, Any]:
     """
     values: dict[str, Any] = {"resources": {"limits": {"cpu": "500m", "memory": "512Mi"}}}
     if system_pool is not None:
-        values["nodeSelector"] = {"triarch.dev/pool": system_pool}
+        values["nodeSelector"] = {POOL_LABEL: system_pool}
     return values
 
 

@@ -13,6 +13,7 @@ from triarch.scheduling import (
     GPU_TAINT_EFFECT,
     GPU_TAINT_KEY,
     GPU_TAINT_VALUE,
+    POOL_LABEL,
     gpu_node_labels,
     gpu_taint,
 )
@@ -100,7 +101,7 @@ def launch_template(cluster: str, name: str, disk_gib: int) -> dict[str, Any]:
                     "delete_on_termination": "true"},
         }],
         "tag_specifications": [
-            {"resource_type": kind, "tags": {"Name": f"{cluster}-{name}", "triarch.dev/pool": name}}
+            {"resource_type": kind, "tags": {"Name": f"{cluster}-{name}", POOL_LABEL: name}}
             for kind in ("instance", "volume")
         ],
     }
