@@ -208,6 +208,8 @@ def no_device_reset(resource: Resource, config: Config) -> list[str]:
       "A moving tag changes the CUDA inside the image under a pinned driver: every image carries a version tag "
       "or a digest, never :latest.")
 def pinned_images(resource: Resource, config: Config) -> list[str]:
+    if resource.type == "kubernetes:helm.sh/v3:Release":
+        return _pinned_release(resource)
     messages = []
     for template in pod_templates(resource.type, resource.props, resource.name):
         for c in containers(template.spec):
@@ -231,6 +233,18 @@ def _gpu_node_group(props: Mapping[str, Any]) -> bool:
         return True
     instances = catalog().instances
     return any((instances[t].gpus if t in instances else 0) > 0 for t in props.get("instanceTypes") or [])
+
+
+def _pinned_release(resource: Resource) -> list[str]:
+    """A Helm release pins its chart version, and any image tag it sets in values is not :latest."""
+    messages = []
+    name = resource.props.get("name") or resource.name
+    if not _known(resource.props.get("version")):
+        messages.append(f"Helm release {name}: chart {resource.props.get('chart')} has no version; pin one")
+    tag = ((resource.props.get("values") or {}).get("image") or {}).get("tag")
+    if tag == "latest":
+        messages.append(f"Helm release {name}: values image.tag is latest; pin a version tag")
+    return messages
 
 
 @rule("gpu-nodegroup-labels-taint", "Kubernetes",
