@@ -156,6 +156,17 @@ class Chart:
 
 
 @cache
+def addon_versions() -> dict[str, dict[str, str]]:
+    """EKS managed add-on versions per Kubernetes minor (templates/compat/eks-addons.yaml); empty where unknown."""
+    path = COMPAT_DIR / "eks-addons.yaml"
+    if not path.is_file():
+        return {}
+    raw = _read(path).get("addons") or {}
+    return {str(minor): {name: str(entry["version"]) for name, entry in (addons or {}).items()}
+            for minor, addons in raw.items()}
+
+
+@cache
 def charts() -> dict[str, Chart]:
     """Pinned Helm charts (templates/compat/charts.yaml)."""
     raw = _read(COMPAT_DIR / "charts.yaml")["charts"]

@@ -9,7 +9,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from triarch.catalog import Catalog
+from triarch.catalog import Catalog, addon_versions
 from triarch.components.network import Network
 from triarch.components.nodegroups import ManagedNodeGroup, NodeRole
 from triarch.config import ClusterConfig, StackConfig
@@ -26,6 +26,16 @@ ADDON_CONFIGURATION = {"vpc-cni": json.dumps({"enableNetworkPolicy": "true"})}
 
 EKS_ASSUME_ROLE = """{"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
  "Principal": {"Service": "eks.amazonaws.com"}, "Action": "sts:AssumeRole"}]}"""
+
+
+def pinned_addon_version(kubernetes: str, addon: str) -> str | None:
+    """The add-on version pinned in templates/compat/eks-addons.yaml; without one EKS installs its default for
+    the cluster version, which the plan says."""
+    version = addon_versions().get(kubernetes, {}).get(addon)
+    if version is None:
+        pulumi.log.warn(f"EKS add-on {addon} has no pinned version for Kubernetes {kubernetes} in "
+                        "templates/compat/eks-addons.yaml; EKS installs its default")
+    return version
 
 
 def kubeconfig(name: str, endpoint: str, certificate_authority: str, region: str) -> str:
@@ -81,6 +91,7 @@ class EksCluster(pulumi.ComponentResource):
         def addon(addon_name: str, after: list[pulumi.Resource]) -> aws.eks.Addon:
             return aws.eks.Addon(
                 f"{name}-{addon_name}", cluster_name=self.cluster.name, addon_name=addon_name,
+                addon_version=pinned_addon_version(config.kubernetes_version, addon_name),
                 resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
                 configuration_values=ADDON_CONFIGURATION.get(addon_name),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=after))

@@ -79,7 +79,8 @@ class Platform(pulumi.ComponentResource):
         ready: list[pulumi.Resource] = [self.device_plugin] if self.device_plugin else []
         if isinstance(self.cluster, EksCluster) and stack.serving.storage_class is None:
             self.store = SharedModelStore(f"{stack.cluster.name}-models", self.cluster, str(stack.cluster.vpc_cidr),
-                                          self.provider, opts=pulumi.ResourceOptions(parent=self))
+                                          stack.cluster.kubernetes_version, self.provider,
+                                          opts=pulumi.ResourceOptions(parent=self))
             ready.append(self.store)
         with_ray = any(plan.config.engine == "ray-serve" for plan in models)
         self.serving_namespace = ServingNamespace("serving", settings, hf_token, with_ray, self.provider,

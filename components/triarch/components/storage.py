@@ -7,7 +7,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from triarch.components.cluster import EksCluster
+from triarch.components.cluster import EksCluster, pinned_addon_version
 from triarch.components.manifests import register
 from triarch.planners.pods import RUN_AS
 from triarch.planners.serving import EFS_STORAGE_CLASS
@@ -19,7 +19,7 @@ POD_IDENTITY_TRUST = """{"Version": "2012-10-17", "Statement": [{"Effect": "Allo
 
 
 class SharedModelStore(pulumi.ComponentResource):
-    def __init__(self, name: str, eks: EksCluster, vpc_cidr: str, provider: k8s.Provider,
+    def __init__(self, name: str, eks: EksCluster, vpc_cidr: str, kubernetes_version: str, provider: k8s.Provider,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:storage:SharedModelStore", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -42,6 +42,7 @@ class SharedModelStore(pulumi.ComponentResource):
                                               policy_arn=EFS_CSI_POLICY, opts=child)
         self.driver = aws.eks.Addon(
             f"{name}-efs-csi-driver", cluster_name=eks.cluster.name, addon_name="aws-efs-csi-driver",
+            addon_version=pinned_addon_version(kubernetes_version, "aws-efs-csi-driver"),
             resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
             pod_identity_associations=[{"role_arn": self.driver_role.arn,
                                         "service_account": EFS_CSI_SERVICE_ACCOUNT}],
