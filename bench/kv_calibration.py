@@ -29,6 +29,7 @@ import yaml
 
 from triarch.catalog import Gpu, catalog
 from triarch.tuner import (
+    CUDA_RESERVED_BYTES,
     GIB,
     MIB,
     ModelArch,
@@ -124,7 +125,9 @@ def load_cases(path: Path, hints: Mapping[str, Mapping[str, Any]]) -> list[Case]
         total = d.get("gpu_total_gib") or settings.get("gpu_total") or logged.get("total_gpu_memory")
         gpu: Gpu | None = None
         if total is not None:
-            mib = round(gib(total) * 1024)
+            # A logged total is what torch sees; the catalog (and the tuner) count from nvidia-smi's total, which
+            # includes the CUDA context's reserve.
+            mib = round(gib(total) * 1024 + CUDA_RESERVED_BYTES / (1 << 20))
             gpu = Gpu(key=f"logged-{mib}mib", product=f"GPU of {gib(total):.2f} GiB (logged)", architecture="unknown",
                       compute_capability="0.0", memory_mib=mib, min_cuda="0", data_center=True,
                       ray_accelerator_type=None)
@@ -209,7 +212,8 @@ def run_case(case: Case, tally: Tally) -> None:
         if case.gpu is not None:
             try:
                 paged = tune(case.arch, case.gpu, tensor_parallel_size=tp, gpus_available=tp, max_model_len=max_len,
-                             kv_cache_memory_bytes=given, block_size=block, kv_cache_dtype=kv_dtype).kv_cache_tokens
+                             kv_cache_memory_bytes=given, block_size=block, kv_cache_dtype=kv_dtype,
+                             **batch_settings(case.settings)).kv_cache_tokens
                 how = "tune(kv_cache_memory_bytes)"
             except TuneError:
                 pass
@@ -226,7 +230,7 @@ def run_case(case: Case, tally: Tally) -> None:
     try:
         sizing: Sizing | None = tune(case.arch, case.gpu, tensor_parallel_size=tp, gpus_available=tp,
                                      gpu_memory_utilization=util, max_model_len=max_len, block_size=block,
-                                     kv_cache_dtype=kv_dtype)
+                                     kv_cache_dtype=kv_dtype, **batch_settings(case.settings))
     except TuneError as refusal:
         sizing = None
         ok = failing
@@ -278,6 +282,11 @@ def summary(tally: Tally) -> None:
         print(f"  {metric:<16} n={len(errs)}  mean |err| {mean:6.1%}  worst {worst:+7.1%}  ({where})")
     matched = sum(ok for ok, _ in tally.refusals)
     print(f"  {'failing starts':<16} {matched}/{len(tally.refusals)} matched by a tuner refusal or length cap")
+
+
+def batch_settings(settings: dict[str, Any]) -> dict[str, int]:
+    """max_num_seqs / max_num_batched_tokens when the log states them (they size vLLM's profiling run)."""
+    return {key: int(settings[key]) for key in ("max_num_seqs", "max_num_batched_tokens") if key in settings}
 
 
 def main() -> None:

@@ -116,7 +116,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     sizing = tune(arch, gpu, tensor_parallel_size=args.tensor_parallel_size,
                   gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
                   kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory_bytes=args.kv_cache_memory_bytes, task=task,
-                  gpus_available=args.gpus)
+                  gpus_available=args.gpus, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens)
     if args.json:
         document = {k: v for k, v in dataclasses.asdict(sizing).items() if k != "memory"}
         document["memory"] = dataclasses.asdict(sizing.memory)
@@ -163,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     tune.add_argument("--max-model-len", type=int)
     tune.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
+    tune.add_argument("--max-num-seqs", type=int, help="fix vLLM's batch size (default: sized from the KV cache)")
+    tune.add_argument("--max-num-batched-tokens", type=int, help="fix the tokens per step (sizes the activation)")
     tune.add_argument("--kv-cache-memory-bytes", type=int, help="the KV budget per GPU, as vLLM's flag of that name")
     tune.add_argument("--task", choices=["generate", "embed"], help="default: embed for embedding models")
     tune.add_argument("--json", action="store_true", help="one JSON object instead of the start-up log")

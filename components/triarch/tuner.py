@@ -62,13 +62,19 @@ DEFAULT_CONTEXT_TARGET = 8192
 """When ``max_model_len`` is not given: the TP choice asks for room for one sequence of
 min(model max, this) tokens; ``max_model_len`` is then raised to the most that fits, up to the model's maximum."""
 
-NON_TORCH_BYTES_TP1 = 512 * MIB
-"""Non-torch memory on one GPU (CUDA context growth, cuBLAS workspaces, allocator slack). vLLM logs 0.1-0.6 GiB
-here for single-GPU runs (e.g. "non_torch_memory: 0.10 GiB", vllm-project/vllm#12330); 0.5 GiB is conservative."""
+NON_TORCH_BYTES_TP1 = 192 * MIB
+"""Non-torch memory on one GPU (cuBLAS workspaces, allocator slack). V1-engine logs show 0.07-0.14 GiB on H100 and
+0.02 GiB on A100-40GB at TP=1 (llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md;
+vllm-project/vllm#12330 logs 0.10 GiB); 192 MiB sits just above them."""
 
-NON_TORCH_BYTES_PER_TP_GROUP = 1024 * MIB
-"""Extra non-torch memory once TP or PP > 1: NCCL communicators and vLLM's custom all-reduce buffers, which vLLM
-counts as non-torch memory growth during profiling (typically 0.5-1.5 GiB per GPU). An estimate."""
+NON_TORCH_BYTES_PER_TP_GROUP = 576 * MIB
+"""Extra non-torch memory once TP or PP > 1 (NCCL communicators, custom all-reduce buffers): V1 logs show
+0.54-0.55 GiB per GPU at TP=2 on H100 (same llm-d source); up to 1.38 GiB was seen on H200 TP=2."""
+
+CUDA_RESERVED_BYTES = 460 * MIB
+"""What the CUDA context keeps from the GPU total nvidia-smi reports: vLLM (torch.cuda.mem_get_info) sees an H100
+80GB as 79.18-79.25 GiB against nvidia-smi's 81559 MiB (79.65 GiB), an A100-40GB as 39.49 GiB; the gap is
+0.4-0.47 GiB. vLLM's gpu_memory_utilization applies to the smaller figure."""
 
 CUDA_GRAPH_BASE_BYTES = 256 * MIB
 CUDA_GRAPH_BYTES_PER_LAYER = 8 * MIB
@@ -76,11 +82,15 @@ CUDA_GRAPH_BYTES_PER_LAYER = 8 * MIB
 7B-70B models (one graph per capture size, memory pool shared, growing with the layer count). Modelled as
 256 MiB + 8 MiB per layer on the GPU; zero with ``enforce_eager``. An estimate, not a measurement."""
 
-ACTIVATION_SLACK = 1.25
-"""Factor on the modelled activation tensors for allocator fragmentation and temporaries not modelled."""
+ACTIVATION_SLACK = 1.1
+"""Factor on the modelled forward-pass tensors for allocator fragmentation and temporaries not modelled (the
+modelled forward of a 16k-token LLaVA-7B profile was 2.13 GiB against 1.97 GiB logged: little slack needed)."""
 
-SAMPLER_FLOAT_BYTES = 4
-"""vLLM samples in float32: the dummy sampler run holds ``max_num_seqs x vocab`` float32 logits (plus one copy)."""
+SAMPLER_BYTES_PER_LOGIT = 38.5
+"""Peak bytes of vLLM's dummy sampler run per (sequence, vocabulary entry): float32 logits, their softmax and
+sort/top-k/top-p working copies. V1 logs put the activation peak at 38.4-39.6 x max_num_seqs x vocab bytes on
+H100 whatever the hidden size or TP (llm-d empirical results: Llama-3.1-8B 4.76 GiB, Qwen3-32B 5.64 GiB,
+Qwen3-0.6B 5.56 GiB at 1024 sequences). vLLM 0.29+'s model runner may need less: conservative for it."""
 
 GENERATE_MAX_NUM_SEQS = 256
 """vLLM's default ``max_num_seqs`` for online serving; the tuner lowers it when the KV cache holds fewer."""
@@ -547,7 +557,7 @@ def activation_peak_bytes(
     sampler pass over ``max_num_seqs`` rows. Layers run one after another, so the peak is one layer's tensors:
     about four hidden-size buffers (residual, normed input, attention output, MLP output), the QKV projection, and
     the MLP's gate/up output plus its activation (for MoE, the fused-MoE caches of ``tokens x top_k`` rows). The
-    sampler holds float32 logits over the full vocabulary (gathered across TP) and one working copy.
+    sampler's peak is :data:`SAMPLER_BYTES_PER_LOGIT` per sequence and vocabulary entry.
     """
     a = arch
     tp = tensor_parallel_size
@@ -569,8 +579,8 @@ def activation_peak_bytes(
     forward = t * (hidden + attn + max(dense, moe)) * b
     sampler = 0
     if task == "generate":
-        sampler = max_num_seqs * a.vocab_size * SAMPLER_FLOAT_BYTES * 2
-    return int(max(forward, sampler) * ACTIVATION_SLACK)
+        sampler = int(max_num_seqs * a.vocab_size * SAMPLER_BYTES_PER_LOGIT)
+    return max(int(forward * ACTIVATION_SLACK), sampler)
 
 
 def non_torch_bytes(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> int:
@@ -614,7 +624,7 @@ def memory_budget(
     if kv_cache_memory_bytes is not None:
         return MemoryBudget(gpu_memory_bytes, 1.0, gpu_memory_bytes, weights, non_torch, activation, graphs,
                             kv_cache_memory_bytes, kv_cache_memory_bytes)
-    requested = int(gpu_memory_bytes * gpu_memory_utilization)
+    requested = int(max(0, gpu_memory_bytes - CUDA_RESERVED_BYTES) * gpu_memory_utilization)
     available = requested - weights - non_torch - activation - graphs
     return MemoryBudget(gpu_memory_bytes, gpu_memory_utilization, requested, weights, non_torch, activation, graphs,
                         available)
@@ -712,6 +722,8 @@ def _plan(
     block_size: int,
     longest: int | None,
     enforce_eager: bool,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> _Plan:
     if task == "embed":
         # Pooling runs without chunked prefill: a whole request (up to the longest max_model_len this plan may
@@ -721,6 +733,8 @@ def _plan(
     else:
         batched = 8192 if total >= LARGE_GPU_BYTES else 2048
         seqs_cap = GENERATE_MAX_NUM_SEQS
+    batched = max_num_batched_tokens or batched
+    seqs_cap = max_num_seqs or seqs_cap
     budget = memory_budget(
         arch, total, tensor_parallel_size=tp, pipeline_parallel_size=pp, gpu_memory_utilization=util,
         max_num_batched_tokens=batched, max_num_seqs=seqs_cap, task=task,
@@ -775,6 +789,8 @@ def tune(
     pipeline_parallel_size: int = 1,
     block_size: int = DEFAULT_BLOCK_SIZE,
     enforce_eager: bool = False,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> Sizing:
     """Engine args for serving ``arch`` on GPUs of type ``gpu``.
 
@@ -835,7 +851,7 @@ def tune(
     plans = [
         _plan(arch, total, tp, pp=pipeline_parallel_size, util=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
               kv_cache_memory_bytes=kv_cache_memory_bytes, task=task, block_size=block_size, longest=ceiling,
-              enforce_eager=enforce_eager)
+              enforce_eager=enforce_eager, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         for tp in candidates
     ]
     need = target if target is not None else block_size
@@ -864,9 +880,10 @@ def tune(
 
     typical = TYPICAL_EMBED_TOKENS if task == "embed" else TYPICAL_CHAT_TOKENS
     seqs = chosen.tokens // min(final_len or typical, typical)
-    seqs = _round_down(max(1, min(chosen.max_num_seqs_cap, seqs)), 8)
+    seqs = max_num_seqs or _round_down(max(1, min(chosen.max_num_seqs_cap, seqs)), 8)
     batched = chosen.max_num_batched_tokens
-    if task == "embed":  # no larger than the activation estimate assumed, no smaller than one whole request
+    if task == "embed" and max_num_batched_tokens is None:
+        # no larger than the activation estimate assumed, no smaller than one whole request
         batched = min(batched, max(DEFAULT_CONTEXT_TARGET, final_len or 0))
     batched = max(batched, seqs)
 
