@@ -285,8 +285,14 @@ def summary(tally: Tally) -> None:
 
 
 def batch_settings(settings: dict[str, Any]) -> dict[str, int]:
-    """max_num_seqs / max_num_batched_tokens when the log states them (they size vLLM's profiling run)."""
-    return {key: int(settings[key]) for key in ("max_num_seqs", "max_num_batched_tokens") if key in settings}
+    """The batch vLLM profiled with: as the log states it, else vLLM's default max_num_seqs of 256 (the tuner
+    would otherwise size the run with the smaller batch it recommends, which the logged vLLM did not use)."""
+    given = {key: int(settings[key]) for key in ("max_num_seqs", "max_num_batched_tokens") if key in settings}
+    given.setdefault("max_num_seqs", VLLM_DEFAULT_MAX_NUM_SEQS)
+    return given
+
+
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
 
 
 def main() -> None:

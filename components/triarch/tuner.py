@@ -864,20 +864,18 @@ def tune(
                            kv_given=kv_cache_memory_bytes is not None)
         chosen = max(usable, key=lambda p: (p.tokens, -p.tp))
 
-    final_len: int | None = None
-    if ceiling is not None:
-        final_len = min(ceiling, chosen.tokens)
-        if requested_len is None and target is not None and final_len * MIN_CONCURRENCY > chosen.tokens:
-            # Not asked for a length: keep room for MIN_CONCURRENCY full-length requests, not just one.
-            room = _pow2_floor(chosen.tokens // MIN_CONCURRENCY)
-            final_len = min(final_len, max(room, min(target, chosen.tokens)))
-        if final_len < ceiling:
-            notes.append(
-                f"max_model_len {ceiling} capped to {final_len}: the KV cache holds {chosen.tokens} tokens at "
-                f"tensor_parallel_size={chosen.tp}"
-            )
-    concurrency = chosen.tokens / final_len if final_len else None
+    def length_for(plan: _Plan) -> int | None:
+        """max_model_len for a plan: the ceiling, capped to the KV tokens (and, when no length was asked for,
+        to room for MIN_CONCURRENCY full-length requests)."""
+        if ceiling is None:
+            return None
+        length = min(ceiling, plan.tokens)
+        if requested_len is None and target is not None and length * MIN_CONCURRENCY > plan.tokens:
+            room = _pow2_floor(plan.tokens // MIN_CONCURRENCY)
+            length = min(length, max(room, min(target, plan.tokens)))
+        return length
 
+    final_len = length_for(chosen)
     typical = TYPICAL_EMBED_TOKENS if task == "embed" else TYPICAL_CHAT_TOKENS
     seqs = chosen.tokens // min(final_len or typical, typical)
     seqs = max_num_seqs or _round_down(max(1, min(chosen.max_num_seqs_cap, seqs)), 8)
@@ -886,6 +884,20 @@ def tune(
         # no larger than the activation estimate assumed, no smaller than one whole request
         batched = min(batched, max(DEFAULT_CONTEXT_TARGET, final_len or 0))
     batched = max(batched, seqs)
+    if (seqs, batched) != (chosen.max_num_seqs_cap, chosen.max_num_batched_tokens):
+        # vLLM profiles with the batch it is given: size the KV cache again with these args, so the numbers
+        # reported are the ones vLLM will compute (a smaller batch only frees memory: the batch stays valid).
+        chosen = _plan(arch, total, chosen.tp, pp=pipeline_parallel_size, util=gpu_memory_utilization,
+                       kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, task=task,
+                       block_size=block_size, longest=ceiling, enforce_eager=enforce_eager, max_num_seqs=seqs,
+                       max_num_batched_tokens=batched)
+        final_len = length_for(chosen)
+        if task == "embed" and final_len is not None:
+            final_len = min(final_len, batched)  # pooling takes a whole request in one step
+    if ceiling is not None and final_len is not None and final_len < ceiling:
+        notes.append(f"max_model_len {ceiling} capped to {final_len}: the KV cache holds {chosen.tokens} tokens at "
+                     f"tensor_parallel_size={chosen.tp}")
+    concurrency = chosen.tokens / final_len if final_len else None
 
     args: dict[str, Any] = {"tensor_parallel_size": chosen.tp}
     if pipeline_parallel_size > 1:
