@@ -41,7 +41,9 @@ POLICY_ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
 K8S_PROVIDER = "pulumi:providers:kubernetes"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 NODE_PATCH = "kubernetes:core/v1:NodePatch"
-NODE_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"
+NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
+NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+INSTANCE_PROFILE = "aws:iam/instanceProfile:InstanceProfile"
 
 NODE_POLICY_ARNS = {
     "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
@@ -117,16 +119,24 @@ def sliced_dev(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def sliced_local(config: dict[str, Any]) -> dict[str, Any]:
-    """local with the GPU taint back on and time-slicing 4 ways."""
+    """local with the GPU taint back on and time-slicing 2 ways (an 8 GB GPU holds two embedding servers)."""
     group = config["triarch:nodeGroups"][0]
     group["taint"] = True
-    group["timeSlicing"] = {"replicas": 4}
+    group["timeSlicing"] = {"replicas": 2}
+    return config
+
+
+def fixed_a100(config: dict[str, Any]) -> dict[str, Any]:
+    """prod with its A100 pool as a fixed-size managed node group of two nodes; L4 stays with Karpenter."""
+    group = next(g for g in config["triarch:nodeGroups"] if g["name"] == "a100")
+    group.update(provisioner="managedNodeGroup", min=2, max=2)
     return config
 
 
 VARIANTS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
     "dev-sliced": ("dev", sliced_dev),
     "local-sliced": ("local", sliced_local),
+    "prod-fixed": ("prod", fixed_a100),
 }
 
 
@@ -173,11 +183,24 @@ def node_group_of(run: Planned, group: str) -> Registered:
     return found[0]
 
 
-def asg_tags(run: Planned, node_group: Registered) -> dict[str, str]:
-    tags = [r.inputs["tag"] for r in siblings(run, node_group, ASG_TAG)]
-    as_dict = {t["key"]: t["value"] for t in tags}
-    assert len(as_dict) == len(tags), f"duplicate autoscaler tag keys: {tags}"
-    return as_dict
+def node_pool_of(run: Planned, group: str) -> dict[str, Any]:
+    found = [r.inputs for r in of_type(run, NODE_POOL)
+             if r.inputs["spec"]["template"]["metadata"]["labels"].get(scheduling.POOL_LABEL) == group]
+    assert len(found) == 1, f"expected one NodePool with {scheduling.POOL_LABEL}={group}: {found}"
+    return found[0]
+
+
+def node_class_of(run: Planned, pool: dict[str, Any]) -> dict[str, Any]:
+    name = pool["spec"]["template"]["spec"]["nodeClassRef"]["name"]
+    [found] = [r.inputs for r in of_type(run, NODE_CLASS) if r.inputs["metadata"]["name"] == name]
+    return found
+
+
+def requirement(pool: dict[str, Any], key: str) -> list[str]:
+    [found] = [q for q in pool["spec"]["template"]["spec"]["requirements"] if q["key"] == key]
+    assert found["operator"] == "In"
+    values: list[str] = found["values"]
+    return values
 
 
 def groups_of(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -200,50 +223,129 @@ def walk(value: Any) -> Iterator[Any]:
             yield from walk(item)
 
 
-GPU_STACKS = ("dev", "prod", "dev-sliced")
+GPU_STACKS = ("dev", "prod", "dev-sliced", "prod-fixed")
+KARPENTER_POOLS = [("dev", "l4"), ("prod", "l4"), ("prod", "a100"), ("dev-sliced", "l4"), ("prod-fixed", "l4")]
+MANAGED_POOLS = [("prod-fixed", "a100")]
 
 
-def eks_groups(configs: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
-    return [(stack, g["name"]) for stack in GPU_STACKS for g in groups_of(configs[stack])]
+def test_pool_parametrisation_covers_every_group(configs: dict[str, dict[str, Any]]) -> None:
+    every = [(stack, g["name"]) for stack in GPU_STACKS for g in groups_of(configs[stack])]
+    assert sorted(KARPENTER_POOLS + MANAGED_POOLS) == sorted(every)
+    fixed = [(stack, g["name"]) for stack, g in ((s, g) for s in GPU_STACKS for g in groups_of(configs[s]))
+             if g.get("provisioner") == "managedNodeGroup"]
+    assert fixed == MANAGED_POOLS
 
 
-EKS_GROUPS = [("dev", "l4"), ("prod", "l4"), ("prod", "a100"), ("dev-sliced", "l4")]
-
-
-def test_eks_group_parametrisation_covers_every_group(configs: dict[str, dict[str, Any]]) -> None:
-    assert sorted(EKS_GROUPS) == sorted(eks_groups(configs))
-
-
-# --- GPU node groups ------------------------------------------------------------------------------------
+# --- GPU pools: what brings their nodes up ---------------------------------------------------------------
 
 @pytest.mark.parametrize("stack", GPU_STACKS)
-def test_every_gpu_node_group_is_a_configured_pool(planned: dict[str, Planned],
-                                                  configs: dict[str, dict[str, Any]], stack: str) -> None:
-    """No GPU node group escapes the per-group checks below: one per configured group, each labelled."""
-    groups = gpu_node_groups(planned[stack])
-    pools = sorted(g.inputs.get("labels", {}).get(scheduling.POOL_LABEL, "<unlabelled>") for g in groups)
-    assert pools == sorted(g["name"] for g in groups_of(configs[stack]))
+def test_every_gpu_pool_is_a_configured_group(planned: dict[str, Planned],
+                                              configs: dict[str, dict[str, Any]], stack: str) -> None:
+    """No GPU pool escapes the per-pool checks below: one NodePool or managed node group per configured group."""
+    run = planned[stack]
+    pools = [g.inputs.get("labels", {}).get(scheduling.POOL_LABEL, "<unlabelled>") for g in gpu_node_groups(run)]
+    pools += [r.inputs["spec"]["template"]["metadata"]["labels"].get(scheduling.POOL_LABEL, "<unlabelled>")
+              for r in of_type(run, NODE_POOL)]
+    assert sorted(pools) == sorted(g["name"] for g in groups_of(configs[stack]))
+    assert len(of_type(run, NODE_CLASS)) == len(of_type(run, NODE_POOL))
 
 
-@pytest.mark.parametrize(("stack", "group"), EKS_GROUPS)
-def test_gpu_node_group_carries_scheduling_labels_and_taint(
+@pytest.mark.parametrize(("stack", "group"), KARPENTER_POOLS)
+def test_node_pool_carries_the_pool_labels_taint_and_shape(
         planned: dict[str, Planned], configs: dict[str, dict[str, Any]], facts: Catalog,
         stack: str, group: str) -> None:
     spec = group_spec(configs[stack], group)
-    node_group = node_group_of(planned[stack], group)
-    inputs = node_group.inputs
+    pool = node_pool_of(planned[stack], group)
+    template = pool["spec"]["template"]
+    labels = template["metadata"]["labels"]
+    assert labels[scheduling.GPU_PRESENT_LABEL] == "true"
+    assert labels[scheduling.POOL_LABEL] == group
+    assert labels[scheduling.GPU_LABEL] == facts.instances[spec["instanceType"]].gpu
+    assert template["spec"]["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    assert requirement(pool, "node.kubernetes.io/instance-type") == [spec["instanceType"]]
+    zones = spec.get("zones") or configs[stack]["triarch:cluster"]["zones"]
+    assert requirement(pool, "topology.kubernetes.io/zone") == zones
+    capacity = {"ON_DEMAND": "on-demand", "SPOT": "spot"}[spec.get("capacityType", "ON_DEMAND")]
+    assert requirement(pool, "karpenter.sh/capacity-type") == [capacity]
+    assert requirement(pool, "kubernetes.io/arch") == ["amd64"]
+
+
+@pytest.mark.parametrize(("stack", "group"), KARPENTER_POOLS)
+def test_node_pool_limits_come_from_max(planned: dict[str, Planned], configs: dict[str, dict[str, Any]],
+                                        facts: Catalog, stack: str, group: str) -> None:
+    spec = group_spec(configs[stack], group)
+    instance = facts.instances[spec["instanceType"]]
+    limits = node_pool_of(planned[stack], group)["spec"]["limits"]
+    # Physical GPUs: Karpenter counts the instance type's GPUs, not the device plugin's time-sliced ones.
+    assert limits["nvidia.com/gpu"] == str(spec["max"] * instance.gpus)
+    assert limits["cpu"] == str(spec["max"] * instance.vcpus)
+
+
+@pytest.mark.parametrize(("stack", "group"), KARPENTER_POOLS)
+def test_node_pool_disrupts_only_empty_nodes_one_at_a_time(planned: dict[str, Planned], stack: str,
+                                                           group: str) -> None:
+    pool = node_pool_of(planned[stack], group)
+    disruption = pool["spec"]["disruption"]
+    assert disruption["consolidationPolicy"] == "WhenEmpty"
+    assert re.fullmatch(r"[1-9]\d*m", disruption["consolidateAfter"]), disruption
+    assert disruption["budgets"] == [{"nodes": "1"}]
+    # Expiry in Karpenter v1 drains past budgets: nodes are rotated by an AMI bump (drift), not by age.
+    assert pool["spec"]["template"]["spec"]["expireAfter"] == "Never"
+
+
+@pytest.mark.parametrize(("stack", "group"), KARPENTER_POOLS)
+def test_node_class_pins_the_ami_release_and_hardens_the_node(
+        planned: dict[str, Planned], configs: dict[str, dict[str, Any]], stack: str, group: str) -> None:
+    spec = group_spec(configs[stack], group)
+    node_class = node_class_of(planned[stack], node_pool_of(planned[stack], group))["spec"]
+    assert node_class["amiSelectorTerms"] == [{"alias": f"al2023@{spec['amiRelease']}"}]
+    metadata = node_class["metadataOptions"]
+    assert (metadata["httpTokens"], metadata["httpPutResponseHopLimit"]) == ("required", 1)
+    [root] = node_class["blockDeviceMappings"]
+    assert root["rootVolume"] is True
+    assert root["ebs"] == {"volumeSize": f"{spec.get('diskGiB', 200)}Gi", "volumeType": "gp3", "encrypted": True,
+                           "deleteOnTermination": True}
+    cluster = configs[stack]["triarch:cluster"]["name"]
+    assert node_class["subnetSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": cluster}}]
+    assert node_class["securityGroupSelectorTerms"] == [{"tags": {"aws:eks:cluster-name": cluster}}]
+    [profile] = [r for r in of_type(planned[stack], INSTANCE_PROFILE)]
+    assert node_class["instanceProfile"] == profile.inputs["name"]
+
+
+@pytest.mark.parametrize("stack", ("dev", "prod"))
+def test_karpenter_discovers_only_the_private_subnets(planned: dict[str, Planned],
+                                                      configs: dict[str, dict[str, Any]], stack: str) -> None:
+    cluster = configs[stack]["triarch:cluster"]["name"]
+    subnets = of_type(planned[stack], "aws:ec2/subnet:Subnet")
+    tagged = sorted(s.inputs["availabilityZone"] for s in subnets
+                    if s.inputs["tags"].get("karpenter.sh/discovery") == cluster)
+    assert tagged == sorted(configs[stack]["triarch:cluster"]["zones"])
+    assert all("kubernetes.io/role/internal-elb" in s.inputs["tags"] for s in subnets
+               if "karpenter.sh/discovery" in s.inputs["tags"])
+
+
+@pytest.mark.parametrize(("stack", "group"), MANAGED_POOLS)
+def test_managed_node_group_carries_scheduling_labels_taint_and_fixed_size(
+        planned: dict[str, Planned], configs: dict[str, dict[str, Any]], facts: Catalog,
+        stack: str, group: str) -> None:
+    spec = group_spec(configs[stack], group)
+    inputs = node_group_of(planned[stack], group).inputs
     assert inputs["instanceTypes"] == [spec["instanceType"]]
     labels = inputs["labels"]
     assert labels[scheduling.GPU_PRESENT_LABEL] == "true"
     assert labels[scheduling.POOL_LABEL] == group
     assert labels[scheduling.GPU_LABEL] == facts.instances[spec["instanceType"]].gpu
     gpu_taints = [t for t in inputs["taints"] if t["key"] == scheduling.GPU_TAINT_KEY]
-    expected = {"key": "nvidia.com/gpu", "value": scheduling.GPU_TAINT_VALUE, "effect": "NO_SCHEDULE"}
-    assert gpu_taints == [expected]
+    assert gpu_taints == [{"key": "nvidia.com/gpu", "value": scheduling.GPU_TAINT_VALUE, "effect": "NO_SCHEDULE"}]
+    scaling = inputs["scalingConfig"]
+    assert scaling == {"minSize": spec["min"], "maxSize": spec["max"], "desiredSize": spec["min"]}
+    assert spec["min"] == spec["max"]
+    # Nothing autoscales a managed node group: no cluster-autoscaler tags pretend otherwise.
+    assert of_type(planned[stack], ASG_TAG) == []
 
 
-@pytest.mark.parametrize(("stack", "group"), EKS_GROUPS)
-def test_gpu_node_group_pins_the_ami_release(
+@pytest.mark.parametrize(("stack", "group"), MANAGED_POOLS)
+def test_managed_node_group_pins_the_ami_release(
         planned: dict[str, Planned], configs: dict[str, dict[str, Any]], facts: Catalog,
         stack: str, group: str) -> None:
     spec = group_spec(configs[stack], group)
@@ -257,10 +359,10 @@ def test_gpu_node_group_pins_the_ami_release(
     assert release == facts.amis[ami_type][spec["amiRelease"]].release_versions[kubernetes]
 
 
-@pytest.mark.parametrize("stack", ("dev", "prod", "dev-sliced"))
+@pytest.mark.parametrize("stack", ("dev", "prod", "dev-sliced", "prod-fixed"))
 def test_every_node_group_has_a_hardened_launch_template(planned: dict[str, Planned], stack: str) -> None:
     node_groups = of_type(planned[stack], NODE_GROUP)
-    assert len(node_groups) >= 2  # the system group and at least one GPU group
+    assert node_groups  # at least the system group
     for node_group in node_groups:
         templates = siblings(planned[stack], node_group, LAUNCH_TEMPLATE)
         assert len(templates) == 1, f"{node_group.name}: {len(templates)} launch templates"
@@ -277,32 +379,35 @@ def test_every_node_group_has_a_hardened_launch_template(planned: dict[str, Plan
         assert "imageId" not in template
 
 
-@pytest.mark.parametrize(("stack", "group"), EKS_GROUPS)
-def test_autoscaler_node_template_tags(
-        planned: dict[str, Planned], configs: dict[str, dict[str, Any]], facts: Catalog,
-        stack: str, group: str) -> None:
-    spec = group_spec(configs[stack], group)
-    cluster = configs[stack]["triarch:cluster"]["name"]
-    node_group = node_group_of(planned[stack], group)
-    tags = asg_tags(planned[stack], node_group)
-    assert tags["k8s.io/cluster-autoscaler/enabled"] == "true"
-    assert tags[f"k8s.io/cluster-autoscaler/{cluster}"] == "owned"
-    for key, value in node_group.inputs["labels"].items():
-        assert tags[f"{NODE_TEMPLATE}/label/{key}"] == value
-    for key in (scheduling.GPU_PRESENT_LABEL, scheduling.POOL_LABEL, scheduling.GPU_LABEL):
-        assert f"{NODE_TEMPLATE}/label/{key}" in tags
-    assert tags[f"{NODE_TEMPLATE}/taint/nvidia.com/gpu"] == "present:NoSchedule"
-    gpus = facts.instances[spec["instanceType"]].gpus
-    replicas = (spec.get("timeSlicing") or {}).get("replicas", 1)
-    assert tags[f"{NODE_TEMPLATE}/resources/nvidia.com/gpu"] == str(gpus * replicas)
+@pytest.mark.parametrize("stack", ("dev", "prod"))
+def test_system_nodes_follow_their_own_ami_release(planned: dict[str, Planned], configs: dict[str, dict[str, Any]],
+                                                   facts: Catalog, stack: str) -> None:
+    cluster = configs[stack]["triarch:cluster"]
+    [system] = [r for r in of_type(planned[stack], NODE_GROUP) if "NVIDIA" not in r.inputs["amiType"]]
+    release = cluster["systemNodeGroup"]["amiRelease"]
+    kubernetes = cluster["kubernetesVersion"]
+    assert system.inputs["releaseVersion"] == facts.amis["AL2023_x86_64_NVIDIA"][release].release_versions[
+        kubernetes]
+    assert system.inputs["scalingConfig"]["desiredSize"] == system.inputs["scalingConfig"]["minSize"]
 
 
-def test_prod_has_two_gpu_node_groups_of_different_gpus(planned: dict[str, Planned], facts: Catalog) -> None:
-    groups = gpu_node_groups(planned["prod"])
-    assert len(groups) >= 2
-    gpus = {g.inputs["labels"][scheduling.GPU_LABEL] for g in groups}
-    assert len(gpus) == len(groups), gpus
-    assert {facts.instances[g.inputs["instanceTypes"][0]].gpu for g in groups} == gpus
+def test_bumping_a_gpu_pool_release_leaves_the_system_nodes_alone(
+        planned: dict[str, Planned], configs: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    """The Ray head and Karpenter run on the system nodes: a GPU pool's AMI bump must not roll them."""
+    config = copy.deepcopy(configs["prod"])
+    for group in groups_of(config):
+        group["amiRelease"] = "v20260610"
+    values, secrets = pulumi_config(config, tmp_path)
+    bumped = plan("prod", values, secrets)
+
+    def system(run: Planned) -> dict[str, Any]:
+        [group] = [r for r in of_type(run, NODE_GROUP) if "NVIDIA" not in r.inputs["amiType"]]
+        return group.inputs
+
+    assert system(bumped) == system(planned["prod"])
+    aliases = {node_class_of(bumped, node_pool_of(bumped, g["name"]))["spec"]["amiSelectorTerms"][0]["alias"]
+               for g in groups_of(config)}
+    assert aliases == {"al2023@v20260610"}
 
 
 # --- the node role --------------------------------------------------------------------------------------
@@ -326,22 +431,29 @@ def test_node_role_component_alone_has_exactly_the_three_policies() -> None:
 def test_stack_grants_only_the_node_cluster_and_storage_driver_policies(planned: dict[str, Planned],
                                                                         stack: str) -> None:
     run = planned[stack]
-    [role_component] = [r for r in run.resources if r.type == "triarch:nodegroups:NodeRole"]
-    node_arns = [r.inputs["policyArn"] for r in of_type(run, POLICY_ATTACHMENT)
-                 if r.parent == role_component.urn]
-    assert sorted(node_arns) == sorted(NODE_POLICY_ARNS)
+    roles = [r for r in run.resources if r.type == "triarch:nodegroups:NodeRole"]
+    # One role for the managed node groups, one for Karpenter's nodes (EKS holds one access entry per role).
+    assert len(roles) == 2
+    for role_component in roles:
+        node_arns = [r.inputs["policyArn"] for r in of_type(run, POLICY_ATTACHMENT) if r.parent == role_component.urn]
+        assert sorted(node_arns) == sorted(NODE_POLICY_ARNS)
     all_arns = [r.inputs["policyArn"] for r in of_type(run, POLICY_ATTACHMENT)]
-    assert sorted(all_arns) == sorted([*NODE_POLICY_ARNS, CLUSTER_POLICY_ARN, EFS_CSI_POLICY_ARN])
-    # The EFS CSI driver's policy goes to a role only its pods assume (EKS pod identity), never to the nodes.
-    [efs] = [r for r in of_type(run, POLICY_ATTACHMENT) if r.inputs["policyArn"] == EFS_CSI_POLICY_ARN]
-    [efs_role] = [r for r in of_type(run, "aws:iam/role:Role") if r.parent == efs.parent and r.name == efs.name]
-    trust = json.loads(efs_role.inputs["assumeRolePolicy"])
-    assert [s["Principal"] for s in trust["Statement"]] == [{"Service": "pods.eks.amazonaws.com"}]
+    assert sorted(all_arns) == sorted([*NODE_POLICY_ARNS, *NODE_POLICY_ARNS, CLUSTER_POLICY_ARN, EFS_CSI_POLICY_ARN])
+    # Pod roles (the EFS CSI driver's, Karpenter's) are assumed through EKS Pod Identity by one service account.
+    for association in of_type(run, "aws:eks/podIdentityAssociation:PodIdentityAssociation"):
+        [role] = [r for r in of_type(run, "aws:iam/role:Role")
+                  if r.parent == association.parent and r.name == association.name]
+        [statement] = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+        assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+        condition = statement["Condition"]["StringEquals"]
+        assert condition["aws:RequestTag/kubernetes-namespace"] == association.inputs["namespace"]
+        assert condition["aws:RequestTag/kubernetes-service-account"] == association.inputs["serviceAccount"]
     iam = json.dumps([r.inputs for r in run.resources if r.type.startswith("aws:iam/")])
     for broad in BROAD_POLICIES:
         assert broad not in iam
-    inline = [r for r in run.resources if r.type.startswith(("aws:iam/rolePolicy:", "aws:iam/policy:"))]
-    assert inline == []
+    # The only inline policy is Karpenter's controller policy, scoped to this cluster (tested in test_karpenter).
+    inline = [r.name for r in run.resources if r.type.startswith(("aws:iam/rolePolicy:", "aws:iam/policy:"))]
+    assert inline == ["karpenter-controller"]
 
 
 # --- Kubernetes resources and their provider ------------------------------------------------------------
@@ -364,7 +476,8 @@ def test_device_plugin_component_uses_the_provider_it_is_given() -> None:
 
     def program() -> None:
         provider = k8s.Provider("explicit", kubeconfig="{}", context="unit-test")
-        DevicePlugin("dp", chart, {"gfd": {"enabled": False}}, provider)
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "nvidia-device-plugin"}}
+        DevicePlugin("dp", chart, {"gfd": {"enabled": False}}, namespace, provider)
 
     run = plan("unit", {}, program=program)
     [provider] = of_type(run, K8S_PROVIDER)
@@ -440,13 +553,13 @@ def _sliced_config(planned: Planned, label_value: str) -> dict[str, Any]:
 
 def test_time_slicing_on_an_eks_group(planned: dict[str, Planned], facts: Catalog) -> None:
     run = planned["dev-sliced"]
-    node_group = node_group_of(run, "l4")
-    label_value = node_group.inputs["labels"][scheduling.DEVICE_PLUGIN_CONFIG_LABEL]
+    pool = node_pool_of(run, "l4")
+    label_value = pool["spec"]["template"]["metadata"]["labels"][scheduling.DEVICE_PLUGIN_CONFIG_LABEL]
     entry = _sliced_config(run, label_value)
-    assert {"name": "nvidia.com/gpu", "replicas": 4} in entry["sharing"]["timeSlicing"]["resources"]
-    tags = asg_tags(run, node_group)
-    assert tags[f"{NODE_TEMPLATE}/label/{scheduling.DEVICE_PLUGIN_CONFIG_LABEL}"] == label_value
-    assert tags[f"{NODE_TEMPLATE}/resources/nvidia.com/gpu"] == str(facts.instances["g6.12xlarge"].gpus * 4)
+    sharing = entry["sharing"]["timeSlicing"]
+    assert {"name": "nvidia.com/gpu", "replicas": 4} in sharing["resources"]
+    # A pod asking for two slices would get two slices of one GPU, not two GPUs: the plugin refuses it instead.
+    assert sharing["failRequestsGreaterThanOne"] is True
 
 
 def test_time_slicing_on_existing_nodes(planned: dict[str, Planned]) -> None:
@@ -454,7 +567,7 @@ def test_time_slicing_on_existing_nodes(planned: dict[str, Planned]) -> None:
     [patch] = of_type(run, NODE_PATCH)
     label_value = patch.inputs["metadata"]["labels"][scheduling.DEVICE_PLUGIN_CONFIG_LABEL]
     entry = _sliced_config(run, label_value)
-    assert {"name": "nvidia.com/gpu", "replicas": 4} in entry["sharing"]["timeSlicing"]["resources"]
+    assert {"name": "nvidia.com/gpu", "replicas": 2} in entry["sharing"]["timeSlicing"]["resources"]
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -462,7 +575,7 @@ def test_without_time_slicing_there_is_no_device_plugin_config(planned: dict[str
                                                                stack: str) -> None:
     run = planned[stack]
     assert "config" not in device_plugin_release(run).inputs["values"]
-    labelled = [r for r in [*gpu_node_groups(run), *of_type(run, NODE_PATCH)]
+    labelled = [r for r in [*gpu_node_groups(run), *of_type(run, NODE_POOL), *of_type(run, NODE_PATCH)]
                 if scheduling.DEVICE_PLUGIN_CONFIG_LABEL in json.dumps(r.inputs)]
     assert labelled == []
 
@@ -486,21 +599,20 @@ def test_integers_stay_integers(planned: dict[str, Planned], stack: str) -> None
 
 def test_eks_group_sizes_are_the_configured_integers(planned: dict[str, Planned],
                                                      configs: dict[str, dict[str, Any]]) -> None:
-    for group in groups_of(configs["prod"]):
-        scaling = node_group_of(planned["prod"], group["name"]).inputs["scalingConfig"]
-        assert (scaling["minSize"], scaling["maxSize"]) == (group["min"], group["max"])
+    for stack, group in MANAGED_POOLS:
+        spec = group_spec(configs[stack], group)
+        scaling = node_group_of(planned[stack], group).inputs["scalingConfig"]
+        assert (scaling["minSize"], scaling["maxSize"]) == (spec["min"], spec["max"])
 
 
-@pytest.mark.parametrize("stack", EKS_STACKS)
+@pytest.mark.parametrize("stack", [*EKS_STACKS, "prod-fixed"])
 def test_unknown_values_are_marked_known_after_apply(planned: dict[str, Planned], stack: str) -> None:
     run = planned[stack]
-    for node_group in gpu_node_groups(run):
+    for node_group in of_type(run, NODE_GROUP):
         assert node_group.inputs["nodeRoleArn"] == KNOWN_AFTER_APPLY
         assert node_group.inputs["launchTemplate"]["id"] == KNOWN_AFTER_APPLY
         assert node_group.inputs["subnetIds"]
         assert set(node_group.inputs["subnetIds"]) == {KNOWN_AFTER_APPLY}
-        for tag in siblings(run, node_group, ASG_TAG):
-            assert tag.inputs["autoscalingGroupName"] == KNOWN_AFTER_APPLY
     [provider] = of_type(run, K8S_PROVIDER)
     assert provider.inputs["kubeconfig"] == KNOWN_AFTER_APPLY
     raw = json.dumps([r.inputs for r in run.resources])

@@ -244,9 +244,9 @@ def test_default_images_are_in_the_catalog(stack_config: StackConfigReader) -> N
 
 def test_system_node_group_defaults(stack_config: StackConfigReader) -> None:
     config = stack_config("dev")
-    assert "systemNodeGroup" not in config["triarch:cluster"]
+    assert set(stack_document("dev")["triarch:cluster"]["systemNodeGroup"]) == {"amiRelease"}
     system = from_pulumi_config(config).cluster.system_node_group
-    assert system == SystemNodeGroup()
+    assert system == SystemNodeGroup(ami_release="v20260714")
     assert system.instance_type in INSTANCES["cpuInstances"], "the default must be a known CPU instance type"
     assert 1 <= system.min <= system.max
 

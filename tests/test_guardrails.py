@@ -190,7 +190,7 @@ def test_untainted_node_group_fails_check(untainted_dev: Path, capsys: pytest.Ca
     assert code == 1, out
     line = next((x for x in out.splitlines() if "gpu-nodegroup-labels-taint" in x), None)
     assert line is not None, out
-    assert "[mandatory]" in line and "NO_SCHEDULE taint; add it" in line, line
+    assert "[mandatory]" in line and "NodePool l4: no nvidia.com/gpu NoSchedule taint" in line, line
 
 
 def test_untainted_node_group_markdown(untainted_dev: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -198,7 +198,7 @@ def test_untainted_node_group_markdown(untainted_dev: Path, capsys: pytest.Captu
     assert code == 1, out
     lines = out.splitlines()
     assert any(x.startswith("| layer") for x in lines), out
-    assert any("`gpu-nodegroup-labels-taint`" in x and "taint; add it" in x for x in lines), out
+    assert any("`gpu-nodegroup-labels-taint`" in x and "taint in its template; add it" in x for x in lines), out
 
 
 def test_untainted_node_group_json(untainted_dev: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -208,4 +208,5 @@ def test_untainted_node_group_json(untainted_dev: Path, capsys: pytest.CaptureFi
     assert isinstance(report["violations"], list)
     hits = [v for v in report["violations"] if v["policy"] == "gpu-nodegroup-labels-taint"]
     assert hits and all(v["enforcementLevel"] == "mandatory" and v["layer"] == "Kubernetes" for v in hits), report
-    assert any("taint; add it" in v["message"] and v["resource"]["type"] == "aws:eks/nodeGroup:NodeGroup" for v in hits)
+    assert any("taint in its template; add it" in v["message"]
+               and v["resource"]["type"] == "kubernetes:karpenter.sh/v1:NodePool" for v in hits), hits

@@ -154,6 +154,16 @@ class Chart:
     repository: str
     image: str | None
 
+    @property
+    def reference(self) -> str:
+        """What Helm is asked for: an OCI chart by its full address (Helm looks for an index.yaml in any
+        repository URL, which an OCI registry has not), a classic chart by its name in `repository`."""
+        return f"{self.repository}/{self.name}" if self.is_oci else self.name
+
+    @property
+    def is_oci(self) -> bool:
+        return self.repository.startswith("oci://")
+
 
 @cache
 def addon_versions() -> dict[str, dict[str, str]]:

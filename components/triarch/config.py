@@ -39,17 +39,33 @@ RENAMED_KEYS = {
 """Keys users reach for, mapped to the key Triarch reads; rejected with a message naming the new key."""
 
 
+EKS_NODE_GROUP_NAME_MAX = 63
+"""EKS refuses a managed node group name longer than 63 characters (pulumi-aws eks.NodeGroup nodeGroupName)."""
+SYSTEM_RELEASE_TABLE = "AL2023_x86_64_NVIDIA"
+"""Where the system nodes' release is looked up: each AL2023 release ships every variant (standard, NVIDIA, ...)
+with one release_version per Kubernetes minor, so the NVIDIA table also dates the standard AMI of the release."""
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
 
 
 class SystemNodeGroup(_Model):
-    """CPU nodes for cluster add-ons, operators and Ray heads: GPU nodes are tainted and keep them off."""
+    """CPU nodes for cluster add-ons, operators, Karpenter and Ray heads: GPU nodes are tainted and keep them off.
+
+    An EKS managed node group of fixed size range, on its own AMI release: bumping a GPU pool's release must not
+    roll the nodes that run the Ray head and the node provisioner."""
 
     instance_type: str = "m7i.large"
     min: int = Field(2, ge=1)
     max: int = Field(4, ge=1)
     disk_gib: int = Field(50, ge=20, le=1000, alias="diskGiB")
+    ami_release: str | None = None
+    """EKS AL2023 AMI release of the system nodes (e.g. v20260714); required when the cluster is created."""
+
+
+NodeProvisioner = Literal["karpenter", "cluster-autoscaler", "none"]
+PoolProvisioner = Literal["karpenter", "managedNodeGroup"]
 
 
 class ClusterConfig(_Model):
@@ -68,6 +84,16 @@ class ClusterConfig(_Model):
     """Path to the kubeconfig of an adopted cluster (default ~/.kube/config)."""
     context: str | None = None
     """The kubeconfig context of an adopted cluster; required so the ambient context is never used."""
+    node_provisioner: NodeProvisioner | None = None
+    """What adds nodes to the GPU pools. Created cluster: `karpenter` (default; Triarch installs it) or `none`
+    (every pool a fixed-size managed node group). Adopted cluster: what the cluster already runs, `none` by
+    default; a pool that may be at zero needs `karpenter` or `cluster-autoscaler` there."""
+
+    @property
+    def provisioner(self) -> NodeProvisioner:
+        if self.node_provisioner is not None:
+            return self.node_provisioner
+        return "karpenter" if self.create else "none"
 
 
 class TimeSlicing(_Model):
@@ -86,6 +112,10 @@ class NodeGroupConfig(_Model):
     ami_release: str | None = None
     """EKS AMI release (e.g. v20260512): pins the NVIDIA driver. Unpinned AMIs roll the driver under you."""
     capacity_type: Literal["ON_DEMAND", "SPOT"] = "ON_DEMAND"
+    """SPOT is opt-in: a spot node gets two minutes' notice, which every pod's drain must fit."""
+    provisioner: PoolProvisioner | None = None
+    """Created cluster: `karpenter` (a NodePool that scales from zero; the default when the cluster runs
+    Karpenter) or `managedNodeGroup` (an EKS managed node group of fixed size: min == max)."""
     disk_gib: int = Field(200, ge=50, le=4000, alias="diskGiB")
     """Root volume: serving images are 10-20 GiB compressed, and the image cache lives here."""
     zones: list[str] | None = None
@@ -217,7 +247,13 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
             if getattr(cluster, key) is not None:
                 raise ConfigError(_cluster_path(key), getattr(cluster, key),
                                   "only applies to an adopted cluster", "remove it, or set create: false")
+        if cluster.provisioner == "cluster-autoscaler":
+            raise ConfigError(_cluster_path("nodeProvisioner"), cluster.node_provisioner,
+                              "is not installed by Triarch on a created cluster",
+                              "karpenter (installed, scales pools from zero), none (fixed-size pools)")
         system = cluster.system_node_group
+        _check_ami_release(stack, SYSTEM_RELEASE_TABLE, system.ami_release,
+                           _cluster_path("systemNodeGroup.amiRelease"), facts)
         if system.instance_type not in facts.instances or facts.instances[system.instance_type].gpu:
             allowed = sorted(n for n, i in facts.instances.items() if not i.gpu)
             raise ConfigError(_cluster_path("systemNodeGroup.instanceType"), system.instance_type,
@@ -291,25 +327,42 @@ def _check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fac
         if group.instance_type is None or group.instance_type not in gpu_types:
             raise ConfigError(f"{path}.instanceType", group.instance_type, "is not a known GPU instance type",
                               ", ".join(gpu_types))
-        releases = facts.amis.get(group.ami_type, {})
-        if group.ami_release is None or group.ami_release not in releases:
-            raise ConfigError(f"{path}.amiRelease", group.ami_release,
-                              f"is not a known {group.ami_type} release in templates/compat/amis.yaml "
-                              "(the driver it ships must be known)", ", ".join(sorted(releases)))
-        release = releases[group.ami_release]
-        if cluster.kubernetes_version not in release.release_versions:
-            raise ConfigError(f"{path}.amiRelease", group.ami_release,
-                              f"has no AMI for Kubernetes {cluster.kubernetes_version}",
-                              f"a release for {cluster.kubernetes_version}: " + ", ".join(
-                                  sorted(r for r, a in releases.items()
-                                         if cluster.kubernetes_version in a.release_versions)))
+        _check_ami_release(stack, group.ami_type, group.ami_release, f"{path}.amiRelease", facts)
         for i, zone in enumerate(group.zones or []):
             if zone not in cluster.zones:
                 raise ConfigError(f"{path}.zones[{i}]", zone, "is not one of the cluster's zones",
                                   ", ".join(cluster.zones))
         if group.max == 0:
             raise ConfigError(f"{path}.max", group.max, "leaves the node group without nodes", ">= 1")
+        provisioner = pool_provisioner(cluster, group)
+        if provisioner == "karpenter" and cluster.provisioner != "karpenter":
+            raise ConfigError(f"{path}.provisioner", group.provisioner,
+                              f"needs Karpenter, but triarch:cluster.nodeProvisioner is {cluster.provisioner!r}",
+                              "managedNodeGroup, or nodeProvisioner: karpenter")
+        if provisioner == "karpenter" and group.min != 0:
+            raise ConfigError(f"{path}.min", group.min,
+                              "has no meaning for a Karpenter pool: Karpenter launches nodes for pending pods and "
+                              "keeps no idle ones", "0, or provisioner: managedNodeGroup for nodes that always run")
+        if provisioner == "managedNodeGroup" and len(f"{cluster.name}-{group.name}") > EKS_NODE_GROUP_NAME_MAX:
+            raise ConfigError(f"{path}.name", group.name,
+                              f"makes the EKS node group name {cluster.name}-{group.name!s}, longer than the "
+                              f"{EKS_NODE_GROUP_NAME_MAX} characters EKS allows",
+                              f"at most {EKS_NODE_GROUP_NAME_MAX - len(cluster.name) - 1} characters")
+        if provisioner == "managedNodeGroup" and group.min != group.max:
+            raise ConfigError(f"{path}.min", group.min,
+                              f"differs from max ({group.max}), but nothing scales a managed node group "
+                              "(Triarch installs no cluster-autoscaler)",
+                              f"min == max == {group.max} (a fixed-size pool), or provisioner: karpenter")
     else:
+        if group.provisioner is not None:
+            raise ConfigError(f"{path}.provisioner", group.provisioner,
+                              "only applies when triarch:cluster.create is true",
+                              "remove it; declare what scales the adopted cluster in triarch:cluster.nodeProvisioner")
+        if group.min == 0 and cluster.provisioner == "none":
+            raise ConfigError(f"{path}.min", group.min,
+                              "lets the pool be empty, but triarch:cluster.nodeProvisioner is 'none': nothing "
+                              "would add a node for a GPU pod",
+                              "min >= 1, or nodeProvisioner: karpenter | cluster-autoscaler")
         for key in ("instance_type", "ami_release", "zones"):
             if getattr(group, key) is not None:
                 raise ConfigError(f"{path}.{to_camel(key)}", getattr(group, key),
@@ -323,6 +376,31 @@ def _check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fac
         if version_tuple(group.driver_version) < (400,):
             raise ConfigError(f"{path}.driverVersion", group.driver_version, "is not an NVIDIA driver version",
                               "e.g. 580.95.05")
+
+
+def _check_ami_release(stack: StackConfig, ami_type: str, release_name: str | None, path: str,
+                       facts: Catalog) -> None:
+    """A release Triarch knows (so its NVIDIA driver is known), with an AMI for the cluster's Kubernetes minor."""
+    kubernetes = stack.cluster.kubernetes_version
+    releases = facts.amis.get(ami_type, {})
+    if release_name is None or release_name not in releases:
+        raise ConfigError(path, release_name,
+                          f"is not a known {ami_type} release in templates/compat/amis.yaml "
+                          "(the driver it ships must be known)", ", ".join(sorted(releases)))
+    if kubernetes not in releases[release_name].release_versions:
+        raise ConfigError(path, release_name, f"has no AMI for Kubernetes {kubernetes}",
+                          f"a release for {kubernetes}: " + ", ".join(
+                              sorted(r for r, a in releases.items() if kubernetes in a.release_versions)))
+
+
+def pool_provisioner(cluster: ClusterConfig, group: NodeGroupConfig) -> Literal[PoolProvisioner, "existing"]:
+    """What brings up a pool's nodes: a Karpenter NodePool, an EKS managed node group, or (adopted clusters)
+    the nodes that are there, labelled by Triarch or by the cluster's own provisioner."""
+    if not cluster.create:
+        return "existing"
+    if group.provisioner is not None:
+        return group.provisioner
+    return "karpenter" if cluster.provisioner == "karpenter" else "managedNodeGroup"
 
 
 def gpu_of(group: NodeGroupConfig, facts: Catalog) -> str:

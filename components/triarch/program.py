@@ -13,6 +13,7 @@ from triarch.config import NAMESPACE, StackConfig, from_pulumi_config
 from triarch.errors import TriarchError
 from triarch.matrix import require_compatible
 from triarch.planners.models import ModelPlan, plan_models
+from triarch.planners.objects import KubernetesPlan, plan_kubernetes
 
 
 class StackError(pulumi.RunError):
@@ -24,24 +25,26 @@ def pulumi_config_values() -> dict[str, Any]:
     return {**get_config_env(), **CONFIG.get()}
 
 
-def load_stack() -> tuple[StackConfig, list[ModelPlan]]:
-    """Validate config, the driver/CUDA matrix and every model's sizing before any resource exists; a mistake is
-    one sentence."""
-    stack = from_pulumi_config(pulumi_config_values())
+def load_stack() -> tuple[StackConfig, list[ModelPlan], KubernetesPlan]:
+    """Validate config, the driver/CUDA matrix, every model's sizing and every Kubernetes object before any
+    resource exists; a mistake is one sentence."""
+    values = pulumi_config_values()
+    stack = from_pulumi_config(values)
     for verdict in require_compatible(stack, catalog()):
         if verdict.level == "warning":
             pulumi.log.warn(verdict.message)
-    return stack, plan_models(stack, catalog())
+    models = plan_models(stack, catalog())
+    return stack, models, plan_kubernetes(stack, models, catalog(), with_token=f"{NAMESPACE}:hfToken" in values)
 
 
 def main() -> Platform:
     try:
-        stack, models = load_stack()
+        stack, models, objects = load_stack()
     except TriarchError as error:
         # RunError prints the sentence without a traceback under the Pulumi CLI.
         raise StackError(str(error)) from None
     hf_token = pulumi.Config(NAMESPACE).get_secret("hfToken")
-    platform = Platform("triarch", stack, catalog(), models, hf_token)
+    platform = Platform("triarch", stack, catalog(), models, objects, hf_token)
     pulumi.export("pools", [p.name for p in platform.pools])
     pulumi.export("models", {p.name: {"engine": p.config.engine, "tensorParallelSize": p.sizing.tensor_parallel_size,
                                       "kvCacheTokens": p.sizing.kv_cache_tokens} for p in models})

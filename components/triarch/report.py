@@ -7,19 +7,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from triarch.catalog import Catalog, catalog, charts
-from triarch.config import StackConfig, driver_of, from_pulumi_config
+from triarch.config import NodeGroupConfig, StackConfig, driver_of, from_pulumi_config, pool_provisioner
 from triarch.errors import TriarchError
 from triarch.matrix import Verdict, require_compatible
 from triarch.offline import PlanRun, Registered, read_stack_config, run_program, write_plan
+from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
 from triarch.planners.models import ModelPlan, plan_models
-from triarch.planners.nodegroups import plan_pool
+from triarch.planners.nodegroups import plan_eks_pool, plan_pool
+from triarch.planners.objects import KubernetesPlan, plan_kubernetes
 from triarch.planners.ray import replica_bounds
 from triarch.program import StackError
+from triarch.scheduling import POOL_LABEL
 
 LAYERS = {"where": "Kubernetes (where)", "how": "Ray (how)", "when": "vLLM (when)"}
 LAYER_OF_MODULE = {
     "triarch:cluster": "where", "triarch:network": "where", "triarch:nodegroups": "where",
     "triarch:deviceplugin": "where", "triarch:storage": "where", "triarch:serving": "where",
+    "triarch:karpenter": "where",
     "triarch:ray": "how", "triarch:vllm": "when",
 }
 
@@ -34,6 +38,7 @@ class ValidatedStack:
     stack: StackConfig
     verdicts: list[Verdict]
     models: list[ModelPlan]
+    objects: KubernetesPlan
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,9 @@ def validate_stack_file(name: str, path: Path) -> ValidatedStack:
     config, secret_keys = read_stack_config(path)
     stack = from_pulumi_config(config)
     verdicts = require_compatible(stack, catalog())
-    return ValidatedStack(name, config, secret_keys, stack, verdicts, plan_models(stack, catalog()))
+    models = plan_models(stack, catalog())
+    objects = plan_kubernetes(stack, models, catalog(), with_token="triarch:hfToken" in config)
+    return ValidatedStack(name, config, secret_keys, stack, verdicts, models, objects)
 
 
 def plan_stack(validated: ValidatedStack, out: Path) -> PlanResult:
@@ -59,6 +66,29 @@ def plan_stack(validated: ValidatedStack, out: Path) -> PlanResult:
     except StackError as error:
         raise TriarchError(str(error)) from None
     return PlanResult(validated.stack, validated.verdicts, validated.models, run, write_plan(run, out))
+
+
+PROVISIONER_LABELS = {"karpenter": "karpenter", "managedNodeGroup": "node group", "existing": "existing"}
+
+
+def scaling(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) -> str:
+    """One sentence: what brings the pool's nodes up, and whether (and how) it can start from zero."""
+    cluster = stack.cluster
+    provisioner = pool_provisioner(cluster, group)
+    if provisioner == "karpenter":
+        zones = ", ".join(group.zones or cluster.zones)
+        limits = ", ".join(f"{v} {k}" for k, v in pool_limits(plan_eks_pool(stack, group, facts)).items())
+        return (f"Karpenter NodePool {group.name}: from 0 to {group.max} {group.instance_type} "
+                f"{group.capacity_type.lower().replace('_', '-')} nodes in {zones}, launched for pending pods "
+                f"(limits: {limits}); an empty node is removed after {CONSOLIDATE_AFTER}")
+    if provisioner == "managedNodeGroup":
+        return f"EKS managed node group of {group.max} node(s), fixed size: never at zero"
+    if cluster.provisioner == "none":
+        named = ", ".join(group.nodes) or "none named"
+        return (f"existing node(s) ({named}) labelled by Triarch; triarch:cluster.nodeProvisioner none, so the "
+                f"pool keeps its {group.min}+ node(s)")
+    return (f"the cluster's {cluster.provisioner} adds nodes (from zero when min is 0); it must give them the "
+            f"pool's labels ({POOL_LABEL}={group.name}) and GPU taint")
 
 
 def layer_of(resource: Registered, by_urn: dict[str, Registered]) -> str:
@@ -83,18 +113,23 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
     cluster = stack.cluster
     where = (f"EKS cluster {cluster.name} in {', '.join(cluster.zones)}" if cluster.create
              else f"existing cluster, kubeconfig context {cluster.context}")
-    lines = [f"stack {result.run.stack}: {where}, Kubernetes {cluster.kubernetes_version}", "", "GPU node groups"]
-    rows = [["name", "instance", "GPU", "GPUs/node", "nodes", "NVIDIA driver", "AMI release", "taint"]]
+    lines = [f"stack {result.run.stack}: {where}, Kubernetes {cluster.kubernetes_version}", "", "GPU pools"]
+    rows = [["name", "instance", "GPU", "GPUs/node", "nodes", "capacity", "provisioner", "NVIDIA driver",
+             "AMI release", "taint"]]
     for group in stack.node_groups:
-        pool = plan_pool(group, facts)
+        pool = plan_pool(stack, group, facts)
         driver = driver_of(group, facts)
         gpus = str(pool.gpus_per_node) + (f" (x{pool.time_slicing_replicas} sliced)"
                                           if pool.time_slicing_replicas else "")
         taint = ",".join(f"{t['key']}={t['value']}:{t['effect']}" for t in pool.taints) or "none"
         memory = f"{pool.gpu.memory_mib / 1024:.1f} GiB"
+        capacity = group.capacity_type.lower().replace("_", "-") if cluster.create else "-"
         rows.append([group.name, group.instance_type or "existing", f"{pool.gpu.product} {memory}", gpus,
-                     f"{group.min}-{group.max}", driver, group.ami_release or "-", taint])
+                     f"{group.min}-{group.max}", capacity, PROVISIONER_LABELS[pool_provisioner(cluster, group)],
+                     driver, group.ami_release or "-", taint])
     lines += _table(rows)
+    lines += ["", "How each pool gets its nodes"]
+    lines += [f"  {group.name}: {scaling(stack, group, facts)}" for group in stack.node_groups]
     if stack.device_plugin.enabled:
         chart = charts()["nvidia-device-plugin"]
         gfd = "with GPU feature discovery" if stack.device_plugin.gpu_feature_discovery else "without GFD"

@@ -8,9 +8,12 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from triarch.catalog import Chart
+
 KINDS: dict[tuple[str, str], Any] = {
     ("v1", "Namespace"): k8s.core.v1.Namespace,
     ("v1", "Secret"): k8s.core.v1.Secret,
+    ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
     ("v1", "Service"): k8s.core.v1.Service,
     ("v1", "PersistentVolumeClaim"): k8s.core.v1.PersistentVolumeClaim,
     ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
@@ -41,3 +44,14 @@ def register(obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.Custom
     # Typed classes take top-level fields in snake_case (reclaimPolicy -> reclaim_policy); nested dicts stay as is.
     resource: pulumi.CustomResource = cls(resource_name(obj), **{_snake(k): v for k, v in body.items()}, opts=opts)
     return resource
+
+
+def helm_release(name: str, chart: Chart, namespace: str, values: dict[str, Any], opts: pulumi.ResourceOptions,
+                 skip_crds: bool = False) -> k8s.helm.v3.Release:
+    """A pinned chart, rolled back if it fails to become ready, named `name` in the cluster (a Helm release name
+    shapes the names of what the chart creates, so it is never auto-named)."""
+    return k8s.helm.v3.Release(
+        name, name=name, chart=chart.reference, version=chart.version,
+        repository_opts=None if chart.is_oci else {"repo": chart.repository},
+        namespace=namespace, create_namespace=False, atomic=True, cleanup_on_fail=True, skip_crds=skip_crds or None,
+        values=values, opts=opts)

@@ -6,6 +6,7 @@ import pulumi
 import pulumi_aws as aws
 
 from triarch.config import ClusterConfig
+from triarch.planners.karpenter import DISCOVERY_TAG
 from triarch.planners.network import plan_subnets
 
 
@@ -51,7 +52,7 @@ class Network(pulumi.ComponentResource):
                 f"{name}-private-{plan.zone}", vpc_id=self.vpc.id, cidr_block=plan.private_cidr,
                 availability_zone=plan.zone,
                 tags={"Name": f"{cluster.name}-private-{plan.zone}", "kubernetes.io/role/internal-elb": "1",
-                      **cluster_tag},
+                      DISCOVERY_TAG: cluster.name, **cluster_tag},
                 opts=child)
             route_table = aws.ec2.RouteTable(
                 f"{name}-private-{plan.zone}", vpc_id=self.vpc.id,

@@ -6,7 +6,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from triarch.planners.nodegroups import EksNodeGroupPlan, PoolPlan, launch_template, node_patch
+from triarch.planners.nodegroups import EksPoolPlan, PoolPlan, launch_template, node_patch
 from triarch.scheduling import POOL_LABEL
 
 NODE_POLICIES = {
@@ -21,6 +21,8 @@ EC2_ASSUME_ROLE = """{"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
 
 
 class NodeRole(pulumi.ComponentResource):
+    """The IAM role EC2 nodes run as (managed node groups and Karpenter nodes each get their own)."""
+
     def __init__(self, name: str, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:nodegroups:NodeRole", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -33,14 +35,16 @@ class NodeRole(pulumi.ComponentResource):
 
 
 class ManagedNodeGroup(pulumi.ComponentResource):
-    """An EKS managed node group behind a launch template that enforces IMDSv2 and an encrypted root volume."""
+    """An EKS managed node group behind a launch template that enforces IMDSv2 and an encrypted root volume.
+
+    Nothing autoscales a managed node group here (GPU pools that scale are Karpenter's), so Pulumi owns its
+    desired size: it is `min`, and `max` is headroom for a rolling update or a manual scale-out."""
 
     def __init__(self, name: str, *, cluster_name: pulumi.Input[str], node_group_name: str,
                  instance_type: str, ami_type: str, release_version: str, capacity_type: str,
                  min_size: int, max_size: int, disk_gib: int, subnet_ids: list[pulumi.Output[str]],
                  node_role: NodeRole, labels: dict[str, str], eks_taints: list[dict[str, str]],
-                 cluster_for_tags: str, pool: str, autoscaler_tags: dict[str, str] | None = None,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+                 cluster_for_tags: str, pool: str, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:nodegroups:ManagedNodeGroup", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.launch_template = aws.ec2.LaunchTemplate(
@@ -62,27 +66,20 @@ class ManagedNodeGroup(pulumi.ComponentResource):
             taints=eks_taints,
             launch_template={"id": self.launch_template.id, "version": self.launch_template.latest_version.apply(str)},
             tags={POOL_LABEL: pool},
-            # The autoscaler owns desired_size once the group exists.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=node_role.attachments,
-                                        ignore_changes=["scalingConfig.desiredSize"]))
-        asg_name = self.node_group.resources.apply(lambda rs: rs[0].autoscaling_groups[0].name)
-        self.asg_tags = [
-            aws.autoscaling.Tag(f"{name}-asg-{index}", autoscaling_group_name=asg_name,
-                                tag={"key": key, "value": value, "propagate_at_launch": False}, opts=child)
-            for index, (key, value) in enumerate(sorted((autoscaler_tags or {}).items()))
-        ]
+            opts=pulumi.ResourceOptions(parent=self, depends_on=node_role.attachments))
         self.register_outputs({"nodeGroupName": self.node_group.node_group_name})
 
 
-def gpu_node_group(plan: EksNodeGroupPlan, *, cluster_name: pulumi.Input[str], cluster_for_tags: str, disk_gib: int,
+def gpu_node_group(plan: EksPoolPlan, *, cluster_name: pulumi.Input[str], cluster_for_tags: str,
                    subnet_ids: list[pulumi.Output[str]], node_role: NodeRole,
                    opts: pulumi.ResourceOptions) -> ManagedNodeGroup:
+    """A fixed-size GPU pool as a managed node group (min == max, checked in the config)."""
     return ManagedNodeGroup(
         f"gpu-{plan.pool.name}", cluster_name=cluster_name, node_group_name=plan.node_group_name,
         instance_type=plan.instance_type, ami_type=plan.ami_type, release_version=plan.release_version,
-        capacity_type=plan.capacity_type, min_size=plan.min, max_size=plan.max, disk_gib=disk_gib,
+        capacity_type=plan.capacity_type, min_size=plan.min, max_size=plan.max, disk_gib=plan.disk_gib,
         subnet_ids=subnet_ids, node_role=node_role, labels=plan.pool.labels, eks_taints=plan.eks_taints,
-        cluster_for_tags=cluster_for_tags, pool=plan.pool.name, autoscaler_tags=plan.autoscaler_tags, opts=opts)
+        cluster_for_tags=cluster_for_tags, pool=plan.pool.name, opts=opts)
 
 
 class ExistingGpuPool(pulumi.ComponentResource):

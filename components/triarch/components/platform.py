@@ -7,49 +7,63 @@ import pulumi
 from triarch.catalog import Catalog, charts
 from triarch.components.cluster import AdoptedCluster, EksCluster
 from triarch.components.device_plugin import DevicePlugin
+from triarch.components.karpenter import Karpenter, KarpenterPool
 from triarch.components.nodegroups import ExistingGpuPool, ManagedNodeGroup, gpu_node_group
 from triarch.components.serving import KubeRayOperator, RayServing, ServingNamespace, VllmServer
 from triarch.components.storage import SharedModelStore
-from triarch.config import StackConfig
+from triarch.config import SYSTEM_RELEASE_TABLE, StackConfig
 from triarch.planners.device_plugin import device_plugin_values
 from triarch.planners.models import ModelPlan
-from triarch.planners.nodegroups import PoolPlan, plan_eks_node_group, plan_pool
-from triarch.planners.serving import serving_settings
+from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
+from triarch.planners.objects import KubernetesPlan
 from triarch.scheduling import SYSTEM_POOL
 
 
 def system_release_version(stack: StackConfig, facts: Catalog) -> str:
-    """The system nodes follow the AMI release of the first GPU group: one release date per cluster."""
-    group = stack.node_groups[0]
-    assert group.ami_release is not None
-    return facts.amis[group.ami_type][group.ami_release].release_versions[stack.cluster.kubernetes_version]
+    """The system nodes' own pinned release (every AL2023 variant of a release shares its release_version)."""
+    release = stack.cluster.system_node_group.ami_release
+    assert release is not None
+    return facts.amis[SYSTEM_RELEASE_TABLE][release].release_versions[stack.cluster.kubernetes_version]
 
 
 class Platform(pulumi.ComponentResource):
     def __init__(self, name: str, stack: StackConfig, facts: Catalog, models: list[ModelPlan],
-                 hf_token: pulumi.Output[str] | None, opts: pulumi.ResourceOptions | None = None) -> None:
+                 objects: KubernetesPlan, hf_token: pulumi.Output[str] | None,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:platform:Platform", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.pools: list[PoolPlan] = []
         self.gpu_node_groups: list[ManagedNodeGroup] = []
         self.existing_pools: list[ExistingGpuPool] = []
+        self.karpenter: Karpenter | None = None
+        self.karpenter_pools: list[KarpenterPool] = []
         if stack.cluster.create:
+            assert stack.aws_region is not None
             self.cluster: EksCluster | AdoptedCluster = EksCluster(
                 stack.cluster.name, stack, facts, system_release_version(stack, facts), opts=child)
             eks = self.cluster
-            for group in stack.node_groups:
-                plan = plan_eks_node_group(stack, group, facts)
-                self.pools.append(plan.pool)
+            plans = [plan_eks_pool(stack, group, facts) for group in stack.node_groups]
+            self.pools = [plan.pool for plan in plans]
+            if any(plan.provisioner == "karpenter" for plan in plans):
+                self.karpenter = Karpenter("karpenter", eks, stack.cluster.name, stack.aws_region,
+                                           (charts()["karpenter-crd"], charts()["karpenter"]), eks.provider,
+                                           opts=child)
+            for plan in plans:
+                if plan.provisioner == "karpenter":
+                    assert self.karpenter is not None
+                    self.karpenter_pools.append(KarpenterPool(f"pool-{plan.pool.name}",
+                                                              objects.node_pools[plan.pool.name], self.karpenter,
+                                                              eks.provider, opts=child))
+                    continue
                 self.gpu_node_groups.append(gpu_node_group(
                     plan, cluster_name=eks.cluster.name, cluster_for_tags=stack.cluster.name,
-                    disk_gib=group.disk_gib,
                     subnet_ids=[eks.network.private_subnet_by_zone[z].id for z in plan.zones],
                     node_role=eks.node_role,
                     opts=pulumi.ResourceOptions(parent=self, depends_on=eks.node_prerequisites)))
         else:
             self.cluster = AdoptedCluster(stack.cluster.name, stack.cluster, opts=child)
             for group in stack.node_groups:
-                pool = plan_pool(group, facts)
+                pool = plan_pool(stack, group, facts)
                 self.pools.append(pool)
                 self.existing_pools.append(ExistingGpuPool(f"pool-{group.name}", pool, group.nodes,
                                                            self.cluster.provider, opts=child))
@@ -59,13 +73,14 @@ class Platform(pulumi.ComponentResource):
             chart = charts()["nvidia-device-plugin"]
             tag = (chart.image or ":v" + chart.version).rsplit(":", 1)[1]
             values = device_plugin_values(self.pools, tag, stack.device_plugin.gpu_feature_discovery)
-            self.device_plugin = DevicePlugin("nvidia-device-plugin", chart, values, self.provider,
+            [namespace] = objects.device_plugin
+            self.device_plugin = DevicePlugin("nvidia-device-plugin", chart, values, namespace, self.provider,
                                               opts=pulumi.ResourceOptions(parent=self,
                                                                           depends_on=self.gpu_node_groups))
-        self._serve(stack, facts, models, hf_token)
+        self._serve(stack, models, objects, hf_token)
         self.register_outputs({"pools": [p.name for p in self.pools]})
 
-    def _serve(self, stack: StackConfig, facts: Catalog, models: list[ModelPlan],
+    def _serve(self, stack: StackConfig, models: list[ModelPlan], objects: KubernetesPlan,
                hf_token: pulumi.Output[str] | None) -> None:
         """The Ray and vLLM layers, on the pools above (they wait for the device plugin and the model store)."""
         self.store: SharedModelStore | None = None
@@ -75,24 +90,24 @@ class Platform(pulumi.ComponentResource):
         self.vllm_servers: list[VllmServer] = []
         if not models:
             return
-        settings = serving_settings(stack, with_token=hf_token is not None)
         ready: list[pulumi.Resource] = [self.device_plugin] if self.device_plugin else []
         if isinstance(self.cluster, EksCluster) and stack.serving.storage_class is None:
             self.store = SharedModelStore(f"{stack.cluster.name}-models", self.cluster, str(stack.cluster.vpc_cidr),
                                           stack.cluster.kubernetes_version, self.provider,
                                           opts=pulumi.ResourceOptions(parent=self))
             ready.append(self.store)
-        with_ray = any(plan.config.engine == "ray-serve" for plan in models)
-        self.serving_namespace = ServingNamespace("serving", settings, hf_token, with_ray, self.provider,
+        self.serving_namespace = ServingNamespace("serving", objects.serving, hf_token, self.provider,
                                                   opts=pulumi.ResourceOptions(parent=self))
         ready.append(self.serving_namespace)
         after = pulumi.ResourceOptions(parent=self, depends_on=ready)
         for plan in models:
             if plan.config.engine == "vllm":
-                self.vllm_servers.append(VllmServer(plan.name, plan, settings, self.provider, opts=after))
-        if with_ray:
+                self.vllm_servers.append(VllmServer(plan.name, objects.vllm[plan.name], plan.config.model,
+                                                    self.provider, opts=after))
+        if objects.ray:
             system_pool = SYSTEM_POOL if stack.cluster.create else None
-            self.kuberay = KubeRayOperator("kuberay-operator", charts()["kuberay-operator"], system_pool,
+            [namespace] = objects.kuberay
+            self.kuberay = KubeRayOperator("kuberay-operator", charts()["kuberay-operator"], system_pool, namespace,
                                            self.provider, opts=pulumi.ResourceOptions(parent=self))
-            self.ray = RayServing("ray-serve", models, stack.images.ray_llm, settings, self.kuberay, self.provider,
-                                  opts=after)
+            served = [plan.name for plan in models if plan.config.engine == "ray-serve"]
+            self.ray = RayServing("ray-serve", objects.ray, served, self.kuberay, self.provider, opts=after)

@@ -24,7 +24,9 @@ from triarch.guardrails.workloads import (
     pod_templates,
     prestop_seconds,
     ray_cluster_spec,
+    ray_sigterm_drain_seconds,
     requests_gpus,
+    serve_graceful_shutdown_seconds,
 )
 from triarch.matrix import Node, check_image_on_node
 from triarch.scheduling import GPU_LABEL, GPU_PRESENT_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, POOL_LABEL
@@ -91,7 +93,9 @@ ZONE = "topology.kubernetes.io/zone"
 
 
 @rule("gpu-zone-spread", "Kubernetes",
-      "Replicated GPU workloads spread over zones, so one zone's outage or GPU shortage leaves replicas serving.",
+      "Replicated GPU workloads spread over zones with DoNotSchedule, so one zone's outage or GPU shortage leaves "
+      "replicas serving. ScheduleAnyway is not enough: when a pool scales from zero the scheduler sees only the "
+      "first node's zone, and every replica lands there. (A one-zone cluster sets this rule to advisory.)",
       config={"maxSkew": {"type": "integer", "minimum": 1, "default": 1}})
 def zone_spread(resource: Resource, config: Config) -> list[str]:
     limit = int(config["maxSkew"])
@@ -102,9 +106,13 @@ def zone_spread(resource: Resource, config: Config) -> list[str]:
         spreads = [c for c in template.spec.get("topologySpreadConstraints") or [] if c.get("topologyKey") == ZONE]
         if not spreads:
             messages.append(f"{template.where}: {template.replicas} GPU replicas with no topologySpreadConstraint on "
-                            f"{ZONE}; add one with maxSkew <= {limit}")
+                            f"{ZONE}; add one with maxSkew <= {limit} and whenUnsatisfiable DoNotSchedule")
         elif any(int(c.get("maxSkew", 1)) > limit for c in spreads):
             messages.append(f"{template.where}: zone spread maxSkew above {limit}; set maxSkew <= {limit}")
+        elif not any(c.get("whenUnsatisfiable") == "DoNotSchedule" for c in spreads):
+            messages.append(f"{template.where}: {template.replicas} GPU replicas spread over zones only with "
+                            "ScheduleAnyway, which a pool scaling from zero defeats; set whenUnsatisfiable "
+                            "DoNotSchedule (and minDomains: the zones the replicas may use)")
     return messages
 
 
@@ -247,21 +255,61 @@ def _pinned_release(resource: Resource) -> list[str]:
     return messages
 
 
-@rule("gpu-nodegroup-labels-taint", "Kubernetes",
-      "EKS GPU node groups carry the pool labels workloads select and the GPU taint that keeps other pods off; "
-      "without them GPU pods stay Pending or CPU pods fill the GPU nodes.")
-def nodegroup_labels(resource: Resource, config: Config) -> list[str]:
-    if resource.type != "aws:eks/nodeGroup:NodeGroup" or not _gpu_node_group(resource.props):
-        return []
-    messages = []
-    labels = resource.props.get("labels") or {}
+NODE_POOL = "karpenter.sh/v1:NodePool"
+NODE_CLASS = "karpenter.k8s.aws/v1:EC2NodeClass"
+GPU_REQUIREMENT_KEYS = ("karpenter.k8s.aws/instance-gpu-count", "karpenter.k8s.aws/instance-gpu-name",
+                        "karpenter.k8s.aws/instance-gpu-manufacturer", "karpenter.k8s.aws/instance-gpu-memory")
+"""Karpenter requirement keys that only GPU instance types satisfy (unless the operator is DoesNotExist)."""
+
+
+def _node_pool_template(props: Mapping[str, Any]) -> Mapping[str, Any]:
+    return ((props.get("spec") or {}).get("template") or {})
+
+
+def _requirements(props: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list((_node_pool_template(props).get("spec") or {}).get("requirements") or [])
+
+
+def _gpu_node_pool(props: Mapping[str, Any]) -> bool:
+    """A NodePool whose instance types all carry GPUs, or that asks for GPU instances by Karpenter's labels."""
+    instances = catalog().instances
+    for requirement in _requirements(props):
+        key, operator = requirement.get("key"), requirement.get("operator")
+        values = [str(v) for v in requirement.get("values") or []]
+        if key in GPU_REQUIREMENT_KEYS and operator != "DoesNotExist":
+            return True
+        if key == "node.kubernetes.io/instance-type" and operator == "In":
+            known = [instances[v] for v in values if v in instances]
+            if known and all(i.gpus > 0 for i in known):
+                return True
+    return False
+
+
+def _missing_gpu_labels(where: str, labels: Mapping[str, Any]) -> list[str]:
     missing = [key for key in (POOL_LABEL, GPU_LABEL, GPU_PRESENT_LABEL) if key not in labels]
-    if missing:
-        messages.append(f"node group {resource.name}: missing labels {missing}; set them on the node group")
-    taints = resource.props.get("taints") or []
-    if not any(t.get("key") == GPU_TAINT_KEY and t.get("effect") == "NO_SCHEDULE" for t in taints):
-        messages.append(f"node group {resource.name}: no {GPU_TAINT_KEY} NO_SCHEDULE taint; add it")
-    return messages
+    return [f"{where}: missing labels {missing}; set them on its nodes"] if missing else []
+
+
+@rule("gpu-nodegroup-labels-taint", "Kubernetes",
+      "GPU pools (EKS node groups, Karpenter NodePools) carry the pool labels workloads select and the GPU taint "
+      "that keeps other pods off; without them GPU pods stay Pending or CPU pods fill the GPU nodes.")
+def nodegroup_labels(resource: Resource, config: Config) -> list[str]:
+    if resource.type == "aws:eks/nodeGroup:NodeGroup" and _gpu_node_group(resource.props):
+        where = f"node group {resource.name}"
+        messages = _missing_gpu_labels(where, resource.props.get("labels") or {})
+        taints = resource.props.get("taints") or []
+        if not any(t.get("key") == GPU_TAINT_KEY and t.get("effect") == "NO_SCHEDULE" for t in taints):
+            messages.append(f"{where}: no {GPU_TAINT_KEY} NO_SCHEDULE taint; add it")
+        return messages
+    if kind_of(resource.type) == NODE_POOL and _gpu_node_pool(resource.props):
+        template = _node_pool_template(resource.props)
+        where = f"NodePool {name_of(resource.props, resource.name)}"
+        messages = _missing_gpu_labels(where, (template.get("metadata") or {}).get("labels") or {})
+        taints = (template.get("spec") or {}).get("taints") or []
+        if not any(t.get("key") == GPU_TAINT_KEY and t.get("effect") == GPU_TAINT_EFFECT for t in taints):
+            messages.append(f"{where}: no {GPU_TAINT_KEY} {GPU_TAINT_EFFECT} taint in its template; add it")
+        return messages
+    return []
 
 
 @rule("imdsv2-required", "Kubernetes",
@@ -269,15 +317,19 @@ def nodegroup_labels(resource: Resource, config: Config) -> list[str]:
       "limit that stops at the node.",
       config={"maxHopLimit": {"type": "integer", "minimum": 1, "default": 1}})
 def imdsv2(resource: Resource, config: Config) -> list[str]:
-    if resource.type != "aws:ec2/launchTemplate:LaunchTemplate":
+    if resource.type == "aws:ec2/launchTemplate:LaunchTemplate":
+        where, options = f"launch template {resource.name}", resource.props.get("metadataOptions") or {}
+    elif kind_of(resource.type) == NODE_CLASS:
+        where = f"EC2NodeClass {name_of(resource.props, resource.name)}"
+        options = (resource.props.get("spec") or {}).get("metadataOptions") or {}
+    else:
         return []
-    options = resource.props.get("metadataOptions") or {}
     messages = []
     if options.get("httpTokens") != "required":
-        messages.append(f"launch template {resource.name}: metadataOptions.httpTokens is not 'required'; set it")
+        messages.append(f"{where}: metadataOptions.httpTokens is not 'required'; set it")
     hops = options.get("httpPutResponseHopLimit")
     if _known(hops) and int(hops) > int(config["maxHopLimit"]):
-        messages.append(f"launch template {resource.name}: hop limit {hops} lets pods reach IMDS; set "
+        messages.append(f"{where}: hop limit {hops} lets pods reach IMDS; set "
                         f"httpPutResponseHopLimit <= {config['maxHopLimit']}")
     return messages
 
@@ -423,11 +475,13 @@ def _inference_containers(template: PodTemplate) -> list[Mapping[str, Any]]:
 
 
 @rule("prestop-drain", "vLLM",
-      "Requests in flight when a pod stops are dropped unless a preStop hook lets endpoints drain and the "
-      "grace period covers the hook plus the server's own drain (vLLM's --shutdown-timeout).",
+      "Requests in flight when a pod stops are dropped unless a preStop hook lets endpoints drain and the grace "
+      "period covers the hook plus the server's own drain: vLLM's --shutdown-timeout, or for a Ray worker Ray's "
+      "drain on SIGTERM (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S) plus Serve's graceful_shutdown_timeout_s.",
       config={"minDrainSeconds": {"type": "integer", "minimum": 0, "default": 10}})
 def prestop_drain(resource: Resource, config: Config) -> list[str]:
     messages = []
+    minimum = int(config["minDrainSeconds"])
     for template in pod_templates(resource.type, resource.props, resource.name):
         if template.ray_head:
             continue
@@ -441,12 +495,18 @@ def prestop_drain(resource: Resource, config: Config) -> list[str]:
             if any("ray stop" in text for text in hook_commands(c)):
                 messages.append(f"{template.where} container {c.get('name')}: preStop runs `ray stop`, which drops "
                                 "in-flight requests; drain the Ray node instead")
-            drain = int(flag(command_line(c), "shutdown_timeout") or 0) if is_vllm(c) else 0
-            need = pre + max(drain, int(config["minDrainSeconds"]))
+            if template.ray:
+                sigterm = ray_sigterm_drain_seconds(c)
+                serve = serve_graceful_shutdown_seconds(resource.props)
+                parts = f"preStop {pre}s + Ray's SIGTERM drain {sigterm}s + Serve's graceful shutdown {serve}s"
+                need = pre + max(sigterm + serve, minimum)
+            else:
+                drain = int(flag(command_line(c), "shutdown_timeout") or 0) if is_vllm(c) else 0
+                parts = f"preStop {pre}s + drain {max(drain, minimum)}s"
+                need = pre + max(drain, minimum)
             if grace < need:
                 messages.append(f"{template.where} container {c.get('name')}: terminationGracePeriodSeconds {grace} < "
-                                f"preStop {pre}s + drain {max(drain, int(config['minDrainSeconds']))}s; set it to "
-                                f">= {need}")
+                                f"{parts}; set it to >= {need}")
     return messages
 
 
@@ -519,10 +579,49 @@ def parallelism(resource: Resource, config: Config) -> list[str]:
 # --- stack: driver/CUDA -----------------------------------------------------------------------------------
 
 
-def _pool_nodes(resources: list[Resource]) -> tuple[dict[str, Node], list[tuple[Resource, str]]]:
+AMI_ALIAS = re.compile(r"^al2023@(?P<release>.+)$")
+ARCH_AMI_TYPES = {"amd64": "AL2023_x86_64_NVIDIA", "arm64": "AL2023_ARM_64_NVIDIA"}
+
+
+def _node_pool_nodes(resources: list[Resource]) -> tuple[dict[str, Node], list[tuple[Resource, str]]]:
+    """GPU pools as Karpenter brings them up: the NodePool's labels, and the AMI release its EC2NodeClass pins
+    by alias (`al2023@v20260714`), whose NVIDIA variant the node boots on a GPU instance."""
     facts = catalog()
+    classes = {name_of(r.props, r.name): r for r in resources if kind_of(r.type) == NODE_CLASS}
     nodes: dict[str, Node] = {}
     problems: list[tuple[Resource, str]] = []
+    for r in resources:
+        if kind_of(r.type) != NODE_POOL:
+            continue
+        template = _node_pool_template(r.props)
+        labels = (template.get("metadata") or {}).get("labels") or {}
+        pool, gpu = labels.get(POOL_LABEL), labels.get(GPU_LABEL)
+        if not pool or gpu not in facts.gpus:
+            continue
+        class_name = ((template.get("spec") or {}).get("nodeClassRef") or {}).get("name")
+        node_class = classes.get(str(class_name))
+        if node_class is None:
+            continue  # a class the stack does not define: nothing to read the AMI from
+        where = f"NodePool {name_of(r.props, r.name)}"
+        terms = (node_class.props.get("spec") or {}).get("amiSelectorTerms") or []
+        aliases = [str(t["alias"]) for t in terms if t.get("alias")]
+        match = AMI_ALIAS.match(aliases[0]) if len(aliases) == 1 else None
+        arch = next((str(v) for q in _requirements(r.props) if q.get("key") == "kubernetes.io/arch"
+                     for v in q.get("values") or []), "amd64")
+        release = facts.amis.get(ARCH_AMI_TYPES.get(arch, ""), {}).get(match["release"]) if match else None
+        if release is None:
+            shown = ", ".join(aliases) or "AMI selector terms without an alias"
+            problems.append((r, f"{where}: EC2NodeClass {class_name} selects {shown}, not an al2023@<release> of "
+                                "templates/compat/amis.yaml, so the NVIDIA driver its nodes boot is unknown; pin "
+                                "amiSelectorTerms to one alias al2023@<known release>"))
+            continue
+        nodes[pool] = Node(pool, facts.gpus[gpu], release.nvidia_driver, f"pins AMI release {release.release}")
+    return nodes, problems
+
+
+def _pool_nodes(resources: list[Resource]) -> tuple[dict[str, Node], list[tuple[Resource, str]]]:
+    facts = catalog()
+    nodes, problems = _node_pool_nodes(resources)
     for r in resources:
         if r.type != "aws:eks/nodeGroup:NodeGroup":
             continue

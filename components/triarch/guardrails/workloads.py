@@ -162,3 +162,41 @@ def llm_configs(props: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, An
         for config in ((app.get("args") or {}).get("llm_configs") or []):
             if isinstance(config, Mapping):
                 yield str(app.get("name", "?")), config
+
+
+RAY_SIGTERM_DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
+RAY_SIGTERM_DRAIN_DEFAULT = 30
+"""On SIGTERM a Ray node drains for up to this long before it stops its processes (Ray 2.60 ray_constants)."""
+SERVE_GRACEFUL_SHUTDOWN_DEFAULT = 20
+"""Ray Serve's default graceful_shutdown_timeout_s (ray/serve/_private/constants.py, Ray 2.60)."""
+
+
+def env_value(container: Mapping[str, Any], name: str) -> str | None:
+    return next((str(e.get("value")) for e in container.get("env") or [] if e.get("name") == name
+                 and e.get("value") is not None), None)
+
+
+def ray_sigterm_drain_seconds(container: Mapping[str, Any]) -> int:
+    """How long a Ray container drains after SIGTERM (0 or less disables it)."""
+    value = env_value(container, RAY_SIGTERM_DRAIN_ENV)
+    try:
+        seconds = float(value) if value is not None else RAY_SIGTERM_DRAIN_DEFAULT
+    except ValueError:
+        seconds = RAY_SIGTERM_DRAIN_DEFAULT
+    return max(0, int(seconds + 0.999))
+
+
+def serve_graceful_shutdown_seconds(props: Mapping[str, Any]) -> int:
+    """The longest graceful_shutdown_timeout_s of a RayService's Serve deployments (LLMConfig deployment_config
+    or a plain application's deployments), Serve's default where none is set."""
+    found = []
+    for app in serve_applications(props):
+        for deployment in app.get("deployments") or []:
+            if isinstance(deployment, Mapping) and "graceful_shutdown_timeout_s" in deployment:
+                found.append(deployment["graceful_shutdown_timeout_s"])
+    for _, config in llm_configs(props):
+        deployment = config.get("deployment_config") or {}
+        if isinstance(deployment, Mapping) and "graceful_shutdown_timeout_s" in deployment:
+            found.append(deployment["graceful_shutdown_timeout_s"])
+    seconds = [_int(v, SERVE_GRACEFUL_SHUTDOWN_DEFAULT) for v in found]
+    return max(seconds, default=SERVE_GRACEFUL_SHUTDOWN_DEFAULT)

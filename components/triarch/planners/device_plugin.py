@@ -18,9 +18,12 @@ DEFAULT_CONFIG = "default"
 
 
 def _time_slicing_config(replicas: int) -> str:
+    """Each GPU advertised `replicas` times; a pod asking for more than one slice is refused rather than handed
+    slices of one GPU it would mistake for several (failRequestsGreaterThanOne)."""
     config = {
         "version": "v1",
-        "sharing": {"timeSlicing": {"resources": [{"name": GPU_RESOURCE, "replicas": replicas}]}},
+        "sharing": {"timeSlicing": {"failRequestsGreaterThanOne": True,
+                                    "resources": [{"name": GPU_RESOURCE, "replicas": replicas}]}},
     }
     return yaml.safe_dump(config, sort_keys=False)
 

@@ -53,7 +53,7 @@ def _model_path(index: int) -> str:
 def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
     model = stack.models[index]
     group = stack.node_group(model.node_group)
-    pool = plan_pool(group, facts)
+    pool = plan_pool(stack, group, facts)
     source = PROJECT_ROOT / model.model_config_path if model.model_config_path else model.model
     try:
         arch = load_arch(source)
@@ -62,14 +62,21 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
         value = model.model_config_path or model.model
         raise ConfigError(f"{_model_path(index)}.{key}", value, "has no known architecture",
                           f"a model of templates/models, or modelConfig: path/to/config.json ({error})") from None
+    share = pool.time_slicing_replicas or 1
+    if share > 1 and (model.tensor_parallel_size or 1) > 1:
+        raise ConfigError(f"{_model_path(index)}.tensorParallelSize", model.tensor_parallel_size,
+                          f"needs whole GPUs, but node group '{group.name}' slices each GPU {share} ways (the device "
+                          "plugin refuses a request for more than one slice)", "1, or a pool without timeSlicing")
     try:
+        # On a time-sliced GPU a replica shares the memory with up to `share - 1` others (no isolation): it is
+        # sized for its share, as vLLM's gpu_memory_utilization is a fraction of the whole GPU.
         sizing = tune(arch, pool.gpu, tensor_parallel_size=model.tensor_parallel_size,
-                      gpu_memory_utilization=model.gpu_memory_utilization, max_model_len=model.max_model_len,
-                      kv_cache_dtype=model.kv_cache_dtype, task=model.resolved_task,
-                      gpus_available=gpus_per_node(group, facts))
+                      gpu_memory_utilization=round(model.gpu_memory_utilization / share, 4),
+                      max_model_len=model.max_model_len, kv_cache_dtype=model.kv_cache_dtype,
+                      task=model.resolved_task, gpus_available=1 if share > 1 else gpus_per_node(group, facts))
     except TuneError as error:
-        raise ConfigError(_model_path(index), model.model,
-                          f"cannot be served on node group '{group.name}' ({pool.gpu.product}): {error}") from None
+        on = f"node group '{group.name}' ({pool.gpu.product}" + (f", 1/{share} of each GPU)" if share > 1 else ")")
+        raise ConfigError(_model_path(index), model.model, f"cannot be served on {on}: {error}") from None
     cache = model.cache_gib or max(MIN_CACHE_GIB, math.ceil(2 * sizing.weights_bytes / GIB))
     instance = facts.instances.get(group.instance_type) if group.instance_type else None
     return ModelPlan(model, pool, instance, sizing, images_by_engine(stack)[model.engine], cache)

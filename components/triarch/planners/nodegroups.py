@@ -1,18 +1,14 @@
-"""What a GPU node group is: labels, taint, AMI pin, launch template and autoscaler hints, as plain data."""
+"""What a GPU pool is: labels, taint, AMI pin, instance shape and launch template, as plain data."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from triarch.catalog import Catalog, Gpu
-from triarch.config import NodeGroupConfig, StackConfig, gpu_of, gpus_per_node
+from triarch.config import NodeGroupConfig, PoolProvisioner, StackConfig, gpu_of, gpus_per_node, pool_provisioner
 from triarch.scheduling import (
     DEVICE_PLUGIN_CONFIG_LABEL,
-    GPU_RESOURCE,
-    GPU_TAINT_EFFECT,
-    GPU_TAINT_KEY,
-    GPU_TAINT_VALUE,
     POOL_LABEL,
     gpu_node_labels,
     gpu_taint,
@@ -37,29 +33,38 @@ class PoolPlan:
     labels: dict[str, str]
     taints: list[dict[str, str]]
     time_slicing_replicas: int | None
+    zones: tuple[str, ...] | None
+    """The zones the pool's nodes come up in; None where Triarch does not know (existing nodes)."""
+    max_nodes: int
 
 
 @dataclass(frozen=True)
-class EksNodeGroupPlan:
+class EksPoolPlan:
+    """A GPU pool of a created cluster, whatever brings its nodes up: a Karpenter NodePool or a managed node group."""
+
     pool: PoolPlan
+    provisioner: PoolProvisioner
     node_group_name: str
     instance_type: str
+    vcpus: int
+    memory_gib: float
     ami_type: str
+    ami_release: str
     release_version: str
     nvidia_driver: str
     capacity_type: str
     min: int
     max: int
     zones: list[str]
+    disk_gib: int
     launch_template: dict[str, Any]
-    autoscaler_tags: dict[str, str] = field(default_factory=dict)
 
     @property
     def eks_taints(self) -> list[dict[str, str]]:
         return [{**t, "effect": EKS_TAINT_EFFECT[t["effect"]]} for t in self.pool.taints]
 
 
-def plan_pool(group: NodeGroupConfig, facts: Catalog) -> PoolPlan:
+def plan_pool(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) -> PoolPlan:
     gpu_key = gpu_of(group, facts)
     labels = gpu_node_labels(group.name, gpu_key)
     replicas = group.time_slicing.replicas if group.time_slicing else None
@@ -74,6 +79,8 @@ def plan_pool(group: NodeGroupConfig, facts: Catalog) -> PoolPlan:
         labels=labels,
         taints=[gpu_taint()] if group.taint else [],
         time_slicing_replicas=replicas,
+        zones=tuple(group.zones or stack.cluster.zones) if stack.cluster.create else None,
+        max_nodes=group.max,
     )
 
 
@@ -107,41 +114,30 @@ def launch_template(cluster: str, name: str, disk_gib: int) -> dict[str, Any]:
     }
 
 
-def autoscaler_tags(cluster: str, pool: PoolPlan) -> dict[str, str]:
-    """Cluster-autoscaler node-template tags, so a group at zero nodes can still be chosen for a GPU pod.
-
-    Managed node group tags do not reach the Auto Scaling group, so these are set on the ASG itself.
-    """
-    prefix = "k8s.io/cluster-autoscaler/node-template"
-    tags = {
-        "k8s.io/cluster-autoscaler/enabled": "true",
-        f"k8s.io/cluster-autoscaler/{cluster}": "owned",
-        f"{prefix}/resources/{GPU_RESOURCE}": str(pool.schedulable_gpus_per_node),
-    }
-    tags.update({f"{prefix}/label/{key}": value for key, value in pool.labels.items()})
-    if pool.taints:
-        tags[f"{prefix}/taint/{GPU_TAINT_KEY}"] = f"{GPU_TAINT_VALUE}:{GPU_TAINT_EFFECT}"
-    return tags
-
-
-def plan_eks_node_group(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) -> EksNodeGroupPlan:
+def plan_eks_pool(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) -> EksPoolPlan:
     assert group.instance_type is not None and group.ami_release is not None
     cluster = stack.cluster.name
     release = facts.amis[group.ami_type][group.ami_release]
-    pool = plan_pool(group, facts)
-    return EksNodeGroupPlan(
-        pool=pool,
+    instance = facts.instances[group.instance_type]
+    provisioner = pool_provisioner(stack.cluster, group)
+    assert provisioner != "existing"
+    return EksPoolPlan(
+        pool=plan_pool(stack, group, facts),
+        provisioner=provisioner,
         node_group_name=f"{cluster}-{group.name}",
         instance_type=group.instance_type,
+        vcpus=instance.vcpus,
+        memory_gib=instance.memory_gib,
         ami_type=group.ami_type,
+        ami_release=group.ami_release,
         release_version=release.release_versions[stack.cluster.kubernetes_version],
         nvidia_driver=release.nvidia_driver,
         capacity_type=group.capacity_type,
         min=group.min,
         max=group.max,
         zones=list(group.zones or stack.cluster.zones),
+        disk_gib=group.disk_gib,
         launch_template=launch_template(cluster, group.name, group.disk_gib),
-        autoscaler_tags=autoscaler_tags(cluster, pool),
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from triarch.planners.models import ModelPlan
+from triarch.planners.nodegroups import PoolPlan
 from triarch.scheduling import POOL_LABEL, gpu_toleration
 
 ZONE_KEY = "topology.kubernetes.io/zone"
@@ -17,6 +18,8 @@ HF_TOKEN_SECRET = "hf-token"
 HF_TOKEN_KEY = "token"
 RUN_AS = 1000
 """The vLLM and Ray images' serving user (rayproject images ship user `ray`, uid 1000)."""
+RUN_AS_NAME = "ray"
+"""The name of uid 1000 where an image has one (rayproject's `ray`); given to the others through USER/LOGNAME."""
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "triarch"}
 
@@ -40,20 +43,36 @@ def cache_claim_name(owner: str) -> str:
     return f"{owner}-hf-cache"
 
 
-def placement(pool: str, selector: dict[str, str]) -> dict[str, Any]:
-    """Only the pool's nodes, tolerating their GPU taint; replicas spread over zones, then hosts.
+def zone_spread(pool: PoolPlan, max_replicas: int) -> dict[str, Any]:
+    """How a workload's replicas spread over its pool's zones.
 
-    ScheduleAnyway: GPU capacity is often short in one zone, and a Pending replica serves nobody; the skew
-    stays bounded (maxSkew 1) whenever capacity allows.
+    Hard (DoNotSchedule) where the pool's zones are known and there are two replicas or more: a soft spread is
+    dropped whenever it cannot be met, and a pool scaling from zero shows the scheduler one zone (its first
+    node's), so every replica would land there. minDomains makes the scheduler treat the zones it has not seen
+    yet as empty: the second replica waits for a node in another zone, which Karpenter then launches. It is
+    capped by the zones and the pool's node count, so the spread can always be met. Where the zones are unknown
+    (existing nodes, which may carry no zone label at all) the spread stays soft.
     """
+    if pool.zones is None or max_replicas < 2:
+        return {"whenUnsatisfiable": "ScheduleAnyway"}
+    spread: dict[str, Any] = {"whenUnsatisfiable": "DoNotSchedule"}
+    domains = min(len(pool.zones), pool.max_nodes, max_replicas)
+    if domains >= 2:
+        spread["minDomains"] = domains
+    return spread
+
+
+def placement(pool: PoolPlan, selector: dict[str, str], max_replicas: int) -> dict[str, Any]:
+    """Only the pool's nodes, tolerating their GPU taint; replicas spread over zones (see `zone_spread`), then
+    softly over hosts (packing two replicas on one node is better than leaving one Pending)."""
+    by_zone = {"maxSkew": 1, "topologyKey": ZONE_KEY, **zone_spread(pool, max_replicas),
+               "labelSelector": {"matchLabels": selector}}
+    by_host = {"maxSkew": 1, "topologyKey": HOSTNAME_KEY, "whenUnsatisfiable": "ScheduleAnyway",
+               "labelSelector": {"matchLabels": selector}}
     return {
-        "nodeSelector": {POOL_LABEL: pool},
+        "nodeSelector": {POOL_LABEL: pool.name},
         "tolerations": [gpu_toleration()],
-        "topologySpreadConstraints": [
-            {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
-             "labelSelector": {"matchLabels": selector}}
-            for key in (ZONE_KEY, HOSTNAME_KEY)
-        ],
+        "topologySpreadConstraints": [by_zone, by_host],
     }
 
 
@@ -67,10 +86,14 @@ def container_security(read_only_root: bool) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]}}
 
 
-def cache_env(with_token: bool) -> list[dict[str, Any]]:
+def serving_env(with_token: bool) -> list[dict[str, Any]]:
+    """The model cache, a writable HOME, and a user name: uid 1000 has no passwd entry in the vLLM image, and
+    PyTorch's cache-dir lookup (getpass.getuser) fails on it unless LOGNAME or USER is set (vLLM #44548)."""
     env: list[dict[str, Any]] = [
         {"name": "HF_HOME", "value": HF_HOME},
         {"name": "HOME", "value": "/tmp"},
+        {"name": "USER", "value": RUN_AS_NAME},
+        {"name": "LOGNAME", "value": RUN_AS_NAME},
     ]
     if with_token:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": HF_TOKEN_SECRET, "key": HF_TOKEN_KEY}}})

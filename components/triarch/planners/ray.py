@@ -7,6 +7,7 @@ one worker group per (GPU pool, GPUs per replica), each worker pod one replica's
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +23,23 @@ from triarch.scheduling import GPU_PRESENT_LABEL
 
 RAY_SERVICE = "llm"
 SERVE_PORT = 8000
-DRAIN_SECONDS = 60
-"""How long a terminating worker waits for Serve to move its replicas (preStop)."""
+DRAIN_SECONDS = 30
+"""preStop: the worker asks Ray to drain its node (Serve stops routing to it and starts replacements) and waits
+this long before Kubernetes signals it."""
+SIGTERM_DRAIN_SECONDS = 30
+"""RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S: on SIGTERM Ray drains the node again and waits up to this long before it
+kills its processes (ray/_private/node.py, Ray 2.60; Ray's default, set so the grace period can be summed)."""
 GRACEFUL_SHUTDOWN_SECONDS = 30
 """Serve's graceful_shutdown_timeout_s: in-flight requests a stopping replica still finishes."""
-GRACE_MARGIN_SECONDS = 15
+GRACE_MARGIN_SECONDS = 10
+AUTOSCALER_SERVICE_ACCOUNT = "ray-autoscaler"
+"""The head's service account. KubeRay binds its autoscaler Role (pods get/list/watch/patch, pods/resize patch,
+rayclusters get/patch) to the head's service account; naming our own keeps the namespace's default account
+unbound, and KubeRay then requires the account to exist rather than creating it."""
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+"""Where Ray's autoscaler reads its token and CA (ray/autoscaler/_private/kuberay/node_provider.py)."""
+TOKEN_SECONDS = 3607
+"""The kubelet refreshes a projected token before it expires; the API server's own automount uses 3607 s."""
 HEAD_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "serve": SERVE_PORT, "metrics": 8080}
 """Ray's default ports; reachable through the ClusterIP services KubeRay creates, never outside the cluster."""
 
@@ -42,7 +55,8 @@ class WorkerGroupKey:
 
 
 def worker_grace_seconds() -> int:
-    return DRAIN_SECONDS + GRACEFUL_SHUTDOWN_SECONDS + GRACE_MARGIN_SECONDS
+    """preStop drain, then Ray's own drain on SIGTERM, then Serve's graceful shutdown of the last replica."""
+    return DRAIN_SECONDS + SIGTERM_DRAIN_SECONDS + GRACEFUL_SHUTDOWN_SECONDS + GRACE_MARGIN_SECONDS
 
 
 def prestop_script() -> str:
@@ -93,7 +107,7 @@ def serve_config(plans: list[ModelPlan]) -> dict[str, Any]:
 
 def _container(name: str, image: str, resources: dict[str, Any], with_token: bool) -> dict[str, Any]:
     return {
-        "name": name, "image": image, "resources": resources, "env": pods.cache_env(with_token),
+        "name": name, "image": image, "resources": resources, "env": pods.serving_env(with_token),
         # Ray writes its session files under /tmp and caches under $HOME; the root filesystem stays writable
         # for the runtime-env agent, so it is not read-only (see the pod annotation).
         "securityContext": pods.container_security(read_only_root=False),
@@ -107,27 +121,51 @@ READ_ONLY_ROOT_EXCEPTION = {
 }
 
 
-def head_group(image: str, claim: str, with_token: bool) -> dict[str, Any]:
+def autoscaler_token_volume() -> dict[str, Any]:
+    """What the API server would automount, projected by hand so that only the autoscaler container sees it."""
+    return {"name": "autoscaler-token", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": TOKEN_SECONDS}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+    ]}}
+
+
+def head_group(image: str, claim: str, with_token: bool, autoscaled: bool) -> dict[str, Any]:
     resources = {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
     container = _container("ray-head", image, resources, with_token)
     container["ports"] = [{"name": name, "containerPort": port, "protocol": "TCP"}
                           for name, port in HEAD_PORTS.items()]
+    spec: dict[str, Any] = {
+        "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "preference": {"matchExpressions": [
+                {"key": GPU_PRESENT_LABEL, "operator": "DoesNotExist"}]}}]}},
+        # No token in the Ray containers; the autoscaler sidecar gets its own (autoscalerOptions.volumeMounts).
+        "automountServiceAccountToken": False,
+        "securityContext": pods.pod_security(),
+        "containers": [container],
+        "volumes": pods.volumes(claim, shm_gib=2),
+    }
+    if autoscaled:
+        spec["serviceAccountName"] = AUTOSCALER_SERVICE_ACCOUNT
+        spec["volumes"].append(autoscaler_token_volume())
     return {
         # No GPUs and no CPUs for tasks on the head: replicas go to the GPU workers, the head keeps GCS and Serve.
         "rayStartParams": {"num-gpus": "0", "num-cpus": "0", "dashboard-host": "0.0.0.0"},
         "template": {
             "metadata": {"labels": dict(pods.MANAGED_BY), "annotations": dict(READ_ONLY_ROOT_EXCEPTION)},
-            "spec": {
-                "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-                    {"weight": 100, "preference": {"matchExpressions": [
-                        {"key": GPU_PRESENT_LABEL, "operator": "DoesNotExist"}]}}]}},
-                "automountServiceAccountToken": False,
-                "securityContext": pods.pod_security(),
-                "containers": [container],
-                "volumes": pods.volumes(claim, shm_gib=2),
-            },
+            "spec": spec,
         },
     }
+
+
+def advertised_resources(plans: list[ModelPlan]) -> dict[str, str]:
+    """rayStartParams that let Ray's autoscaler pick the group from zero: the `accelerator_type:<X>` resource its
+    replicas ask for (Ray detects it on a running node, but a group at zero has no node to detect it on). The
+    value is a JSON object in quotes, as KubeRay and the autoscaler parse it."""
+    accelerator = plans[0].pool.gpu.ray_accelerator_type
+    if not accelerator:
+        return {}
+    return {"resources": '"' + json.dumps({f"accelerator_type:{accelerator}": 1}).replace('"', '\\"') + '"'}
 
 
 def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim: str,
@@ -136,17 +174,18 @@ def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim:
     high = sum(replica_bounds(p)[1] for p in plans)
     container = _container("ray-worker", image, pod_resources(plans[0]), with_token)
     container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", prestop_script()]}}}
-    container["env"].append({"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": str(DRAIN_SECONDS)})
+    container["env"].append({"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": str(SIGTERM_DRAIN_SECONDS)})
     selector = {"ray.io/group": key.name}
     return {
         "groupName": key.name,
         "replicas": low, "minReplicas": low, "maxReplicas": high,
-        "rayStartParams": {},
+        "rayStartParams": advertised_resources(plans),
         "template": {
-            "metadata": {"labels": {**pods.MANAGED_BY, "triarch.dev/models": "_".join(p.name for p in plans)},
-                         "annotations": dict(READ_ONLY_ROOT_EXCEPTION)},
+            # Labels from the group only: a label naming the models would change every group's pods when one
+            # model is added or renamed.
+            "metadata": {"labels": dict(pods.MANAGED_BY), "annotations": dict(READ_ONLY_ROOT_EXCEPTION)},
             "spec": {
-                **pods.placement(key.pool, selector),
+                **pods.placement(plans[0].pool, selector, high),
                 "terminationGracePeriodSeconds": worker_grace_seconds(),
                 "automountServiceAccountToken": False,
                 "securityContext": pods.pod_security(),
@@ -157,8 +196,15 @@ def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim:
     }
 
 
+def autoscaler_service_account(namespace: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": AUTOSCALER_SERVICE_ACCOUNT, "namespace": namespace, "labels": dict(pods.MANAGED_BY)},
+            "automountServiceAccountToken": False}
+
+
 def ray_manifests(plans: list[ModelPlan], image: str, settings: pods.ServingSettings) -> list[dict[str, Any]]:
-    """The model cache claim and the RayService; empty when no model uses the ray-serve engine."""
+    """The model cache claim, the autoscaler's service account and the RayService; empty when no model uses the
+    ray-serve engine."""
     served = [p for p in plans if p.config.engine == "ray-serve"]
     if not served:
         return []
@@ -169,27 +215,32 @@ def ray_manifests(plans: list[ModelPlan], image: str, settings: pods.ServingSett
     ray_version = catalog().images[image].ray
     autoscaled = any(p.config.autoscaling for p in served)
     cluster: dict[str, Any] = {
-        "headGroupSpec": head_group(image, claim, settings.with_token),
-        "workerGroupSpecs": [worker_group(key, members, image, claim, settings.with_token)
-                             for key, members in groups.items()],
+        "headGroupSpec": head_group(image, claim, settings.with_token, autoscaled),
+        # Ordered by group, not by model: adding a model never reorders the groups.
+        "workerGroupSpecs": [worker_group(key, groups[key], image, claim, settings.with_token)
+                             for key in sorted(groups, key=lambda k: (k.pool, k.gpus))],
         "enableInTreeAutoscaling": autoscaled,
     }
     if ray_version:
         cluster["rayVersion"] = ray_version
+    objects = [pods.cache_claim(RAY_SERVICE, sum(p.cache_gib for p in served), settings)]
     if autoscaled:
         cluster["autoscalerOptions"] = {
             "upscalingMode": "Default", "idleTimeoutSeconds": 600,
             "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "500m", "memory": "1Gi"}},
             "securityContext": pods.container_security(read_only_root=False),
+            "volumeMounts": [{"name": "autoscaler-token", "mountPath": TOKEN_DIR, "readOnly": True}],
         }
+        objects.append(autoscaler_service_account(settings.namespace))
     service = {
         "apiVersion": "ray.io/v1", "kind": "RayService",
         "metadata": {"name": RAY_SERVICE, "namespace": settings.namespace, "labels": dict(pods.MANAGED_BY)},
         "spec": {
             "serveConfigV2": yaml.safe_dump(serve_config(served), sort_keys=False),
+            # A new cluster beside the old one, traffic switched when it is ready: the pools must hold both
+            # (checked in triarch.planners.models.check_ray_upgrade_capacity).
             "upgradeStrategy": {"type": "NewCluster"},
             "rayClusterConfig": cluster,
         },
     }
-    size = sum(p.cache_gib for p in served)
-    return [pods.cache_claim(RAY_SERVICE, size, settings), service]
+    return [*objects, service]

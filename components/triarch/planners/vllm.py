@@ -65,7 +65,7 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
         "command": ["vllm", "serve"],
         "args": serve_args(plan),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
-        "env": pods.cache_env(settings.with_token),
+        "env": pods.serving_env(settings.with_token),
         "resources": pod_resources(plan),
         "startupProbe": _probe(plan.config.startup_minutes * 60 // PROBE_PERIOD_SECONDS, PROBE_PERIOD_SECONDS),
         "readinessProbe": _probe(3, 5),
@@ -87,7 +87,7 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    **pods.placement(plan.pool.name, selector),
+                    **pods.placement(plan.pool, selector, replicas),
                     "terminationGracePeriodSeconds": grace_period_seconds(),
                     "automountServiceAccountToken": False,
                     "securityContext": pods.pod_security(),

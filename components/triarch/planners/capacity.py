@@ -1,0 +1,89 @@
+"""What must hold between the pools and the workloads on them over time, not just at the first `pulumi up`:
+a RayService upgrade's second cluster fits the pools, and every GPU pod drains within a spot node's notice.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from triarch.config import StackConfig
+from triarch.errors import ConfigError
+from triarch.planners.models import ModelPlan, largest_gpu_use
+from triarch.planners.ray import replica_bounds, worker_grace_seconds
+from triarch.planners.vllm import grace_period_seconds
+
+SPOT_NOTICE_SECONDS = 120
+"""EC2 warns two minutes before it reclaims a spot instance (EC2 User Guide, "Spot Instance interruption
+notices")."""
+INTERRUPTION_HANDLING_SECONDS = 15
+"""Our margin for the notice to reach Karpenter (EventBridge -> SQS, long-polled) and for it to cordon the node
+and start evicting: the pods' grace periods must end this much before the instance goes."""
+
+
+def check_capacity(stack: StackConfig, models: list[ModelPlan]) -> None:
+    check_ray_upgrade(stack, models)
+    check_spot_drain(stack, models)
+
+
+def _group_index(stack: StackConfig, name: str) -> int:
+    return next(i for i, group in enumerate(stack.node_groups) if group.name == name)
+
+
+def ray_upgrade_gpus(models: list[ModelPlan]) -> dict[str, tuple[int, int, int]]:
+    """Per pool hosting ray-serve models: GPUs of (the old Ray cluster at its largest, the new cluster as it
+    starts, everything else on the pool at its largest) during a RayService `NewCluster` upgrade."""
+    old: dict[str, int] = defaultdict(int)
+    new: dict[str, int] = defaultdict(int)
+    others: dict[str, int] = defaultdict(int)
+    for plan in models:
+        if plan.config.engine == "ray-serve":
+            low, high = replica_bounds(plan)
+            old[plan.pool.name] += high * plan.gpus_per_replica
+            new[plan.pool.name] += low * plan.gpus_per_replica
+        else:
+            others[plan.pool.name] += largest_gpu_use(plan) * plan.gpus_per_replica
+    return {pool: (old[pool], new[pool], others[pool]) for pool in old}
+
+
+def check_ray_upgrade(stack: StackConfig, models: list[ModelPlan]) -> None:
+    """KubeRay's NewCluster upgrade starts a whole new Ray cluster and switches traffic once it serves: the pools
+    must hold both at once, or the upgrade waits for GPUs that never come. (The incremental upgrade that avoids
+    this needs the Gateway API and a gateway controller, which Triarch does not install.)"""
+    pools = {plan.pool.name: plan.pool for plan in models}
+    for pool_name, (old, new, others) in sorted(ray_upgrade_gpus(models).items()):
+        pool = pools[pool_name]
+        capacity = pool.max_nodes * pool.schedulable_gpus_per_node
+        need = old + new + others
+        if need > capacity:
+            index = _group_index(stack, pool_name)
+            nodes = -(-need // pool.schedulable_gpus_per_node)
+            raise ConfigError(
+                f"triarch:nodeGroups[{index}].max", pool.max_nodes,
+                f"holds {capacity} GPU(s), but a RayService upgrade on pool '{pool_name}' needs {need}: the running "
+                f"Ray cluster at its largest ({old}) and the new one as it starts ({new}) side by side, plus "
+                f"{others} for the vLLM models there",
+                f">= {nodes} nodes, or lower the ray-serve models' autoscaling.max on this pool")
+
+
+def spot_drain_problem(grace_seconds: int) -> str | None:
+    """Why a pod with this grace period cannot drain on a spot node, or None."""
+    budget = SPOT_NOTICE_SECONDS - INTERRUPTION_HANDLING_SECONDS
+    if grace_seconds > budget:
+        return (f"gives its pods {grace_seconds}s to drain, but a spot node is gone {SPOT_NOTICE_SECONDS}s after "
+                f"its notice, {INTERRUPTION_HANDLING_SECONDS}s of which reach Karpenter and cordon the node "
+                f"(at most {budget}s)")
+    return None
+
+
+def check_spot_drain(stack: StackConfig, models: list[ModelPlan]) -> None:
+    """Every GPU pod on a spot pool finishes its drain (preStop, the server's own drain, the margin) before the
+    instance is reclaimed; otherwise in-flight requests are cut at every interruption."""
+    for plan in models:
+        index = _group_index(stack, plan.pool.name)
+        if stack.node_groups[index].capacity_type != "SPOT":
+            continue
+        grace = grace_period_seconds() if plan.config.engine == "vllm" else worker_grace_seconds()
+        problem = spot_drain_problem(grace)
+        if problem:
+            raise ConfigError(f"triarch:nodeGroups[{index}].capacityType", "SPOT",
+                              f"cannot hold model '{plan.name}', which {problem}", "ON_DEMAND")

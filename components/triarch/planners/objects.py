@@ -1,0 +1,181 @@
+"""Every Kubernetes object Triarch creates from plain data, planned once before any resource exists.
+
+The components register exactly these objects; the checks here run on them first, so two objects that would
+claim one name, or a name or label Kubernetes refuses, stop the plan with one line naming the key that decided
+it, instead of an object silently overwriting another or `pulumi up` failing halfway.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from triarch.catalog import Catalog
+from triarch.config import StackConfig
+from triarch.errors import ConfigError
+from triarch.planners import karpenter, pods
+from triarch.planners.capacity import check_capacity
+from triarch.planners.device_plugin import NAMESPACE as DEVICE_PLUGIN_NAMESPACE
+from triarch.planners.models import ModelPlan
+from triarch.planners.nodegroups import plan_eks_pool
+from triarch.planners.ray import RAY_SERVICE, ray_manifests
+from triarch.planners.serving import KUBERAY_NAMESPACE, network_policies, serving_settings
+from triarch.planners.vllm import vllm_manifests
+
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+LABEL_VALUE_MAX = 63
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL_MAX = 63
+DNS_SUBDOMAIN_MAX = 253
+LABEL_NAMED_KINDS = {"Namespace", "Service"}
+"""Kinds whose names must be DNS labels (63 characters): Kubernetes makes DNS names of them."""
+RESERVED_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease"}
+"""Namespaces every cluster has: Triarch must not try to create (and, on destroy, delete) them."""
+KUBERAY_SERVICES = ("head-svc", "serve-svc")
+"""Services the KubeRay operator creates for a RayService `<name>`: `<name>-head-svc`, `<name>-serve-svc`
+(utils.GenerateHeadServiceName / GenerateServeServiceName, KubeRay v1.7.0)."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """What decides an object: a stack key and its value, or Triarch itself (no key a user can change)."""
+
+    path: str
+    value: str | None = None
+
+
+@dataclass(frozen=True)
+class KubernetesPlan:
+    """The objects of each component, and who decided each one (for the messages)."""
+
+    device_plugin: list[dict[str, Any]] = field(default_factory=list)
+    kuberay: list[dict[str, Any]] = field(default_factory=list)
+    serving: list[dict[str, Any]] = field(default_factory=list)
+    vllm: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    ray: list[dict[str, Any]] = field(default_factory=list)
+    node_pools: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    owners: list[tuple[Owner, dict[str, Any]]] = field(default_factory=list)
+    """Every object above with what decided it, plus those created apart (the token Secret) or by an operator
+    from ours (KubeRay's Services), which can collide as well."""
+
+
+def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog, with_token: bool) -> KubernetesPlan:
+    """The objects a stack creates; raises ConfigError where two collide or one would be refused, or where the
+    pools cannot hold what the workloads need over time (triarch.planners.capacity)."""
+    check_capacity(stack, models)
+    owners: list[tuple[Owner, dict[str, Any]]] = []
+    device_plugin = []
+    if stack.device_plugin.enabled:
+        device_plugin = [pods.namespace(
+            DEVICE_PLUGIN_NAMESPACE, "privileged",
+            "the device plugin mounts the kubelet's device-plugin socket directory (hostPath), and GPU feature "
+            "discovery runs privileged as the chart ships it; nothing else runs here")]
+        owners += [(Owner("the NVIDIA device plugin"), o) for o in device_plugin]
+
+    node_pools: dict[str, list[dict[str, Any]]] = {}
+    if stack.cluster.create:
+        for i, group in enumerate(stack.node_groups):
+            plan = plan_eks_pool(stack, group, facts)
+            if plan.provisioner == "karpenter":
+                node_pools[group.name] = [karpenter.node_class(plan, stack.cluster.name), karpenter.node_pool(plan)]
+                owners += [(Owner(f"triarch:nodeGroups[{i}].name", group.name), o) for o in node_pools[group.name]]
+
+    result = KubernetesPlan(device_plugin=device_plugin, node_pools=node_pools, owners=owners)
+    if not models:
+        _check(owners)
+        return result
+
+    settings = serving_settings(stack, with_token)
+    if settings.namespace in RESERVED_NAMESPACES:
+        raise ConfigError("triarch:serving.namespace", settings.namespace,
+                          "is a namespace every cluster has, which Triarch would create and delete",
+                          "a namespace of its own, e.g. llm")
+    with_ray = any(m.config.engine == "ray-serve" for m in models)
+    serving = [pods.namespace(settings.namespace, "restricted",
+                              "inference pods run as non-root with no added capabilities"),
+               *network_policies(settings, with_ray)]
+    owners += [(Owner("triarch:serving.namespace", settings.namespace), o) for o in serving]
+    if with_token:
+        owners.append((Owner("the Hugging Face token"), {"apiVersion": "v1", "kind": "Secret", "metadata": {
+            "name": pods.HF_TOKEN_SECRET, "namespace": settings.namespace}}))
+
+    vllm: dict[str, list[dict[str, Any]]] = {}
+    for i, model in enumerate(models):
+        if model.config.engine == "vllm":
+            vllm[model.name] = vllm_manifests(model, settings)
+            owners += [(Owner(f"triarch:models[{i}].name", model.name), o) for o in vllm[model.name]]
+
+    kuberay: list[dict[str, Any]] = []
+    ray = ray_manifests(models, stack.images.ray_llm, settings)
+    if ray:
+        kuberay = [pods.namespace(KUBERAY_NAMESPACE, "restricted",
+                                  "the operator runs non-root, read-only, with no capabilities")]
+        owners += [(Owner("the KubeRay operator"), o) for o in kuberay]
+        owners += [(Owner(f"the RayService {RAY_SERVICE} of the ray-serve models"), o) for o in ray]
+        owners += [(Owner(f"the KubeRay operator (for the RayService {RAY_SERVICE})"),
+                    {"apiVersion": "v1", "kind": "Service",
+                     "metadata": {"name": f"{RAY_SERVICE}-{suffix}", "namespace": settings.namespace}})
+                   for suffix in KUBERAY_SERVICES]
+    _check(owners)
+    return KubernetesPlan(device_plugin, kuberay, serving, vllm, ray, node_pools, owners)
+
+
+def _identity(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    metadata = obj.get("metadata") or {}
+    return str(obj["kind"]), str(metadata.get("namespace") or ""), str(metadata.get("name"))
+
+
+def _show(identity: tuple[str, str, str]) -> str:
+    kind, namespace, name = identity
+    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+
+
+def _check(owners: list[tuple[Owner, dict[str, Any]]]) -> None:
+    seen: dict[tuple[str, str, str], Owner] = {}
+    for owner, obj in owners:
+        identity = _identity(obj)
+        first = seen.setdefault(identity, owner)
+        if first is not owner:
+            # Name the key a user can change; the other side is said in words.
+            blamed, other = (owner, first) if owner.value is not None else (first, owner)
+            raise ConfigError(blamed.path, blamed.value,
+                              f"gives {_show(identity)}, which {_describe(other)} also creates", "another name")
+        problem = _name_problem(identity[0], identity[2])
+        if problem:
+            raise ConfigError(owner.path, owner.value, f"gives {_show(identity)}, {problem}", "a shorter name")
+        for where, key, value in _labels(obj):
+            if len(value) > LABEL_VALUE_MAX or not LABEL_VALUE.match(value):
+                raise ConfigError(owner.path, owner.value,
+                                  f"gives label {key}={value} in {_show(identity)} ({where}), which Kubernetes "
+                                  f"refuses (at most {LABEL_VALUE_MAX} characters: letters, digits, '-', '_', '.')",
+                                  "a shorter name")
+
+
+def _describe(owner: Owner) -> str:
+    return f"{owner.path} {owner.value!r}" if owner.value is not None else owner.path
+
+
+def _name_problem(kind: str, name: str) -> str | None:
+    if kind in LABEL_NAMED_KINDS:
+        if len(name) > DNS_LABEL_MAX or not DNS_LABEL.match(name):
+            return f"a name Kubernetes refuses for a {kind} (a DNS label: at most {DNS_LABEL_MAX} characters)"
+    elif len(name) > DNS_SUBDOMAIN_MAX:
+        return f"a name longer than the {DNS_SUBDOMAIN_MAX} characters Kubernetes allows"
+    return None
+
+
+def _labels(value: Any, path: str = "") -> Iterator[tuple[str, str, str]]:
+    """(where, key, value) of every label map (`labels`, `matchLabels`, `nodeSelector`) anywhere in an object."""
+    if isinstance(value, Mapping):
+        for key, child in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key in ("labels", "matchLabels", "nodeSelector") and isinstance(child, Mapping):
+                for label, label_value in child.items():
+                    yield where, str(label), str(label_value)
+            else:
+                yield from _labels(child, where)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _labels(item, f"{path}[{i}]")
