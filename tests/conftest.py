@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from pulumi.runtime.mocks import MockMonitor
 
-from triarch.offline import read_stack_config
+from triarch.offline import PlanRun, Registered, manifests, read_stack_config, run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 STACKS_DIR = ROOT / "stacks"
 COMPAT_DIR = ROOT / "templates" / "compat"
+REFERENCE = ROOT.parent / "shared" / "reference"
 
 STACK_NAMES = sorted(p.name.split(".")[1] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
 """The stacks shipped in stacks/ (Pulumi.<name>.yaml)."""
@@ -83,13 +86,14 @@ def mutated_config(write_stack: StackWriter) -> MutatedConfig:
     return build
 
 
-def unknown_paths(ours: Any, upstream: Any, path: str = "") -> list[str]:
+def unknown_paths(ours: Any, upstream: Any, path: str = "", free: frozenset[str] | set[str] = frozenset()) -> list[str]:
     """Key paths set in `ours` that the chart's values.yaml does not have.
 
     Below a key whose upstream default is an empty map ({}) anything goes (config.map, nodeSelector,
-    resources, securityContext, ...); a list replaces the upstream list whole, so its items are not compared.
+    resources, securityContext, ...), and below the paths in `free` (maps of names whose default is not empty);
+    a list replaces the upstream list whole, so its items are not compared.
     """
-    if not isinstance(ours, dict):
+    if not isinstance(ours, dict) or path in free:
         return []
     if not isinstance(upstream, dict):
         return [path or "<root>"]  # a map where the chart has a scalar or a list
@@ -101,5 +105,96 @@ def unknown_paths(ours: Any, upstream: Any, path: str = "") -> list[str]:
         if key not in upstream:
             missing.append(child)
         elif isinstance(value, dict) and upstream[key] is not None:
-            missing += unknown_paths(value, upstream[key], child)
+            missing += unknown_paths(value, upstream[key], child, free)
     return missing
+
+
+def reference_file(*parts: str) -> Path:
+    """A file of ../shared/reference; the test skips, saying why, where the folder is absent (a fresh clone)."""
+    path = REFERENCE.joinpath(*parts)
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: upstream reference data lives in ../shared, which is not checked out here")
+    return path
+
+
+def crd_schema(*parts: str, version: str = "v1") -> dict[str, Any]:
+    """The openAPIV3Schema the API server enforces for one served version of a CRD in ../shared/reference."""
+    crd = yaml.safe_load(reference_file(*parts).read_text(encoding="utf-8"))
+    [served] = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    schema: dict[str, Any] = served["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def unknown_fields(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Field paths of `value` that a structural schema does not declare (the API server would prune them
+    silently; kubernetes-validate's strict mode rejects them)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    found: list[str] = []
+    if isinstance(value, dict):
+        properties = schema.get("properties")
+        additional = schema.get("additionalProperties")
+        for key, child in value.items():
+            where = f"{path}.{key}" if path else key
+            if properties is not None and key in properties:
+                found += unknown_fields(child, properties[key], where)
+            elif isinstance(additional, dict):
+                found += unknown_fields(child, additional, where)
+            elif properties is not None or additional is False:
+                found.append(where)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            found += unknown_fields(item, schema["items"], f"{path}[{i}]")
+    return found
+
+
+# --- plans shared by the whole session ----------------------------------------------------------------------
+
+@dataclass
+class StackPlan:
+    """A stack planned through the whole program, with what the engine would receive beyond the inputs: each
+    resource's dependencies and provider reference (read from the SDK's MockMonitor.RegisterResource request,
+    wrapped for the one run)."""
+
+    name: str
+    config: dict[str, Any]
+    """The stack's `config:` mapping as YAML values."""
+    run: PlanRun
+    dependencies: dict[str, list[str]]
+    provider_of: dict[str, str]
+
+    @property
+    def resources(self) -> list[Registered]:
+        return self.run.resources
+
+    def of_type(self, type_: str) -> list[Registered]:
+        return [r for r in self.run.resources if r.type == type_]
+
+    def objects(self, kind: str | None = None) -> list[dict[str, Any]]:
+        return [o for o in manifests(self.run) if kind is None or o["kind"] == kind]
+
+
+def plan_config(name: str, config: Mapping[str, Any], directory: Path) -> StackPlan:
+    """Plan a stack mapping the way `triarch plan` does (its stack-file reader, the whole program)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    values, secrets = read_stack_config(write_stack_file(directory / f"Pulumi.{name}.yaml", config))
+    dependencies: dict[str, list[str]] = {}
+    provider_of: dict[str, str] = {}
+    original = MockMonitor.RegisterResource
+
+    def recording(self: MockMonitor, request: Any) -> Any:
+        response = original(self, request)
+        dependencies[response.urn] = list(request.dependencies)
+        provider_of[response.urn] = request.provider
+        return response
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MockMonitor, "RegisterResource", recording)
+        run = run_program(name, values, secrets)
+    return StackPlan(name, dict(config), run, dependencies, provider_of)
+
+
+@pytest.fixture(scope="session")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, StackPlan]:
+    """Every shipped stack, planned once for the whole session."""
+    return {name: plan_config(name, stack_document(name), tmp_path_factory.mktemp(name)) for name in STACK_NAMES}

@@ -272,6 +272,83 @@ def test_other_namespaces_are_ignored(stack_config: StackConfigReader) -> None:
     assert from_pulumi_config(noisy) == from_pulumi_config(config)
 
 
+# --- what brings a pool's nodes up -----------------------------------------------------------------------
+
+def test_adopted_pool_at_zero_with_nothing_to_scale_it(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("local", _set("triarch:nodeGroups", 0, "min", value=0))
+    message = config_error(config, "triarch:nodeGroups[0].min", "0", ["min >= 1", "karpenter", "cluster-autoscaler"])
+    assert "nothing would add a node" in message
+
+
+@pytest.mark.parametrize("provisioner", ["karpenter", "cluster-autoscaler"])
+def test_adopted_pool_at_zero_with_a_declared_provisioner(mutated_config: MutatedConfig, provisioner: str) -> None:
+    def mutate(config: dict[str, Any]) -> None:
+        config["triarch:nodeGroups"][0]["min"] = 0
+        config["triarch:cluster"]["nodeProvisioner"] = provisioner
+
+    stack = from_pulumi_config(mutated_config("local", mutate))
+    assert stack.cluster.provisioner == provisioner
+
+
+def test_adopted_cluster_defaults_to_no_provisioner(stack_config: StackConfigReader) -> None:
+    assert from_pulumi_config(stack_config("local")).cluster.provisioner == "none"
+
+
+def test_created_cluster_installs_no_cluster_autoscaler(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:cluster", "nodeProvisioner", value="cluster-autoscaler"))
+    config_error(config, "triarch:cluster.nodeProvisioner", "'cluster-autoscaler'", ["karpenter", "none"])
+
+
+def test_karpenter_pool_keeps_no_idle_nodes(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:nodeGroups", 0, "min", value=1))
+    config_error(config, "triarch:nodeGroups[0].min", "1", ["0", "managedNodeGroup"])
+
+
+def test_managed_node_group_must_be_fixed_size(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:nodeGroups", 1, "provisioner", value="managedNodeGroup"))
+    message = config_error(config, "triarch:nodeGroups[1].min", "0", ["min == max == 2", "karpenter"])
+    assert "nothing scales a managed node group" in message
+
+
+def test_without_karpenter_every_pool_is_a_fixed_node_group(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:cluster", "nodeProvisioner", value="none"))
+    config_error(config, "triarch:nodeGroups[0].min", "0", ["min == max == 6"])
+
+    def fixed(config: dict[str, Any]) -> None:
+        config["triarch:cluster"]["nodeProvisioner"] = "none"
+        config["triarch:nodeGroups"][0].update(min=2, max=2)
+        config["triarch:nodeGroups"][1].update(min=1, max=1, provisioner="karpenter")
+
+    config_error(mutated_config("prod", fixed), "triarch:nodeGroups[1].provisioner", "'karpenter'",
+                 ["managedNodeGroup", "nodeProvisioner: karpenter"])
+
+
+def test_pool_provisioner_only_on_created_clusters(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("local", _set("triarch:nodeGroups", 0, "provisioner", value="karpenter"))
+    config_error(config, "triarch:nodeGroups[0].provisioner", "'karpenter'", ["nodeProvisioner"])
+
+
+def test_managed_node_group_name_fits_eks(mutated_config: MutatedConfig) -> None:
+    cluster = "c" * 32
+
+    def long_names(config: dict[str, Any]) -> None:
+        config["triarch:cluster"]["name"] = cluster
+        group = config["triarch:nodeGroups"][1]
+        group.update(name="a" * 31, provisioner="managedNodeGroup", min=2, max=2)
+        config["triarch:models"][1]["nodeGroup"] = group["name"]
+
+    # 32 + 1 + 31 = 64 characters: one more than EKS takes.
+    config_error(mutated_config("prod", long_names), "triarch:nodeGroups[1].name", "'" + "a" * 31 + "'",
+                 ["at most 30 characters"])
+
+
+def test_system_node_group_pins_its_own_release(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", lambda c: c["triarch:cluster"]["systemNodeGroup"].pop("amiRelease"))
+    config_error(config, "triarch:cluster.systemNodeGroup.amiRelease", "None", sorted(AMIS)[-2:])
+    config = mutated_config("prod", _set("triarch:cluster", "systemNodeGroup", "amiRelease", value="v20250519"))
+    config_error(config, "triarch:cluster.systemNodeGroup.amiRelease", "'v20250519'", ["v20260714"])
+
+
 # --- the CLI on a bad stack -----------------------------------------------------------------------------
 
 def _bad_stack(write_stack: StackWriter) -> Path:

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from conftest import unknown_paths
+from conftest import crd_schema, unknown_fields, unknown_paths
 from triarch.offline import manifests, read_stack_config, run_program
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,36 +20,8 @@ KUBERAY = ROOT.parent / "shared" / "reference" / "kuberay-v1.7.0"
 STACKS = ("local", "dev", "prod")
 
 
-def crd_schema(file: str) -> dict[str, Any]:
-    path = KUBERAY / file
-    if not path.is_file():
-        pytest.skip(f"{path} is absent: the KubeRay CRDs live in ../shared, which is not checked out here")
-    crd = yaml.safe_load(path.read_text(encoding="utf-8"))
-    [served] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    schema: dict[str, Any] = served["schema"]["openAPIV3Schema"]
-    return schema
-
-
-def unknown_fields(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
-    """Field paths of `value` that the structural schema does not declare (and so would prune)."""
-    if schema.get("x-kubernetes-preserve-unknown-fields"):
-        return []
-    found: list[str] = []
-    if isinstance(value, dict):
-        properties = schema.get("properties")
-        additional = schema.get("additionalProperties")
-        for key, child in value.items():
-            where = f"{path}.{key}" if path else key
-            if properties is not None and key in properties:
-                found += unknown_fields(child, properties[key], where)
-            elif isinstance(additional, dict):
-                found += unknown_fields(child, additional, where)
-            elif properties is not None or additional is False:
-                found.append(where)
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            found += unknown_fields(item, schema["items"], f"{path}[{i}]")
-    return found
+def kuberay_schema(file: str) -> dict[str, Any]:
+    return crd_schema("kuberay-v1.7.0", file)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +40,7 @@ def test_prod_serves_through_a_ray_service(ray_objects: dict[str, list[dict[str,
 
 @pytest.mark.parametrize("name", STACKS)
 def test_ray_services_validate_against_the_crd(ray_objects: dict[str, list[dict[str, Any]]], name: str) -> None:
-    schema = crd_schema("ray.io_rayservices.yaml")
+    schema = kuberay_schema("ray.io_rayservices.yaml")
     for obj in ray_objects[name]:
         assert obj["kind"] == "RayService"
         jsonschema.validate(obj, schema)
@@ -76,7 +48,7 @@ def test_ray_services_validate_against_the_crd(ray_objects: dict[str, list[dict[
 
 
 def test_ray_cluster_config_validates_as_a_ray_cluster_spec(ray_objects: dict[str, list[dict[str, Any]]]) -> None:
-    schema = crd_schema("ray.io_rayclusters.yaml")
+    schema = kuberay_schema("ray.io_rayclusters.yaml")
     [service] = ray_objects["prod"]
     cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "spec": service["spec"]["rayClusterConfig"]}
     jsonschema.validate(cluster, schema)
@@ -84,7 +56,7 @@ def test_ray_cluster_config_validates_as_a_ray_cluster_spec(ray_objects: dict[st
 
 
 def test_the_walk_finds_misspelt_and_misplaced_fields(ray_objects: dict[str, list[dict[str, Any]]]) -> None:
-    schema = crd_schema("ray.io_rayservices.yaml")
+    schema = kuberay_schema("ray.io_rayservices.yaml")
     [service] = ray_objects["prod"]
     broken = copy.deepcopy({k: v for k, v in service.items() if k != "metadata"})
     broken["spec"]["serveConfigv2"] = broken["spec"].pop("serveConfigV2")

@@ -42,6 +42,8 @@ DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
 DEFAULT_RAY_IMAGE = "rayproject/ray-llm:2.60.0-py312-cu130"
 SERVE_DEFAULT_GRACEFUL_SHUTDOWN_S = 20
 """Ray Serve's default graceful_shutdown_timeout_s when a deployment does not set it."""
+RAY_SIGTERM_DRAIN_DEFAULT_S = 30
+"""Ray 2.60's default RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S (ray/_private/ray_constants.py)."""
 RELEASE = "kubernetes:helm.sh/v3:Release"
 RAY_SERVICE = "kubernetes:ray.io/v1:RayService"
 
@@ -599,8 +601,11 @@ def test_worker_prestop_drains_without_killing_ray(prod: Planned, ray_service: d
         shutdown = max(configs[m["model"]]["deployment_config"].get("graceful_shutdown_timeout_s",
                                                                      SERVE_DEFAULT_GRACEFUL_SHUTDOWN_S)
                        for m in hosted[group["groupName"]])
+        # On SIGTERM Ray drains the node once more, for RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S (Ray's default 30).
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        sigterm = float(env.get("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", RAY_SIGTERM_DRAIN_DEFAULT_S))
         grace = pod.get("terminationGracePeriodSeconds", 30)
-        assert grace > prestop_sleep(container) + shutdown, group["groupName"]
+        assert grace > prestop_sleep(container) + sigterm + shutdown, group["groupName"]
 
 
 def test_ray_service_waits_for_the_kuberay_operator(prod: Planned) -> None:

@@ -1,15 +1,17 @@
 """What must hold between the pools and the workloads on them over time, not just at the first `pulumi up`:
-a RayService upgrade's second cluster fits the pools, and every GPU pod drains within a spot node's notice.
+the Ray head fits a system node, a RayService upgrade's second cluster fits the pools, and every GPU pod drains
+within a spot node's notice.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from triarch.catalog import Catalog
 from triarch.config import StackConfig
 from triarch.errors import ConfigError
 from triarch.planners.models import ModelPlan, largest_gpu_use
-from triarch.planners.ray import replica_bounds, worker_grace_seconds
+from triarch.planners.ray import HEAD_CPUS, HEAD_MEMORY_GIB, replica_bounds, worker_grace_seconds
 from triarch.planners.vllm import grace_period_seconds
 
 SPOT_NOTICE_SECONDS = 120
@@ -20,9 +22,26 @@ INTERRUPTION_HANDLING_SECONDS = 15
 and start evicting: the pods' grace periods must end this much before the instance goes."""
 
 
-def check_capacity(stack: StackConfig, models: list[ModelPlan]) -> None:
+def check_capacity(stack: StackConfig, models: list[ModelPlan], facts: Catalog) -> None:
+    check_ray_head(stack, models, facts)
     check_ray_upgrade(stack, models)
     check_spot_drain(stack, models)
+
+
+def check_ray_head(stack: StackConfig, models: list[ModelPlan], facts: Catalog) -> None:
+    """The Ray head runs on the system nodes: a system instance no larger than the head's requests can never
+    hold it (the kubelet and system daemons always reserve some), and the RayService would never start."""
+    if not stack.cluster.create or not any(m.config.engine == "ray-serve" for m in models):
+        return
+    system = stack.cluster.system_node_group
+    instance = facts.instances[system.instance_type]
+    if instance.vcpus <= HEAD_CPUS or instance.memory_gib <= HEAD_MEMORY_GIB:
+        larger = sorted((i.vcpus, i.memory_gib, name) for name, i in facts.instances.items()
+                        if not i.gpu and i.vcpus > HEAD_CPUS and i.memory_gib > HEAD_MEMORY_GIB)
+        raise ConfigError("triarch:cluster.systemNodeGroup.instanceType", system.instance_type,
+                          f"({instance.vcpus} vCPU, {instance.memory_gib:g} GiB) cannot hold the Ray head, which "
+                          f"requests {HEAD_CPUS} CPU and {HEAD_MEMORY_GIB} GiB beside what the node reserves",
+                          ", ".join(name for *_, name in larger))
 
 
 def _group_index(stack: StackConfig, name: str) -> int:

@@ -64,7 +64,7 @@ class KubernetesPlan:
 def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog, with_token: bool) -> KubernetesPlan:
     """The objects a stack creates; raises ConfigError where two collide or one would be refused, or where the
     pools cannot hold what the workloads need over time (triarch.planners.capacity)."""
-    check_capacity(stack, models)
+    check_capacity(stack, models, facts)
     owners: list[tuple[Owner, dict[str, Any]]] = []
     device_plugin = []
     if stack.device_plugin.enabled:
@@ -84,7 +84,7 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
 
     result = KubernetesPlan(device_plugin=device_plugin, node_pools=node_pools, owners=owners)
     if not models:
-        _check(owners)
+        check_objects(owners)
         return result
 
     settings = serving_settings(stack, with_token)
@@ -118,7 +118,7 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
                     {"apiVersion": "v1", "kind": "Service",
                      "metadata": {"name": f"{RAY_SERVICE}-{suffix}", "namespace": settings.namespace}})
                    for suffix in KUBERAY_SERVICES]
-    _check(owners)
+    check_objects(owners)
     return KubernetesPlan(device_plugin, kuberay, serving, vllm, ray, node_pools, owners)
 
 
@@ -132,7 +132,8 @@ def _show(identity: tuple[str, str, str]) -> str:
     return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
 
 
-def _check(owners: list[tuple[Owner, dict[str, Any]]]) -> None:
+def check_objects(owners: list[tuple[Owner, dict[str, Any]]]) -> None:
+    """No two objects of one kind, namespace and name; every name and label value as Kubernetes accepts it."""
     seen: dict[tuple[str, str, str], Owner] = {}
     for owner, obj in owners:
         identity = _identity(obj)

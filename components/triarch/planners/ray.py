@@ -40,6 +40,9 @@ TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 """Where Ray's autoscaler reads its token and CA (ray/autoscaler/_private/kuberay/node_provider.py)."""
 TOKEN_SECONDS = 3607
 """The kubelet refreshes a projected token before it expires; the API server's own automount uses 3607 s."""
+HEAD_CPUS = 2
+HEAD_MEMORY_GIB = 8
+"""The head's requests (= limits): GCS, the Serve controller and proxy, the dashboard; no replicas."""
 HEAD_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "serve": SERVE_PORT, "metrics": 8080}
 """Ray's default ports; reachable through the ClusterIP services KubeRay creates, never outside the cluster."""
 
@@ -131,7 +134,8 @@ def autoscaler_token_volume() -> dict[str, Any]:
 
 
 def head_group(image: str, claim: str, with_token: bool, autoscaled: bool) -> dict[str, Any]:
-    resources = {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
+    amounts = {"cpu": str(HEAD_CPUS), "memory": f"{HEAD_MEMORY_GIB}Gi"}
+    resources = {"requests": dict(amounts), "limits": dict(amounts)}
     container = _container("ray-head", image, resources, with_token)
     container["ports"] = [{"name": name, "containerPort": port, "protocol": "TCP"}
                           for name, port in HEAD_PORTS.items()]
