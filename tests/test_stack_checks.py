@@ -141,12 +141,12 @@ def test_an_upgrade_that_needs_more_gpus_than_the_pool_holds_is_refused(tmp_path
     group = config["triarch:nodeGroups"][l4]
     qwen = next(m for m in config["triarch:models"] if m["name"] == "qwen")
     embed = next(m for m in config["triarch:models"] if m["name"] == "embed")
-    qwen["autoscaling"]["max"] = 5
+    qwen["autoscaling"]["max"] += 1
     gpus = INSTANCES[group["instanceType"]]["gpus"]
     capacity = group["max"] * gpus
     # During a NewCluster upgrade: the old Ray cluster at its largest, the new one at its smallest, the vLLM model.
-    need = 5 * gpus + qwen["autoscaling"]["min"] * gpus + embed["replicas"] * gpus
-    assert need > capacity
+    need = (qwen["autoscaling"]["max"] + qwen["autoscaling"]["min"] + embed["replicas"]) * gpus
+    assert need == capacity + 1
     line = refusal(tmp_path, config, capsys)
     assert line.startswith(f"triarch:nodeGroups[{l4}].max: {group['max']} holds {capacity} GPU(s)"), line
     assert f"needs {need}" in line
@@ -160,6 +160,21 @@ def test_an_upgrade_that_fits_exactly_is_planned(tmp_path: Path) -> None:
     assert qwen["autoscaling"] == {"min": 1, "max": 3}
     plan = plan_config("prod", config, tmp_path)
     assert plan.objects("RayService")
+
+
+def test_a_system_node_too_small_for_the_ray_head_is_refused(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """dev's default system nodes (m7i.large: 2 vCPU, 8 GiB) cannot hold the Ray head's 2 CPU and 8 GiB."""
+    config = add_model(stack_document("dev"), name="chat", model="Qwen/Qwen3-8B", engine="ray-serve",
+                       nodeGroup="l4", maxModelLen=4096)
+    assert "instanceType" not in config["triarch:cluster"]["systemNodeGroup"]
+    config["triarch:nodeGroups"][0]["max"] = 3  # room for a RayService upgrade beside the vLLM model
+    line = refusal(tmp_path, config, capsys)
+    expected = "triarch:cluster.systemNodeGroup.instanceType: 'm7i.large' (2 vCPU, 8 GiB) cannot hold the Ray head"
+    assert line.startswith(expected), line
+    assert "m7i.xlarge" in line.partition("allowed: ")[2]
+    config["triarch:cluster"]["systemNodeGroup"]["instanceType"] = "m7i.xlarge"
+    assert plan_config("dev", config, tmp_path / "larger").objects("RayService")
 
 
 # --- spot -----------------------------------------------------------------------------------------------------
