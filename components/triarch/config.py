@@ -53,8 +53,8 @@ class _Model(BaseModel):
 class SystemNodeGroup(_Model):
     """CPU nodes for cluster add-ons, operators, Karpenter and Ray heads: GPU nodes are tainted and keep them off.
 
-    An EKS managed node group of fixed size range, on its own AMI release: bumping a GPU pool's release must not
-    roll the nodes that run the Ray head and the node provisioner."""
+    An EKS managed node group on its own AMI release: bumping a GPU pool's release must not roll the nodes that
+    run the Ray head and the node provisioner."""
 
     instance_type: str = "m7i.large"
     min: int = Field(2, ge=1)
@@ -253,7 +253,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                               "karpenter (installed, scales pools from zero), none (fixed-size pools)")
         system = cluster.system_node_group
         _check_ami_release(stack, SYSTEM_RELEASE_TABLE, system.ami_release,
-                           _cluster_path("systemNodeGroup.amiRelease"), facts)
+                           _cluster_path("systemNodeGroup.amiRelease"), facts, shown="AL2023")
         if system.instance_type not in facts.instances or facts.instances[system.instance_type].gpu:
             allowed = sorted(n for n, i in facts.instances.items() if not i.gpu)
             raise ConfigError(_cluster_path("systemNodeGroup.instanceType"), system.instance_type,
@@ -345,7 +345,7 @@ def _check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fac
                               "keeps no idle ones", "0, or provisioner: managedNodeGroup for nodes that always run")
         if provisioner == "managedNodeGroup" and len(f"{cluster.name}-{group.name}") > EKS_NODE_GROUP_NAME_MAX:
             raise ConfigError(f"{path}.name", group.name,
-                              f"makes the EKS node group name {cluster.name}-{group.name!s}, longer than the "
+                              f"makes the EKS node group name {cluster.name}-{group.name}, longer than the "
                               f"{EKS_NODE_GROUP_NAME_MAX} characters EKS allows",
                               f"at most {EKS_NODE_GROUP_NAME_MAX - len(cluster.name) - 1} characters")
         if provisioner == "managedNodeGroup" and group.min != group.max:
@@ -379,13 +379,13 @@ def _check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fac
 
 
 def _check_ami_release(stack: StackConfig, ami_type: str, release_name: str | None, path: str,
-                       facts: Catalog) -> None:
+                       facts: Catalog, shown: str | None = None) -> None:
     """A release Triarch knows (so its NVIDIA driver is known), with an AMI for the cluster's Kubernetes minor."""
     kubernetes = stack.cluster.kubernetes_version
     releases = facts.amis.get(ami_type, {})
     if release_name is None or release_name not in releases:
         raise ConfigError(path, release_name,
-                          f"is not a known {ami_type} release in templates/compat/amis.yaml "
+                          f"is not a known {shown or ami_type} release in templates/compat/amis.yaml "
                           "(the driver it ships must be known)", ", ".join(sorted(releases)))
     if kubernetes not in releases[release_name].release_versions:
         raise ConfigError(path, release_name, f"has no AMI for Kubernetes {kubernetes}",

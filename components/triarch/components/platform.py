@@ -49,17 +49,16 @@ class Platform(pulumi.ComponentResource):
                                            (charts()["karpenter-crd"], charts()["karpenter"]), eks.provider,
                                            opts=child)
             for plan in plans:
-                if plan.provisioner == "karpenter":
-                    assert self.karpenter is not None
+                if self.karpenter is not None and plan.provisioner == "karpenter":
                     self.karpenter_pools.append(KarpenterPool(f"pool-{plan.pool.name}",
                                                               objects.node_pools[plan.pool.name], self.karpenter,
                                                               eks.provider, opts=child))
-                    continue
-                self.gpu_node_groups.append(gpu_node_group(
-                    plan, cluster_name=eks.cluster.name, cluster_for_tags=stack.cluster.name,
-                    subnet_ids=[eks.network.private_subnet_by_zone[z].id for z in plan.zones],
-                    node_role=eks.node_role,
-                    opts=pulumi.ResourceOptions(parent=self, depends_on=eks.node_prerequisites)))
+                else:
+                    self.gpu_node_groups.append(gpu_node_group(
+                        plan, cluster_name=eks.cluster.name, cluster_for_tags=stack.cluster.name,
+                        subnet_ids=[eks.network.private_subnet_by_zone[z].id for z in plan.zones],
+                        node_role=eks.node_role,
+                        opts=pulumi.ResourceOptions(parent=self, depends_on=eks.node_prerequisites)))
         else:
             self.cluster = AdoptedCluster(stack.cluster.name, stack.cluster, opts=child)
             for group in stack.node_groups:

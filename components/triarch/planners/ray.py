@@ -39,7 +39,8 @@ unbound, and KubeRay then requires the account to exist rather than creating it.
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 """Where Ray's autoscaler reads its token and CA (ray/autoscaler/_private/kuberay/node_provider.py)."""
 TOKEN_SECONDS = 3607
-"""The kubelet refreshes a projected token before it expires; the API server's own automount uses 3607 s."""
+"""What the API server's own automount asks for: the kubelet refreshes the token, and the API server accepts a
+3607-second token for longer (service-account-extend-token-expiration) from clients that read it only once."""
 HEAD_CPUS = 2
 HEAD_MEMORY_GIB = 8
 """The head's requests (= limits): GCS, the Serve controller and proxy, the dashboard; no replicas."""
