@@ -328,18 +328,21 @@ def test_pool_provisioner_only_on_created_clusters(mutated_config: MutatedConfig
     config_error(config, "triarch:nodeGroups[0].provisioner", "'karpenter'", ["nodeProvisioner"])
 
 
-def test_managed_node_group_name_fits_eks(mutated_config: MutatedConfig) -> None:
-    cluster = "c" * 32
+@pytest.mark.parametrize(("pool", "fits"), [("a" * 23, True), ("a" * 24, False)])
+def test_managed_node_group_name_fits_eks(mutated_config: MutatedConfig, pool: str, fits: bool) -> None:
+    """EKS takes 63 characters: 32 (cluster) + 1 + 23 (pool) + 1 + 6 (the hash that follows replacements)."""
 
     def long_names(config: dict[str, Any]) -> None:
-        config["triarch:cluster"]["name"] = cluster
+        config["triarch:cluster"]["name"] = "c" * 32
         group = config["triarch:nodeGroups"][1]
-        group.update(name="a" * 31, provisioner="managedNodeGroup", min=2, max=2)
+        group.update(name=pool, provisioner="managedNodeGroup", min=2, max=2)
         config["triarch:models"][1]["nodeGroup"] = group["name"]
 
-    # 32 + 1 + 31 = 64 characters: one more than EKS takes.
-    config_error(mutated_config("prod", long_names), "triarch:nodeGroups[1].name", "'" + "a" * 31 + "'",
-                 ["at most 30 characters"])
+    config = mutated_config("prod", long_names)
+    if fits:
+        assert from_pulumi_config(config).node_groups[1].name == pool
+    else:
+        config_error(config, "triarch:nodeGroups[1].name", repr(pool), ["at most 23 characters"])
 
 
 def test_system_node_group_pins_its_own_release(mutated_config: MutatedConfig) -> None:

@@ -41,6 +41,8 @@ RENAMED_KEYS = {
 
 EKS_NODE_GROUP_NAME_MAX = 63
 """EKS refuses a managed node group name longer than 63 characters (pulumi-aws eks.NodeGroup nodeGroupName)."""
+NODE_GROUP_NAME_HASH = 6
+"""The hash suffix of a managed node group's name (triarch.planners.nodegroups.managed_node_group_name)."""
 SYSTEM_RELEASE_TABLE = "AL2023_x86_64_NVIDIA"
 """Where the system nodes' release is looked up: each AL2023 release ships every variant (standard, NVIDIA, ...)
 with one release_version per Kubernetes minor, so the NVIDIA table also dates the standard AMI of the release."""
@@ -343,11 +345,13 @@ def _check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fac
             raise ConfigError(f"{path}.min", group.min,
                               "has no meaning for a Karpenter pool: Karpenter launches nodes for pending pods and "
                               "keeps no idle ones", "0, or provisioner: managedNodeGroup for nodes that always run")
-        if provisioner == "managedNodeGroup" and len(f"{cluster.name}-{group.name}") > EKS_NODE_GROUP_NAME_MAX:
+        longest = EKS_NODE_GROUP_NAME_MAX - len(cluster.name) - 2 - NODE_GROUP_NAME_HASH
+        if provisioner == "managedNodeGroup" and len(group.name) > longest:
             raise ConfigError(f"{path}.name", group.name,
-                              f"makes the EKS node group name {cluster.name}-{group.name}, longer than the "
-                              f"{EKS_NODE_GROUP_NAME_MAX} characters EKS allows",
-                              f"at most {EKS_NODE_GROUP_NAME_MAX - len(cluster.name) - 1} characters")
+                              f"makes the EKS node group name {cluster.name}-{group.name}-<hash of "
+                              f"{NODE_GROUP_NAME_HASH}>, longer than the {EKS_NODE_GROUP_NAME_MAX} characters EKS "
+                              "allows",
+                              f"at most {longest} characters")
         if provisioner == "managedNodeGroup" and group.min != group.max:
             raise ConfigError(f"{path}.min", group.min,
                               f"differs from max ({group.max}), but nothing scales a managed node group "

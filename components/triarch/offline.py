@@ -46,6 +46,8 @@ class Registered:
     parent: str | None
     custom: bool
     inputs: dict[str, Any]
+    dependencies: tuple[str, ...] = ()
+    """URNs the resource waits for (depends_on and inputs from other resources), as the engine receives them."""
 
 
 @dataclass
@@ -109,7 +111,8 @@ class _RecordingMonitor(MockMonitor):
                 if key in inputs:
                     inputs[key] = dict.fromkeys(inputs[key], SECRET)
             self.run.resources.append(Registered(
-                request.type, request.name, response.urn, request.parent or None, bool(request.custom), inputs))
+                request.type, request.name, response.urn, request.parent or None, bool(request.custom), inputs,
+                tuple(sorted(set(request.dependencies)))))
         return response
 
 
@@ -221,10 +224,14 @@ def manifest_filename(obj: Mapping[str, Any]) -> str:
 
 
 def plan_document(run: PlanRun) -> dict[str, Any]:
+    """The plan as written to plan.json: resources in URN order, so two plans of one stack are byte-identical
+    (registration order varies with the engine's concurrency) and two plans can be diffed."""
     return {
         "stack": run.stack,
         "resources": [
-            {"type": r.type, "name": r.name, "parent": r.parent, "inputs": r.inputs} for r in run.resources
+            {"type": r.type, "name": r.name, "urn": r.urn, "parent": r.parent, "dependencies": list(r.dependencies),
+             "inputs": r.inputs}
+            for r in sorted(run.resources, key=lambda r: r.urn)
         ],
     }
 

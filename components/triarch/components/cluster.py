@@ -13,9 +13,11 @@ from triarch.catalog import Catalog, addon_versions
 from triarch.components.network import Network
 from triarch.components.nodegroups import ManagedNodeGroup, NodeRole
 from triarch.config import ClusterConfig, StackConfig
+from triarch.planners.nodegroups import managed_node_group_name
 from triarch.scheduling import POOL_LABEL, SYSTEM_POOL
 
 CLUSTER_POLICY = "arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"
+SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
 NODE_ADDONS = ["vpc-cni", "kube-proxy", "eks-pod-identity-agent"]
 """EKS managed add-ons nodes need before they are Ready (CoreDNS follows the nodes). Installed at the version EKS
@@ -102,8 +104,11 @@ class EksCluster(pulumi.ComponentResource):
         self.node_prerequisites: list[pulumi.Resource] = list(self.addons.values())
         system = config.system_node_group
         self.system_nodes = ManagedNodeGroup(
-            f"{name}-system", cluster_name=self.cluster.name, node_group_name=f"{config.name}-system",
-            instance_type=system.instance_type, ami_type="AL2023_x86_64_STANDARD",
+            f"{name}-system", cluster_name=self.cluster.name, name_base=f"{config.name}-{SYSTEM_POOL}",
+            node_group_name=managed_node_group_name(config.name, SYSTEM_POOL, instance_type=system.instance_type,
+                                                    ami_type=SYSTEM_AMI_TYPE, capacity_type="ON_DEMAND",
+                                                    zones=config.zones),
+            instance_type=system.instance_type, ami_type=SYSTEM_AMI_TYPE,
             release_version=system_release_version, capacity_type="ON_DEMAND", min_size=system.min,
             max_size=system.max, disk_gib=system.disk_gib,
             subnet_ids=[s.id for s in self.network.private_subnets], node_role=self.node_role,

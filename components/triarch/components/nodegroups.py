@@ -40,7 +40,7 @@ class ManagedNodeGroup(pulumi.ComponentResource):
     Nothing autoscales a managed node group here (GPU pools that scale are Karpenter's), so Pulumi owns its
     desired size: it is `min`, and `max` is headroom for a rolling update or a manual scale-out."""
 
-    def __init__(self, name: str, *, cluster_name: pulumi.Input[str], node_group_name: str,
+    def __init__(self, name: str, *, cluster_name: pulumi.Input[str], node_group_name: str, name_base: str,
                  instance_type: str, ami_type: str, release_version: str, capacity_type: str,
                  min_size: int, max_size: int, disk_gib: int, subnet_ids: list[pulumi.Output[str]],
                  node_role: NodeRole, labels: dict[str, str], eks_taints: list[dict[str, str]],
@@ -48,7 +48,7 @@ class ManagedNodeGroup(pulumi.ComponentResource):
         super().__init__("triarch:nodegroups:ManagedNodeGroup", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.launch_template = aws.ec2.LaunchTemplate(
-            f"{name}-lt", name_prefix=f"{node_group_name}-", update_default_version=True,
+            f"{name}-lt", name_prefix=f"{name_base}-", update_default_version=True,
             **launch_template(cluster_for_tags, pool, disk_gib), opts=child)
         self.node_group = aws.eks.NodeGroup(
             name,
@@ -76,6 +76,7 @@ def gpu_node_group(plan: EksPoolPlan, *, cluster_name: pulumi.Input[str], cluste
     """A fixed-size GPU pool as a managed node group (min == max, checked in the config)."""
     return ManagedNodeGroup(
         f"gpu-{plan.pool.name}", cluster_name=cluster_name, node_group_name=plan.node_group_name,
+        name_base=f"{cluster_for_tags}-{plan.pool.name}",
         instance_type=plan.instance_type, ami_type=plan.ami_type, release_version=plan.release_version,
         capacity_type=plan.capacity_type, min_size=plan.min, max_size=plan.max, disk_gib=plan.disk_gib,
         subnet_ids=subnet_ids, node_role=node_role, labels=plan.pool.labels, eks_taints=plan.eks_taints,

@@ -110,10 +110,11 @@ def _surge_fits(stack: StackConfig, plan: ModelPlan, plans: list[ModelPlan]) -> 
 
 def pod_resources(plan: ModelPlan) -> dict[str, dict[str, str]]:
     """Requests equal to limits (Guaranteed QoS): the replica's GPUs and its share of the node's CPU and memory,
-    leaving a core and a fifth of the memory for the kubelet, daemon sets and page cache."""
+    leaving a core and a fifth of the memory for the kubelet, daemon sets and page cache. On a time-sliced pool
+    the share is of the node's slices: every slice's replica must fit beside the others."""
     gpus = plan.gpus_per_replica
     if plan.instance is not None and plan.instance.gpus:
-        share = gpus / plan.instance.gpus
+        share = gpus / plan.pool.schedulable_gpus_per_node
         cpu = max(1, int(plan.instance.vcpus * share) - 1)
         memory = max(4, int(plan.instance.memory_gib * share * 0.8))
     else:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 from triarch.catalog import Catalog, Gpu
-from triarch.config import NodeGroupConfig, PoolProvisioner, StackConfig, gpu_of, gpus_per_node, pool_provisioner
+from triarch.config import (
+    NODE_GROUP_NAME_HASH,
+    NodeGroupConfig,
+    PoolProvisioner,
+    StackConfig,
+    gpu_of,
+    gpus_per_node,
+    pool_provisioner,
+)
 from triarch.scheduling import (
     DEVICE_PLUGIN_CONFIG_LABEL,
     POOL_LABEL,
@@ -16,6 +25,7 @@ from triarch.scheduling import (
 
 EKS_TAINT_EFFECT = {"NoSchedule": "NO_SCHEDULE", "NoExecute": "NO_EXECUTE", "PreferNoSchedule": "PREFER_NO_SCHEDULE"}
 """The EKS API spells taint effects differently from Kubernetes."""
+
 
 IMDS_HOP_LIMIT = 1
 """One hop: the node reaches the instance metadata service, pods (one hop further) do not."""
@@ -84,6 +94,15 @@ def plan_pool(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) -> Poo
     )
 
 
+def managed_node_group_name(cluster: str, pool: str, *, instance_type: str, ami_type: str, capacity_type: str,
+                            zones: list[str]) -> str:
+    """`<cluster>-<pool>-<hash>`: the hash covers the inputs EKS cannot change in place (instance type, AMI type,
+    capacity type, subnets by zone), so a change that replaces the group also renames it, and the new group is
+    created before the old one goes instead of colliding with its name. Other edits keep the name."""
+    forcing = "|".join([instance_type, ami_type, capacity_type, ",".join(sorted(zones))])
+    return f"{cluster}-{pool}-{hashlib.sha256(forcing.encode()).hexdigest()[:NODE_GROUP_NAME_HASH]}"
+
+
 def device_plugin_config_name(pool: str) -> str:
     """The device plugin config entry a time-sliced pool selects through its node label."""
     return f"{pool}-time-slicing"
@@ -124,7 +143,9 @@ def plan_eks_pool(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) ->
     return EksPoolPlan(
         pool=plan_pool(stack, group, facts),
         provisioner=provisioner,
-        node_group_name=f"{cluster}-{group.name}",
+        node_group_name=managed_node_group_name(cluster, group.name, instance_type=group.instance_type,
+                                                ami_type=group.ami_type, capacity_type=group.capacity_type,
+                                                zones=list(group.zones or stack.cluster.zones)),
         instance_type=group.instance_type,
         vcpus=instance.vcpus,
         memory_gib=instance.memory_gib,
