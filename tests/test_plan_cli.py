@@ -76,14 +76,19 @@ def test_plan_json_shape(plans: dict[str, Planned], stack: str) -> None:
     assert document["stack"] == stack
     resources = document["resources"]
     assert isinstance(resources, list) and resources
+    urns = [r["urn"] for r in resources]
+    assert urns == sorted(urns), "resources are written in URN order, so plans of one stack are byte-identical"
+    assert len(set(urns)) == len(urns)
     for resource in resources:
-        assert set(resource) == {"type", "name", "parent", "inputs"}, resource
+        assert set(resource) == {"type", "name", "urn", "parent", "dependencies", "inputs"}, resource
         assert isinstance(resource["type"], str) and resource["type"].count(":") >= 2
         assert isinstance(resource["name"], str) and resource["name"]
+        assert resource["urn"].endswith(f"{resource['type']}::{resource['name']}")
         assert isinstance(resource["inputs"], dict)
         parent = resource["parent"]
         assert parent is None or (isinstance(parent, str)
                                   and parent.startswith(f"urn:pulumi:{stack}::triarch::"))
+        assert set(resource["dependencies"]) <= set(urns), resource["name"]
     types = {r["type"] for r in resources}
     assert "triarch:platform:Platform" in types
     assert "kubernetes:helm.sh/v3:Release" in types
@@ -189,3 +194,15 @@ def test_consecutive_plans_do_not_leak_into_each_other(plans: dict[str, Planned]
     for stack, planned in again.items():
         parents = {r["parent"] for r in planned.document["resources"] if r["parent"]}
         assert all(p.startswith(f"urn:pulumi:{stack}::") for p in parents), stack
+
+
+def test_two_plans_of_a_stack_are_byte_identical(tmp_path: Path) -> None:
+    for run in ("first", "second"):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            assert cli.main(["plan", "--stack", "prod", "--out", str(tmp_path / run)]) == 0
+    first, second = (tmp_path / "first"), (tmp_path / "second")
+    assert (first / "plan.json").read_bytes() == (second / "plan.json").read_bytes()
+    names = sorted(p.name for p in (first / "manifests").iterdir())
+    assert names == sorted(p.name for p in (second / "manifests").iterdir())
+    for name in names:
+        assert (first / "manifests" / name).read_bytes() == (second / "manifests" / name).read_bytes(), name
