@@ -80,7 +80,8 @@ def test_plan_json_shape(plans: dict[str, Planned], stack: str) -> None:
     assert urns == sorted(urns), "resources are written in URN order, so plans of one stack are byte-identical"
     assert len(set(urns)) == len(urns)
     for resource in resources:
-        assert set(resource) == {"type", "name", "urn", "parent", "dependencies", "inputs"}, resource
+        assert set(resource) == {"type", "name", "urn", "parent", "dependencies", "propertyDependencies",
+                                 "inputs"}, resource
         assert isinstance(resource["type"], str) and resource["type"].count(":") >= 2
         assert isinstance(resource["name"], str) and resource["name"]
         assert resource["urn"].endswith(f"{resource['type']}::{resource['name']}")
@@ -89,6 +90,8 @@ def test_plan_json_shape(plans: dict[str, Planned], stack: str) -> None:
         assert parent is None or (isinstance(parent, str)
                                   and parent.startswith(f"urn:pulumi:{stack}::triarch::"))
         assert set(resource["dependencies"]) <= set(urns), resource["name"]
+        for key, sources in resource["propertyDependencies"].items():
+            assert key in resource["inputs"] and set(sources) <= set(resource["dependencies"]), (resource["name"], key)
     types = {r["type"] for r in resources}
     assert "triarch:platform:Platform" in types
     assert "kubernetes:helm.sh/v3:Release" in types

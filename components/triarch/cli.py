@@ -93,6 +93,32 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if any(f.enforcement == "mandatory" for f in findings) else 0
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    import json
+    import tempfile
+
+    from triarch.baseline import base_plan
+    from triarch.diff import diff_plans, load_plan
+    from triarch.report import diff_markdown, diff_text, plan_stack, validate_stack_file
+
+    name, path = _stack_source(args)
+    stack_args = ["--stack-file", str(path.resolve())] if args.stack_file else ["--stack", name]
+    base = base_plan(args.base, stack_args)
+    validated = validate_stack_file(name, path)
+    with progress(f"planning stack {name} and comparing it with {args.base}"), \
+            tempfile.TemporaryDirectory() as scratch:
+        plan_stack(validated, Path(scratch))
+        head = load_plan(Path(scratch))
+    result = diff_plans(base, head, intended=args.intended or [])
+    if args.format == "json":
+        print(json.dumps(result.as_json(), indent=2, sort_keys=True))
+    elif args.format == "markdown":
+        print(diff_markdown(result, name, args.base))
+    else:
+        print(diff_text(result, name, args.base))
+    return 1 if result.blocking else 0
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     import dataclasses
     import json
@@ -153,6 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--format", choices=["text", "json", "markdown"], default="text")
     check.add_argument("--out", help="also write the plan here (default: a temporary directory)")
     check.set_defaults(handler=cmd_check)
+
+    diff = commands.add_parser("diff", help="what a change does to a live stack: added, removed, changed and "
+                                            "replaced resources (exit 1 on an unintended stateful replacement)")
+    diff.add_argument("--base", required=True, help="a plan directory, or a git ref of this repository (planned in a "
+                                                    "temporary worktree with its own code and stack file)")
+    head = diff.add_mutually_exclusive_group(required=True)
+    head.add_argument("--stack", "--head", dest="stack", help="a stack of this project (the head)")
+    head.add_argument("--stack-file", help="any Pulumi stack file (planned with the base's code too)")
+    diff.add_argument("--format", choices=["text", "json", "markdown"], default="text")
+    diff.add_argument("--intended", action="append", metavar="NAME",
+                      help="a resource (name or URN) whose replacement is intended; repeatable")
+    diff.set_defaults(handler=cmd_diff)
 
     tune = commands.add_parser("tune", help="size vLLM's KV cache and engine args for a model on a GPU")
     model = tune.add_mutually_exclusive_group(required=True)

@@ -48,6 +48,8 @@ class Registered:
     inputs: dict[str, Any]
     dependencies: tuple[str, ...] = ()
     """URNs the resource waits for (depends_on and inputs from other resources), as the engine receives them."""
+    property_dependencies: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Top-level input -> the URNs its value comes from (a value only the cloud knows follows those resources)."""
 
 
 @dataclass
@@ -110,9 +112,11 @@ class _RecordingMonitor(MockMonitor):
             for key in SECRET_INPUTS.get(request.type, ()):
                 if key in inputs:
                     inputs[key] = dict.fromkeys(inputs[key], SECRET)
+            by_property = {key: tuple(sorted(set(deps.urns))) for key, deps in request.propertyDependencies.items()
+                           if deps.urns}
             self.run.resources.append(Registered(
                 request.type, request.name, response.urn, request.parent or None, bool(request.custom), inputs,
-                tuple(sorted(set(request.dependencies)))))
+                tuple(sorted(set(request.dependencies))), dict(sorted(by_property.items()))))
         return response
 
 
@@ -230,7 +234,7 @@ def plan_document(run: PlanRun) -> dict[str, Any]:
         "stack": run.stack,
         "resources": [
             {"type": r.type, "name": r.name, "urn": r.urn, "parent": r.parent, "dependencies": list(r.dependencies),
-             "inputs": r.inputs}
+             "propertyDependencies": {k: list(v) for k, v in r.property_dependencies.items()}, "inputs": r.inputs}
             for r in sorted(run.resources, key=lambda r: r.urn)
         ],
     }

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from triarch.catalog import Catalog, catalog, charts
 from triarch.config import NodeGroupConfig, StackConfig, driver_of, from_pulumi_config, pool_provisioner
+from triarch.diff import KINDS as DIFF_KINDS
+from triarch.diff import Diff, Difference
 from triarch.errors import TriarchError
 from triarch.matrix import Verdict, require_compatible
 from triarch.offline import PlanRun, Registered, read_stack_config, run_program, write_plan
@@ -159,4 +161,59 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
     lines += ["", f"Resources: {sum(counts.values())} to create"]
     for key, label in LAYERS.items():
         lines.append(f"  {label:20} {counts.get(key, 0)}")
+    return "\n".join(lines)
+
+
+# --- triarch diff -------------------------------------------------------------------------------------------------
+
+DIFF_HEADINGS = {"replaced": "Replaced", "added": "Added", "removed": "Removed", "changed": "Changed in place"}
+
+
+def _diff_line(d: Difference) -> str:
+    mark = "!" if d.stateful and d.kind in ("replaced", "removed") and not d.intended else " "
+    inputs = f" [{', '.join(d.inputs)}]" if d.inputs else ""
+    intended = " (intended)" if d.intended else ""
+    return f"  {mark} {d.type} {d.name}{inputs}: {d.cause}{intended}"
+
+
+def diff_text(result: Diff, stack: str, base: str) -> str:
+    lines = [f"triarch diff: stack {stack} against {base}"]
+    for kind in DIFF_KINDS:
+        found = result.of(kind)
+        if found:
+            lines += ["", f"{DIFF_HEADINGS[kind]} ({len(found)})", *(_diff_line(d) for d in found)]
+    if result.engine:
+        lines += ["", "Engine args"]
+        for change in result.engine:
+            shown = ", ".join(f"{k} {b} -> {a}" for k, (b, a) in change.changes.items())
+            lines.append(f"  {change.model}: {shown}")
+    if result.vllm:
+        lines += ["", "vLLM releases", *(f"  {note}" for note in result.vllm)]
+    if not result.differences and not result.engine:
+        lines += ["", "no differences"]
+    blocking = result.blocking
+    lines += ["", f"{len(blocking)} stateful replacement(s) not marked intended"
+              + (" (--intended NAME marks one)" if blocking else "")]
+    return "\n".join(lines)
+
+
+def diff_markdown(result: Diff, stack: str, base: str) -> str:
+    blocking = result.blocking
+    verdict = f"{len(blocking)} unintended stateful replacement(s)" if blocking else "no unintended replacement"
+    counts = ", ".join(f"{len(result.of(k))} {k}" for k in DIFF_KINDS)
+    lines = [f"### `triarch diff` of `{stack}` against `{base}`: {verdict}", "", counts]
+    rows = [d for kind in DIFF_KINDS for d in result.of(kind)]
+    if rows:
+        lines += ["", "| | change | resource | inputs | cause |", "|---|---|---|---|---|"]
+        for d in rows:
+            flag = ":warning:" if d.stateful and d.kind in ("replaced", "removed") and not d.intended else ""
+            cause = d.cause.replace("|", "\\|")
+            lines.append(f"| {flag} | {d.kind} | `{d.type}` `{d.name}` | {', '.join(d.inputs)} | {cause} |")
+    if result.engine:
+        lines += ["", "**Engine args**", ""]
+        for change in result.engine:
+            shown = ", ".join(f"`{k}` {b} -> {a}" for k, (b, a) in change.changes.items())
+            lines.append(f"- `{change.model}`: {shown}")
+    if result.vllm:
+        lines += ["", "**vLLM releases**", "", *(f"- {note}" for note in result.vllm)]
     return "\n".join(lines)

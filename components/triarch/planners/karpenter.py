@@ -108,7 +108,8 @@ def node_pool(plan: EksPoolPlan) -> dict[str, Any]:
     requirements = [
         {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [plan.instance_type]},
         {"key": "karpenter.sh/capacity-type", "operator": "In", "values": [CAPACITY_TYPES[plan.capacity_type]]},
-        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": list(plan.zones)},
+        # Sorted: reordering the stack's zones must not touch the NodePool.
+        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": sorted(plan.zones)},
         {"key": "kubernetes.io/arch", "operator": "In", "values": [ARCHITECTURES[plan.ami_type]]},
         {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
     ]

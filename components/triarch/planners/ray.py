@@ -102,10 +102,11 @@ def llm_config(plan: ModelPlan) -> dict[str, Any]:
 
 
 def serve_config(plans: list[ModelPlan]) -> dict[str, Any]:
+    """One application per model, by name: reordering the stack's models changes nothing Serve sees."""
     return {"applications": [
         {"name": plan.name, "route_prefix": plan.route_prefix, "import_path": "ray.serve.llm:build_openai_app",
          "args": {"llm_configs": [llm_config(plan)]}}
-        for plan in plans
+        for plan in sorted(plans, key=lambda p: p.name)
     ]}
 
 

@@ -1,0 +1,350 @@
+"""What a change does to a live stack: two plans compared resource by resource (by URN), each difference
+classified as Pulumi would act on it: added, removed, changed in place, or replaced (and why).
+
+Replacement comes from templates/compat/replacement.yaml: per resource type, the inputs the provider cannot
+change in place (each type with its source), and whether replacing it loses state. A value only the cloud knows
+(`<known after apply>` in both plans) is taken to follow its dependencies: where one of them is replaced and the
+value feeds a replace-on-change input, the resource is replaced too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from triarch.catalog import catalog
+from triarch.errors import ConfigError
+from triarch.paths import COMPAT_DIR
+
+UNKNOWN = "<known after apply>"
+Kind = Literal["added", "removed", "changed", "replaced"]
+KINDS: tuple[Kind, ...] = ("replaced", "added", "removed", "changed")
+
+
+@dataclass(frozen=True)
+class TypeRule:
+    replace_on: tuple[str, ...]
+    unordered: tuple[str, ...]
+    stateful: str | None
+    """Why replacing it loses something (None: nothing is lost but a moment of service)."""
+
+
+@dataclass(frozen=True)
+class Rules:
+    types: dict[str, TypeRule]
+    kubernetes_always: tuple[str, ...]
+    """Inputs whose change replaces any Kubernetes object (its identity)."""
+
+    def of(self, resource_type: str) -> TypeRule:
+        rule = self.types.get(resource_type)
+        if rule is not None:
+            return rule
+        if resource_type.startswith("kubernetes:"):
+            return TypeRule(self.kubernetes_always, (), None)
+        return TypeRule((), (), None)
+
+
+@cache
+def rules(path: Path = COMPAT_DIR / "replacement.yaml") -> Rules:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    always = tuple(data["kubernetes"]["always"])
+    types = {}
+    for name, entry in (data.get("types") or {}).items():
+        replace_on = tuple(entry.get("replaceOn") or ())
+        if name.startswith("kubernetes:"):
+            replace_on = (*always, *replace_on)
+        types[name] = TypeRule(replace_on, tuple(entry.get("unordered") or ()), entry.get("stateful"))
+    return Rules(types, always)
+
+
+@dataclass(frozen=True)
+class Difference:
+    kind: Kind
+    type: str
+    name: str
+    urn: str
+    inputs: list[str]
+    """Input paths that differ (empty for added and removed resources)."""
+    stateful: bool
+    cause: str
+    intended: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return {"type": self.type, "name": self.name, "inputs": self.inputs, "stateful": self.stateful,
+                "cause": self.cause, **({"intended": True} if self.intended else {})}
+
+
+@dataclass(frozen=True)
+class EngineChange:
+    model: str
+    changes: dict[str, tuple[Any, Any]]
+    """Engine arg -> (before, after); None where absent."""
+
+
+@dataclass
+class Diff:
+    differences: list[Difference] = field(default_factory=list)
+    engine: list[EngineChange] = field(default_factory=list)
+    vllm: list[str] = field(default_factory=list)
+    """Flags and metrics of the base's vLLM release that the head's release no longer has."""
+
+    def of(self, kind: Kind) -> list[Difference]:
+        return [d for d in self.differences if d.kind == kind]
+
+    @property
+    def blocking(self) -> list[Difference]:
+        """Stateful replacements nobody said they intended."""
+        return [d for d in self.of("replaced") if d.stateful and not d.intended]
+
+    def as_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {kind: [d.as_json() for d in self.of(kind)] for kind in KINDS}
+        document["engineArgs"] = [{"model": e.model, "changes": {k: {"before": b, "after": a}
+                                                                 for k, (b, a) in e.changes.items()}}
+                                  for e in self.engine]
+        document["vllm"] = self.vllm
+        return document
+
+
+# --- comparing inputs ---------------------------------------------------------------------------------------------
+
+def changed_paths(before: Any, after: Any, rule: TypeRule, path: str = "") -> list[str]:
+    """Input paths whose values differ. Lists of plain values the provider treats as sets compare unordered."""
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        found: list[str] = []
+        for key in sorted(set(before) | set(after), key=str):
+            child = f"{path}.{key}" if path else str(key)
+            found += changed_paths(before.get(key), after.get(key), rule, child)
+        return found
+    if isinstance(before, list) and isinstance(after, list):
+        if path in rule.unordered:
+            same = sorted(map(_key, before)) == sorted(map(_key, after))
+            return [] if same else [path]
+        if len(before) != len(after) or not all(isinstance(v, Mapping | list) for v in [*before, *after]):
+            return [] if before == after else [path]
+        found = []
+        for i, (b, a) in enumerate(zip(before, after, strict=True)):
+            found += changed_paths(b, a, rule, f"{path}[{i}]")
+        return found
+    return [] if before == after else [path]
+
+
+def _key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _covers(rule_path: str, path: str) -> bool:
+    return path == rule_path or path.startswith((f"{rule_path}.", f"{rule_path}["))
+
+
+def _replacing(paths: Iterable[str], rule: TypeRule) -> list[str]:
+    return [p for p in paths if any(_covers(r, p) for r in rule.replace_on)]
+
+
+def _follows(resource: Mapping[str, Any], rule: TypeRule, replaced: Mapping[str, str],
+             resources: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """Why a resource is replaced because a resource it takes an unknown value from is (None if it is not)."""
+    sources = resource.get("propertyDependencies") or {}
+    forcing: list[str] = []
+    followed: set[str] = set()
+    for path in _replacing(_unknown_paths(resource["inputs"]), rule):
+        top = path.split(".", 1)[0].split("[", 1)[0]
+        gone = [u for u in sources.get(top, []) if u in replaced]
+        if gone:
+            forcing.append(path)
+            followed.update(resources[u]["name"] for u in gone if u in resources)
+    if not forcing:
+        return None
+    return f"{', '.join(forcing)} take(s) a new value from {', '.join(sorted(followed))}, which is replaced"
+
+
+def _unknown_paths(value: Any, path: str = "") -> list[str]:
+    if value == UNKNOWN:
+        return [path]
+    if isinstance(value, Mapping):
+        return [p for k, v in value.items() for p in _unknown_paths(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _unknown_paths(v, f"{path}[{i}]")]
+    return []
+
+
+# --- comparing plans ----------------------------------------------------------------------------------------------
+
+def _resources(plan: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Custom resources by URN (components are only groupings: their children say what changes)."""
+    return {r["urn"]: r for r in plan["resources"] if not _is_component(r["type"])}
+
+
+def _is_component(resource_type: str) -> bool:
+    return resource_type.startswith("triarch:") or resource_type == "pulumi:pulumi:Stack"
+
+
+def diff_plans(base: Mapping[str, Any], head: Mapping[str, Any], intended: Iterable[str] = (),
+               replacement: Rules | None = None) -> Diff:
+    """The differences between two plan.json documents of one stack."""
+    rules_ = replacement or rules()
+    marked = set(intended)
+    before, after = _resources(base), _resources(head)
+    result = Diff()
+    replaced: dict[str, str] = {}
+    changed: dict[str, list[str]] = {}
+    for urn in sorted(set(before) & set(after)):
+        rule = rules_.of(after[urn]["type"])
+        paths = changed_paths(before[urn]["inputs"], after[urn]["inputs"], rule)
+        if paths:
+            changed[urn] = paths
+        forcing = _replacing(paths, rule)
+        if forcing:
+            replaced[urn] = f"{', '.join(forcing)} cannot change in place"
+    # A replaced resource gets new ids: an input whose value only the cloud knows and that comes from it (the
+    # engine's property dependencies) changes too; where that input cannot change in place, the resource is
+    # replaced as well. Iterated until nothing more follows.
+    progress = True
+    while progress:
+        progress = False
+        for urn in sorted(set(before) & set(after)):
+            if urn in replaced:
+                continue
+            cause = _follows(after[urn], rules_.of(after[urn]["type"]), replaced, after)
+            if cause:
+                replaced[urn] = cause
+                progress = True
+
+    def difference(kind: Kind, resource: Mapping[str, Any], paths: list[str], cause: str) -> Difference:
+        rule = rules_.of(resource["type"])
+        is_marked = resource["name"] in marked or resource["urn"] in marked
+        return Difference(kind, resource["type"], resource["name"], resource["urn"], paths, rule.stateful is not None,
+                          cause if rule.stateful is None or kind == "added" else f"{cause}; {rule.stateful}",
+                          is_marked)
+
+    for urn in sorted(set(after) - set(before)):
+        result.differences.append(difference("added", after[urn], [], "new in the head"))
+    for urn in sorted(set(before) - set(after)):
+        result.differences.append(difference("removed", before[urn], [], "gone from the head"))
+    for urn in sorted(set(before) & set(after)):
+        if urn in replaced:
+            result.differences.append(difference("replaced", after[urn], changed.get(urn, []), replaced[urn]))
+        elif urn in changed:
+            result.differences.append(difference("changed", after[urn], changed[urn], "updated in place"))
+    result.engine = engine_changes(base, head)
+    result.vllm = vllm_release_changes(base, head)
+    return result
+
+
+# --- what the serving engines are told -------------------------------------------------------------------------
+
+def engine_args(plan: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Model -> its vLLM engine args: from a vLLM Deployment's `vllm serve` flags, or an LLMConfig's
+    engine_kwargs in the RayService's Serve config."""
+    found: dict[str, dict[str, Any]] = {}
+    for resource in plan["resources"]:
+        inputs = resource["inputs"]
+        if resource["type"] == "kubernetes:apps/v1:Deployment":
+            for container in ((inputs.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers", []):
+                if container.get("command", [])[:2] == ["vllm", "serve"]:
+                    found[inputs["metadata"]["name"]] = _flags(container.get("args") or [])
+        elif resource["type"] == "kubernetes:ray.io/v1:RayService":
+            text = (inputs.get("spec") or {}).get("serveConfigV2")
+            if not isinstance(text, str) or text == UNKNOWN:
+                continue
+            for app in (yaml.safe_load(text) or {}).get("applications") or []:
+                for config in (app.get("args") or {}).get("llm_configs") or []:
+                    model = (config.get("model_loading_config") or {}).get("model_id", app.get("name"))
+                    found[str(model)] = dict(config.get("engine_kwargs") or {})
+    return found
+
+
+def _flags(args: list[str]) -> dict[str, Any]:
+    flags: dict[str, Any] = {}
+    key: str | None = None
+    for word in args[1:]:  # the first argument is the model
+        if word.startswith("--"):
+            key = word[2:].replace("-", "_")
+            flags[key] = True
+        elif key is not None:
+            flags[key] = word
+            key = None
+    return flags
+
+
+def engine_changes(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[EngineChange]:
+    before, after = engine_args(base), engine_args(head)
+    changes = []
+    for model in sorted(set(before) & set(after)):
+        differing = {k: (before[model].get(k), after[model].get(k))
+                     for k in sorted(set(before[model]) | set(after[model]), key=str)
+                     if str(before[model].get(k)) != str(after[model].get(k))}
+        if differing:
+            changes.append(EngineChange(model, differing))
+    return changes
+
+
+def _vllm_versions(plan: Mapping[str, Any]) -> set[str]:
+    facts = catalog()
+    images = {str(c.get("image")) for r in plan["resources"] for c in _containers(r["inputs"])}
+    versions = {facts.images[i].vllm for i in images if i in facts.images}
+    return {v for v in versions if v is not None}
+
+
+def _containers(value: Any) -> list[Mapping[str, Any]]:
+    if isinstance(value, Mapping):
+        found = [c for c in value.get("containers") or [] if isinstance(c, Mapping)]
+        return found + [c for k, v in value.items() if k != "containers" for c in _containers(v)]
+    if isinstance(value, list):
+        return [c for v in value for c in _containers(v)]
+    return []
+
+
+@cache
+def vllm_changes() -> list[dict[str, Any]]:
+    data = yaml.safe_load((COMPAT_DIR / "vllm-changes.yaml").read_text(encoding="utf-8"))
+    return list(data["changes"])
+
+
+def vllm_release_changes(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
+    """What the vLLM releases the head moves to no longer have, for each release the base ran and the head
+    does not."""
+    notes = []
+    old, new = _vllm_versions(base), _vllm_versions(head)
+    for gone in sorted(old - new):
+        for arrived in sorted(new - old):
+            entry = next((c for c in vllm_changes() if c["from"] == gone and c["to"] == arrived), None)
+            if entry is None:
+                notes.append(f"vLLM {gone} -> {arrived}: no record of what this release removed "
+                             "(templates/compat/vllm-changes.yaml)")
+                continue
+            for what, key in (("engine args", "removedEngineArgs"), ("server flags", "removedFrontendArgs"),
+                              ("metrics", "removedMetrics")):
+                names = entry.get(key) or []
+                if names:
+                    notes.append(f"vLLM {gone} -> {arrived}: {what} removed: {', '.join(names)}")
+    return notes
+
+
+def load_plan(directory: Path) -> dict[str, Any]:
+    path = directory / "plan.json"
+    try:
+        document: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConfigError("--base", str(directory), f"holds no readable plan.json ({error.__class__.__name__})",
+                          "a directory written by `triarch plan`, or a git ref") from None
+    if not isinstance(document, dict) or "resources" not in document:
+        raise ConfigError("--base", str(directory), "holds a plan.json without resources",
+                          "a directory written by `triarch plan`")
+    for resource in document["resources"]:
+        resource.setdefault("urn", urn_of(str(document.get("stack", "")), resource))
+    return document
+
+
+def urn_of(stack: str, resource: Mapping[str, Any]) -> str:
+    """A resource's URN as the offline plan forms it (for plans written before plan.json carried URNs): the
+    parent's own type, then the resource's type and name (the mock engine's form, which the URNs of any plan
+    written by `triarch plan` follow)."""
+    parts = str(resource.get("parent") or "").split("::")
+    qualified = f"{parts[2].rsplit('$', 1)[-1]}${resource['type']}" if len(parts) >= 4 else resource["type"]
+    return f"urn:pulumi:{stack}::triarch::{qualified}::{resource['name']}"

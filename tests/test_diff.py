@@ -1,0 +1,231 @@
+"""`triarch diff`: what a change does to a live stack, and the stable identities that keep benign edits from
+replacing anything. Plans come from the whole program (conftest.plan_config); the replacements expected here
+follow from the provider semantics cited in templates/compat/replacement.yaml (read as YAML, independently)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import ROOT, StackPlan, plan_config, stack_document, write_stack_file
+from triarch import cli
+from triarch.diff import Diff, diff_plans, urn_of
+from triarch.offline import plan_document
+
+REPLACEMENT = yaml.safe_load((ROOT / "templates" / "compat" / "replacement.yaml").read_text(encoding="utf-8"))
+
+
+def document(plan: StackPlan) -> dict[str, Any]:
+    return json.loads(json.dumps(plan_document(plan.run)))
+
+
+def edited(name: str, edit: Any, tmp_path: Path) -> dict[str, Any]:
+    config = stack_document(name)
+    edit(config)
+    return document(plan_config(name, config, tmp_path))
+
+
+def names(result: Diff, kind: str) -> list[str]:
+    return sorted(d.name for d in result.of(kind))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def base(shipped: dict[str, StackPlan]) -> dict[str, dict[str, Any]]:
+    return {name: document(plan) for name, plan in shipped.items()}
+
+
+def test_every_registered_type_has_replacement_rules(base: dict[str, dict[str, Any]]) -> None:
+    """No resource type escapes the replacement data: each one Triarch registers has an entry with a source."""
+    types = {r["type"] for doc in base.values() for r in doc["resources"]
+             if not r["type"].startswith(("triarch:", "pulumi:"))}
+    entries = REPLACEMENT["types"]
+    kubernetes_custom = {t for t in types if t.startswith("kubernetes:") and "." in t.split(":")[1].split("/")[0]
+                         and not t.startswith(("kubernetes:storage.k8s.io", "kubernetes:networking.k8s.io",
+                                               "kubernetes:helm.sh"))}
+    missing = sorted(t for t in types - kubernetes_custom if t not in entries)
+    assert missing == []
+    assert all(entry.get("source") for entry in entries.values())
+
+
+def test_a_plan_against_itself_differs_in_nothing(base: dict[str, dict[str, Any]]) -> None:
+    for doc in base.values():
+        result = diff_plans(doc, doc)
+        assert result.differences == [] and result.engine == [] and result.vllm == []
+
+
+def test_reordering_zones_models_and_pools_changes_nothing(base: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    def reorder(config: dict[str, Any]) -> None:
+        config["triarch:cluster"]["zones"].reverse()
+        config["triarch:models"].reverse()
+        config["triarch:nodeGroups"].reverse()
+
+    result = diff_plans(base["prod"], edited("prod", reorder, tmp_path))
+    assert result.differences == [], [(d.kind, d.name, d.inputs) for d in result.differences]
+
+
+def test_adding_a_zone_replaces_no_stateful_resource(base: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    def add_zone(config: dict[str, Any]) -> None:
+        config["triarch:cluster"]["zones"].insert(0, "us-east-1d")
+
+    result = diff_plans(base["prod"], edit := edited("prod", add_zone, tmp_path))
+    assert result.blocking == []
+    # The new zone's subnets are added; the existing subnets keep their ranges.
+    assert "llm-prod-net-private-us-east-1d" in names(result, "added")
+    assert not [d for d in result.differences if d.type == "aws:ec2/subnet:Subnet" and d.kind != "added"]
+    # The system node group spans the new subnet: EKS replaces it, under a new name, so the two never collide.
+    [system] = [d for d in result.of("replaced") if d.type == "aws:eks/nodeGroup:NodeGroup"]
+    old = next(r for r in base["prod"]["resources"] if r["urn"] == system.urn)["inputs"]["nodeGroupName"]
+    new = next(r for r in edit["resources"] if r["urn"] == system.urn)["inputs"]["nodeGroupName"]
+    assert old != new and old.rsplit("-", 1)[0] == new.rsplit("-", 1)[0]
+
+
+def test_a_new_vpc_range_replaces_the_network_and_says_so(base: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    result = diff_plans(base["prod"], edited("prod", lambda c: c["triarch:cluster"].update(vpcCidr="10.9.0.0/16"),
+                                             tmp_path))
+    stateful = {(d.type, d.name) for d in result.blocking}
+    assert ("aws:ec2/vpc:Vpc", "llm-prod-net-vpc") in stateful
+    subnets = [d for d in result.blocking if d.type == "aws:ec2/subnet:Subnet"]
+    assert len(subnets) == 6 and all(d.inputs == ["cidrBlock"] for d in subnets)
+    # What only follows them (new subnet ids) is replaced too, and says which resource it follows.
+    [mount] = [d for d in result.of("replaced") if d.name == "llm-prod-models-mt-us-east-1a"]
+    assert "llm-prod-net-private-us-east-1a" in mount.cause
+    # The cluster's subnets change in place (EKS allows it since TF v5.25), so the cluster is not replaced.
+    assert not [d for d in result.of("replaced") if d.type == "aws:eks/cluster:Cluster"]
+    intended = diff_plans(base["prod"], edited("prod", lambda c: c["triarch:cluster"].update(vpcCidr="10.9.0.0/16"),
+                                               tmp_path / "again"),
+                          intended=[d.name for d in result.blocking])
+    assert intended.blocking == [] and all(d.intended for d in intended.of("replaced") if d.stateful)
+
+
+def test_a_new_instance_type_for_a_fixed_pool_renames_its_node_group(tmp_path: Path) -> None:
+    def fixed(config: dict[str, Any]) -> None:
+        next(g for g in config["triarch:nodeGroups"] if g["name"] == "a100").update(
+            provisioner="managedNodeGroup", min=2, max=2)
+
+    before = edited("prod", fixed, tmp_path / "before")
+
+    def bigger(config: dict[str, Any]) -> None:
+        fixed(config)
+        next(g for g in config["triarch:nodeGroups"] if g["name"] == "a100")["instanceType"] = "p5.48xlarge"
+
+    after = edited("prod", bigger, tmp_path / "after")
+    result = diff_plans(before, after)
+    [group] = [d for d in result.of("replaced") if d.type == "aws:eks/nodeGroup:NodeGroup"]
+    assert "instanceTypes" in group.inputs and "nodeGroupName" in group.inputs
+    assert not group.stateful and result.blocking == []
+    # The launch template (named by prefix, from keys) is not replaced.
+    assert not [d for d in result.of("replaced") if d.type == "aws:ec2/launchTemplate:LaunchTemplate"]
+
+    def disk(config: dict[str, Any]) -> None:
+        fixed(config)
+        next(g for g in config["triarch:nodeGroups"] if g["name"] == "a100")["diskGiB"] = 800
+
+    resized = diff_plans(before, edited("prod", disk, tmp_path / "disk"))
+    assert resized.of("replaced") == [], "a larger root volume is a new launch template version, rolled in place"
+
+
+def test_toggling_time_slicing_replaces_nothing(base: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    result = diff_plans(base["dev"], edited("dev", lambda c: c["triarch:nodeGroups"][0].update(
+        timeSlicing={"replicas": 2}), tmp_path))
+    assert result.of("replaced") == [] and result.of("removed") == [] and result.of("added") == []
+    assert {d.type for d in result.of("changed")} >= {"kubernetes:karpenter.sh/v1:NodePool",
+                                                       "kubernetes:helm.sh/v3:Release"}
+
+
+def test_engine_args_that_change_are_reported_per_model(base: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    def shorter(config: dict[str, Any]) -> None:
+        next(m for m in config["triarch:models"] if m["name"] == "qwen")["maxModelLen"] = 8192
+
+    result = diff_plans(base["prod"], edited("prod", shorter, tmp_path))
+    [change] = result.engine
+    assert change.model == "qwen"
+    assert change.changes["max_model_len"] == (16384, 8192)
+
+
+def test_a_vllm_release_change_lists_what_the_new_release_removed(tmp_path: Path) -> None:
+    old = edited("dev", lambda c: c.update({"triarch:images": {"vllm": "vllm/vllm-openai:v0.29.0"}}), tmp_path / "o")
+    new = document(plan_config("dev", stack_document("dev"), tmp_path / "n"))
+    notes = diff_plans(old, new).vllm
+    assert any("0.29.0 -> 0.33.0" in n and "enable_bf16x3_router_gemm" in n for n in notes), notes
+    assert any("log_config_file" in n for n in notes)
+    backwards = diff_plans(new, old).vllm
+    assert backwards == ["vLLM 0.33.0 -> 0.29.0: no record of what this release removed "
+                         "(templates/compat/vllm-changes.yaml)"]
+
+
+def test_plans_without_urns_are_read_with_the_urns_they_would_have(base: dict[str, dict[str, Any]]) -> None:
+    """A base planned before plan.json carried URNs: each URN is rebuilt from the type, name and parent."""
+    for doc in base.values():
+        for resource in doc["resources"]:
+            assert urn_of(doc["stack"], resource) == resource["urn"]
+
+
+# --- the command --------------------------------------------------------------------------------------------------
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["diff", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_diff_json_marks_an_unintended_stateful_replacement(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", "--stack", "dev", "--out", str(tmp_path / "base")]) == 0
+    capsys.readouterr()
+    config = stack_document("dev")
+    config["triarch:cluster"]["vpcCidr"] = "10.7.0.0/16"
+    head = write_stack_file(tmp_path / "Pulumi.dev.yaml", config)
+    code, out, _ = run(capsys, "--base", str(tmp_path / "base"), "--stack-file", str(head), "--format", "json")
+    assert code == 1
+    report = json.loads(out)
+    assert {"replaced", "added", "removed", "changed"} <= set(report)
+    [vpc] = [r for r in report["replaced"] if r["type"] == "aws:ec2/vpc:Vpc"]
+    assert vpc["stateful"] is True and vpc["inputs"] == ["cidrBlock"] and "cidrBlock" in vpc["cause"]
+    assert set(vpc) >= {"type", "name", "inputs", "stateful", "cause"}
+    stateful = [r["name"] for r in report["replaced"] if r["stateful"]]
+    marks = [arg for name in stateful for arg in ("--intended", name)]
+    code, out, _ = run(capsys, "--base", str(tmp_path / "base"), "--stack-file", str(head), "--format", "markdown",
+                       *marks)
+    assert code == 0
+    assert out.startswith("### `triarch diff` of `dev`")
+    assert "no unintended replacement" in out.splitlines()[0]
+
+
+def test_diff_against_a_git_ref_plans_it_in_a_worktree(capsys: pytest.CaptureFixture[str]) -> None:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    code, out, err = run(capsys, "--base", "HEAD", "--stack", "dev")
+    assert code in (0, 1), err
+    assert out.startswith("triarch diff: stack dev against HEAD")
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "triarch-base-" not in worktrees.stdout, "the temporary worktree is removed"
+
+
+def test_a_bad_base_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = run(capsys, "--base", "no-such-ref-or-dir", "--stack", "dev")
+    assert code == 2 and out == ""
+    assert err.splitlines() == ["error: --base: 'no-such-ref-or-dir' is neither a plan directory nor a git ref of this "
+                                "repository; allowed: a directory written by `triarch plan`, or a commit, branch or "
+                                "tag"]
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "--base", str(tmp_path / "empty"), "--stack", "dev")
+    assert code == 2 and len(err.splitlines()) == 1 and "plan.json" in err
+
+
+def test_changed_paths_of_nested_lists_and_sets() -> None:
+    from triarch.diff import TypeRule, changed_paths
+
+    rule = TypeRule(("spec.selector",), ("subnetIds",), None)
+    assert changed_paths({"subnetIds": ["a", "b"]}, {"subnetIds": ["b", "a"]}, rule) == []
+    assert changed_paths({"ids": ["a", "b"]}, {"ids": ["b", "a"]}, rule) == ["ids"]
+    assert changed_paths({"x": [{"a": 1}, {"a": 2}]}, {"x": [{"a": 1}, {"a": 3}]}, rule) == ["x[1].a"]
+    assert changed_paths({"spec": {"selector": {"m": "1"}}}, {"spec": {"selector": {"m": "2"}}}, rule) == [
+        "spec.selector.m"]
+    base = copy.deepcopy({"a": {"b": 1}})
+    assert changed_paths(base, {"a": {"b": 1, "c": 2}}, rule) == ["a.c"]
