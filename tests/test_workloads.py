@@ -325,7 +325,8 @@ def test_rolling_update_keeps_capacity_and_can_progress(planned: dict[str, Plann
                                                         name: str) -> None:
     """maxUnavailable 0 keeps serving capacity during a rollout, but only works if the surge replica can be
     scheduled: the pool must have (replicas + maxSurge) x GPUs free besides the pool's other workloads at their
-    largest. Where it cannot, maxUnavailable 0 deadlocks the rollout (the new pod stays Pending forever)."""
+    largest (a RayService upgrade included). Where it cannot, maxUnavailable 0 deadlocks the rollout (the new pod
+    stays Pending forever)."""
     case = served(planned, stack, name)
     strategy = case.deployment["spec"]["strategy"]
     assert strategy["type"] == "RollingUpdate"
@@ -341,11 +342,13 @@ def test_rolling_update_keeps_capacity_and_can_progress(planned: dict[str, Plann
             others += other["spec"]["replicas"] * sum(int(c["resources"]["limits"].get(GPU, 0))
                                                       for c in spec["containers"])
     for service in case.run.of_kind("RayService"):
+        # A NewCluster upgrade runs the new Ray cluster (its groups at minReplicas) beside the old one at its largest.
+        upgrade = service["spec"].get("upgradeStrategy", {}).get("type", "NewCluster") == "NewCluster"
         for group in service["spec"]["rayClusterConfig"].get("workerGroupSpecs", []):
             spec = group["template"]["spec"]
             if spec.get("nodeSelector", {}).get(POOL_LABEL) == pool:
-                others += group["maxReplicas"] * sum(int(c["resources"]["limits"].get(GPU, 0))
-                                                     for c in spec["containers"])
+                pods = group["maxReplicas"] + (group["minReplicas"] if upgrade else 0)
+                others += pods * sum(int(c["resources"]["limits"].get(GPU, 0)) for c in spec["containers"])
     capacity = pool_gpu_capacity(case.run.config, pool)
     if (replicas + 1) * gpus + others <= capacity:  # room for one surge replica
         assert unavailable == 0

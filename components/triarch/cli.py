@@ -73,6 +73,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     import tempfile
 
     from triarch.guardrails.check import evaluate, load_policy_config, report_json, report_markdown, report_text
+    from triarch.guardrails.placement import headroom, prove
     from triarch.guardrails.rules import Resource
     from triarch.report import plan_stack, validate_stack_file
 
@@ -81,15 +82,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     validated = validate_stack_file(name, path)
     with progress(f"checking stack {name} against triarch-guardrails"), tempfile.TemporaryDirectory() as scratch:
         result = plan_stack(validated, Path(args.out) if args.out else Path(scratch))
-    resources = [Resource(r.type, r.name, r.inputs, r.urn) for r in result.run.resources
+    resources = [Resource(r.type, r.name, r.inputs, r.urn) for r in sorted(result.run.resources, key=lambda r: r.urn)
                  if r.custom and not r.type.startswith("pulumi:providers:")]
     findings = evaluate(resources, policy_config)
+    placement = headroom(prove(resources))
     if args.format == "json":
-        print(report_json(findings, name))
+        print(report_json(findings, name, placement))
     elif args.format == "markdown":
-        print(report_markdown(findings, name))
+        print(report_markdown(findings, name, placement))
     else:
-        print(report_text(findings))
+        print(report_text(findings, placement))
     return 1 if any(f.enforcement == "mandatory" for f in findings) else 0
 
 

@@ -10,6 +10,12 @@ from triarch.planners.karpenter import DISCOVERY_TAG
 from triarch.planners.network import plan_subnets
 
 
+def nat_zones(cluster: ClusterConfig) -> list[str]:
+    """Where the NAT gateways go: every zone, or (single) the zone first by letter, whatever the list's order, so
+    reordering the zones never moves the NAT gateway and its public address."""
+    return list(cluster.zones) if cluster.nat_gateways == "perZone" else [min(cluster.zones)]
+
+
 class Network(pulumi.ComponentResource):
     def __init__(self, name: str, cluster: ClusterConfig, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:network:Network", name, None, opts)
@@ -32,7 +38,9 @@ class Network(pulumi.ComponentResource):
         self.private_subnets: list[aws.ec2.Subnet] = []
         self.nat_gateways: list[aws.ec2.NatGateway] = []
         self.private_subnet_by_zone: dict[str, aws.ec2.Subnet] = {}
-        for plan in plan_subnets(cluster.vpc_cidr, cluster.zones):
+        plans = plan_subnets(cluster.vpc_cidr, cluster.zones)
+        nat_by_zone: dict[str, aws.ec2.NatGateway] = {}
+        for plan in plans:
             public = aws.ec2.Subnet(
                 f"{name}-public-{plan.zone}", vpc_id=self.vpc.id, cidr_block=plan.public_cidr,
                 availability_zone=plan.zone, map_public_ip_on_launch=False,
@@ -41,22 +49,25 @@ class Network(pulumi.ComponentResource):
             aws.ec2.RouteTableAssociation(f"{name}-public-{plan.zone}", subnet_id=public.id,
                                           route_table_id=self.public_route_table.id, opts=child)
             self.public_subnets.append(public)
-            if cluster.nat_gateways == "perZone" or not self.nat_gateways:
+            if plan.zone in nat_zones(cluster):
                 eip = aws.ec2.Eip(f"{name}-nat-{plan.zone}", domain="vpc", tags={"Name": f"{cluster.name}-nat"},
                                   opts=child)
-                self.nat_gateways.append(aws.ec2.NatGateway(
+                nat_by_zone[plan.zone] = aws.ec2.NatGateway(
                     f"{name}-nat-{plan.zone}", allocation_id=eip.id, subnet_id=public.id,
                     tags={"Name": f"{cluster.name}-nat-{plan.zone}"},
-                    opts=pulumi.ResourceOptions(parent=self, depends_on=[self.internet_gateway])))
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[self.internet_gateway]))
+        self.nat_gateways = [nat_by_zone[z] for z in sorted(nat_by_zone)]
+        for plan in plans:
             private = aws.ec2.Subnet(
                 f"{name}-private-{plan.zone}", vpc_id=self.vpc.id, cidr_block=plan.private_cidr,
                 availability_zone=plan.zone,
                 tags={"Name": f"{cluster.name}-private-{plan.zone}", "kubernetes.io/role/internal-elb": "1",
                       DISCOVERY_TAG: cluster.name, **cluster_tag},
                 opts=child)
+            nat = nat_by_zone.get(plan.zone) or self.nat_gateways[0]
             route_table = aws.ec2.RouteTable(
                 f"{name}-private-{plan.zone}", vpc_id=self.vpc.id,
-                routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": self.nat_gateways[-1].id}],
+                routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nat.id}],
                 tags={"Name": f"{cluster.name}-private-{plan.zone}"}, opts=child)
             aws.ec2.RouteTableAssociation(f"{name}-private-{plan.zone}", subnet_id=private.id,
                                           route_table_id=route_table.id, opts=child)

@@ -66,10 +66,12 @@ def load_policy_config(path: Path | None) -> dict[str, Any]:
     return data
 
 
-def report_text(findings: list[Finding]) -> str:
-    if not findings:
-        return "triarch-guardrails: no violations"
+def report_text(findings: list[Finding], placement: list[str] | None = None) -> str:
     lines = []
+    if placement:
+        lines += ["Placement (where each pod template runs, and the room it has)", *(f"  {p}" for p in placement), ""]
+    if not findings:
+        return "\n".join([*lines, "triarch-guardrails: no violations"])
     for layer in ("Kubernetes", "Ray", "vLLM"):
         group = [f for f in findings if f.rule.layer == layer]
         if not group:
@@ -81,9 +83,12 @@ def report_text(findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
-def report_markdown(findings: list[Finding], stack: str) -> str:
+def report_markdown(findings: list[Finding], stack: str, placement: list[str] | None = None) -> str:
     mandatory = sum(f.enforcement == "mandatory" for f in findings)
     head = f"### triarch-guardrails on `{stack}`: {mandatory} mandatory, {len(findings) - mandatory} advisory"
+    if placement:
+        head += ("\n\n<details><summary>Placement: where each pod template runs</summary>\n\n"
+                 + "\n".join(f"- {p}" for p in placement) + "\n\n</details>")
     if not findings:
         return head + "\n\nNo violations."
     lines = [head, "", "| layer | level | policy | resource | finding and fix |", "|---|---|---|---|---|"]
@@ -93,8 +98,8 @@ def report_markdown(findings: list[Finding], stack: str) -> str:
     return "\n".join(lines)
 
 
-def report_json(findings: list[Finding], stack: str) -> str:
-    return json.dumps({"stack": stack, "violations": [
+def report_json(findings: list[Finding], stack: str, placement: list[str] | None = None) -> str:
+    return json.dumps({"stack": stack, "placement": placement or [], "violations": [
         {"policy": f.rule.name, "layer": f.rule.layer, "enforcementLevel": f.enforcement,
          "resource": {"type": f.resource.type, "name": f.resource.name, "urn": f.resource.urn}, "message": f.message}
         for f in findings]}, indent=2)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeGuard
 
 from triarch.catalog import catalog
+from triarch.guardrails.placement import prove
 from triarch.guardrails.workloads import (
     UNKNOWN,
     PodTemplate,
@@ -690,3 +691,27 @@ def _images_on_pool(r: Resource, template: PodTemplate, node: Node) -> list[tupl
         if verdict.level == "error":
             found.append((r, f"{template.where}: {verdict.message}"))
     return found
+
+
+# --- stack: placement and capacity (triarch.guardrails.placement) -------------------------------------------------
+
+
+def _placement_rule(rule_id: str) -> StackCheck:
+    def check(resources: list[Resource], config: Config) -> list[tuple[Resource, str]]:
+        by_urn = {r.urn: r for r in resources}
+        return [(by_urn.get(f.urn) or Resource(f.resource_type, f.resource_name, {}, f.urn), f.message)
+                for f in prove(resources).findings if f.rule == rule_id]
+    return check
+
+
+rule("pod-placement", "Kubernetes",
+     "Every pod template can run somewhere: some pool's nodes match its node selector and affinity, it tolerates "
+     "their taints, and one pod fits a node's allocatable CPU, memory and GPUs after the kubelet's reserve and the "
+     "DaemonSets there. Otherwise its pods stay Pending for ever.", stack=True)(_placement_rule("pod-placement"))
+rule("pool-capacity", "Kubernetes",
+     "At their largest (maximum replicas, a rollout's surge, a RayService upgrade's second cluster) a pool's "
+     "workloads fit its maximum node count, and a hard zone spread can be met with the pool's zones and nodes.",
+     stack=True)(_placement_rule("pool-capacity"))
+rule("pool-scale-from-zero", "Kubernetes",
+     "A pool that may have no node needs something that adds one when a pod is pending (a Karpenter NodePool); "
+     "a managed node group at zero stays at zero.", stack=True)(_placement_rule("pool-scale-from-zero"))

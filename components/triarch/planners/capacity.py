@@ -24,7 +24,7 @@ and start evicting: the pods' grace periods must end this much before the instan
 
 def check_capacity(stack: StackConfig, models: list[ModelPlan], facts: Catalog) -> None:
     check_ray_head(stack, models, facts)
-    check_ray_upgrade(stack, models)
+    check_pool_capacity(stack, models)
     check_spot_drain(stack, models)
 
 
@@ -48,40 +48,46 @@ def _group_index(stack: StackConfig, name: str) -> int:
     return next(i for i, group in enumerate(stack.node_groups) if group.name == name)
 
 
-def ray_upgrade_gpus(models: list[ModelPlan]) -> dict[str, tuple[int, int, int]]:
-    """Per pool hosting ray-serve models: GPUs of (the old Ray cluster at its largest, the new cluster as it
-    starts, everything else on the pool at its largest) during a RayService `NewCluster` upgrade."""
-    old: dict[str, int] = defaultdict(int)
-    new: dict[str, int] = defaultdict(int)
-    others: dict[str, int] = defaultdict(int)
+def peak_gpus(models: list[ModelPlan]) -> dict[str, tuple[int, int, int]]:
+    """Per pool: GPUs of (the vLLM models at their largest, the ray-serve models at their largest, the new Ray
+    cluster a RayService `NewCluster` upgrade starts beside the old one at its smallest)."""
+    vllm: dict[str, int] = defaultdict(int)
+    ray: dict[str, int] = defaultdict(int)
+    upgrade: dict[str, int] = defaultdict(int)
     for plan in models:
         if plan.config.engine == "ray-serve":
             low, high = replica_bounds(plan)
-            old[plan.pool.name] += high * plan.gpus_per_replica
-            new[plan.pool.name] += low * plan.gpus_per_replica
+            ray[plan.pool.name] += high * plan.gpus_per_replica
+            upgrade[plan.pool.name] += low * plan.gpus_per_replica
         else:
-            others[plan.pool.name] += largest_gpu_use(plan) * plan.gpus_per_replica
-    return {pool: (old[pool], new[pool], others[pool]) for pool in old}
+            vllm[plan.pool.name] += largest_gpu_use(plan) * plan.gpus_per_replica
+    return {pool: (vllm[pool], ray[pool], upgrade[pool]) for pool in sorted({p.pool.name for p in models})}
 
 
-def check_ray_upgrade(stack: StackConfig, models: list[ModelPlan]) -> None:
-    """KubeRay's NewCluster upgrade starts a whole new Ray cluster and switches traffic once it serves: the pools
-    must hold both at once, or the upgrade waits for GPUs that never come. (The incremental upgrade that avoids
-    this needs the Gateway API and a gateway controller, which Triarch does not install.)"""
+def check_pool_capacity(stack: StackConfig, models: list[ModelPlan]) -> None:
+    """Every pool holds its models at their largest; where it hosts ray-serve models, also during a RayService
+    upgrade: KubeRay's NewCluster upgrade starts a whole new Ray cluster and switches traffic once it serves, so
+    both run at once, or the upgrade waits for GPUs that never come. (The incremental upgrade that avoids this
+    needs the Gateway API and a gateway controller, which Triarch does not install.)"""
     pools = {plan.pool.name: plan.pool for plan in models}
-    for pool_name, (old, new, others) in sorted(ray_upgrade_gpus(models).items()):
+    for pool_name, (vllm, ray, upgrade) in peak_gpus(models).items():
         pool = pools[pool_name]
         capacity = pool.max_nodes * pool.schedulable_gpus_per_node
-        need = old + new + others
-        if need > capacity:
-            index = _group_index(stack, pool_name)
-            nodes = -(-need // pool.schedulable_gpus_per_node)
-            raise ConfigError(
-                f"triarch:nodeGroups[{index}].max", pool.max_nodes,
-                f"holds {capacity} GPU(s), but a RayService upgrade on pool '{pool_name}' needs {need}: the running "
-                f"Ray cluster at its largest ({old}) and the new one as it starts ({new}) side by side, plus "
-                f"{others} for the vLLM models there",
-                f">= {nodes} nodes, or lower the ray-serve models' autoscaling.max on this pool")
+        need = vllm + ray + upgrade
+        if need <= capacity:
+            continue
+        index = _group_index(stack, pool_name)
+        nodes = -(-need // pool.schedulable_gpus_per_node)
+        if upgrade:
+            what = (f"a RayService upgrade on pool '{pool_name}' needs {need}: the running Ray cluster at its "
+                    f"largest ({ray}) and the new one as it starts ({upgrade}) side by side, plus {vllm} for the "
+                    "vLLM models there")
+            fix = f">= {nodes} nodes, or lower the ray-serve models' autoscaling.max on this pool"
+        else:
+            what = f"its models need {need} at their largest (replicas x GPUs per replica)"
+            fix = f">= {nodes} nodes, or fewer replicas on this pool"
+        raise ConfigError(f"triarch:nodeGroups[{index}].max", pool.max_nodes,
+                          f"holds {capacity} GPU(s), but {what}", fix)
 
 
 def spot_drain_problem(grace_seconds: int) -> str | None:

@@ -101,11 +101,18 @@ def plan_models(stack: StackConfig, facts: Catalog) -> list[ModelPlan]:
     return plans
 
 
+def smallest_gpu_use(plan: ModelPlan) -> int:
+    return plan.config.replicas if plan.config.autoscaling is None else plan.config.autoscaling.min
+
+
 def _surge_fits(stack: StackConfig, plan: ModelPlan, plans: list[ModelPlan]) -> bool:
+    """Room for one more replica while every other model on the pool runs at its largest and a RayService
+    upgrade runs its new cluster (at its smallest) beside the old: the pool's worst moment."""
     capacity = stack.node_group(plan.pool.name).max * plan.pool.schedulable_gpus_per_node
-    others = sum(largest_gpu_use(p) * p.gpus_per_replica for p in plans
-                 if p.pool.name == plan.pool.name and p.name != plan.name)
-    return (plan.config.replicas + 1) * plan.gpus_per_replica + others <= capacity
+    on_pool = [p for p in plans if p.pool.name == plan.pool.name]
+    others = sum(largest_gpu_use(p) * p.gpus_per_replica for p in on_pool if p.name != plan.name)
+    upgrade = sum(smallest_gpu_use(p) * p.gpus_per_replica for p in on_pool if p.config.engine == "ray-serve")
+    return (plan.config.replicas + 1) * plan.gpus_per_replica + others + upgrade <= capacity
 
 
 def pod_resources(plan: ModelPlan) -> dict[str, dict[str, str]]:

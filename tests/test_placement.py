@@ -1,0 +1,196 @@
+"""The placement and capacity proof (`triarch check`, the policy pack's stack rules), the stack files of public
+failures it must refuse, and property tests over benign edits of the shipped stacks: no edit replaces a
+stateful resource or renames a resource it does not concern, and any stack `triarch plan` accepts places."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT, StackPlan, plan_config, stack_document
+from triarch import cli
+from triarch.catalog import catalog
+from triarch.diff import diff_plans
+from triarch.guardrails.placement import prove, reserved
+from triarch.guardrails.rules import Resource
+from triarch.offline import plan_document
+from triarch.program import StackError
+
+FAILURES = ROOT / "tests" / "failures"
+CASES = yaml.safe_load((FAILURES / "cases.yaml").read_text(encoding="utf-8"))["cases"]
+
+
+def resources(plan: StackPlan) -> list[Resource]:
+    return [Resource(r.type, r.name, r.inputs, r.urn) for r in sorted(plan.resources, key=lambda r: r.urn)
+            if r.custom]
+
+
+# --- what a node keeps for itself ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("instance", "cpu_m", "memory_mib"), [
+    # nodeadm (amazon-eks-ami v20260714): CPU 6% + 1% + 2 x 0.5% + 0.25% per further core; memory 11 x maxPods + 255
+    # MiB, plus the 100 Mi eviction threshold. maxPods from the ENI table (m7i.large 29, g6.2xlarge 58,
+    # g6.12xlarge 234, p4de.24xlarge 737, p5.48xlarge 100).
+    ("m7i.large", 70, 29 * 11 + 255 + 100),
+    ("g6.2xlarge", 90, 58 * 11 + 255 + 100),
+    ("g6.12xlarge", 190, 234 * 11 + 255 + 100),
+    ("p4de.24xlarge", 310, 737 * 11 + 255 + 100),
+    ("p5.48xlarge", 550, 100 * 11 + 255 + 100),
+])
+def test_the_kubelet_reserve_follows_the_eks_ami(instance: str, cpu_m: int, memory_mib: int) -> None:
+    kept = reserved(instance, catalog().instances[instance])
+    assert (kept.cpu_m, kept.memory_mib) == (cpu_m, memory_mib)
+
+
+# --- the proof on the shipped stacks ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stack", ["local", "dev", "prod"])
+def test_every_pod_template_of_a_shipped_stack_is_placed(shipped: dict[str, StackPlan], stack: str) -> None:
+    proof = prove(resources(shipped[stack]))
+    assert proof.findings == []
+    placed = {p.workload.where: p for p in proof.placements}
+    deployments = {f"Deployment {d['metadata']['name']}" for d in shipped[stack].objects("Deployment")}
+    assert deployments <= set(placed)
+    for placement in proof.placements:
+        assert placement.pools, placement.workload.where
+    if stack != "local":
+        for placement in proof.placements:
+            if not placement.workload.daemon:
+                assert placement.per_node and placement.per_node >= 1, placement.workload.where
+                pool = placement.pool
+                assert pool is not None and pool.max_nodes is not None
+                assert placement.nodes_needed is not None and placement.nodes_needed <= pool.max_nodes
+
+
+def test_check_prints_where_each_pod_template_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(["check", "--stack", "prod"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    start = lines.index("Placement (where each pod template runs, and the room it has)")
+    rows = [x.strip() for x in lines[start + 1:] if x.startswith("  ")]
+    assert any(r.startswith("Deployment embed: on l4 (g6.2xlarge); asks 7000m CPU") for r in rows), rows
+    assert any(r.startswith("RayService llm worker group a100-2gpu: on a100 (p4de.24xlarge)") for r in rows)
+    assert any(r.startswith("RayService llm head: on system (m7i.xlarge)") for r in rows)
+    assert not [r for r in rows if "NOT PLACED" in r]
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(["check", "--stack", "prod", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["placement"] and report["violations"] == []
+
+
+def test_a_pool_short_of_nodes_is_named_with_the_numbers(shipped: dict[str, StackPlan]) -> None:
+    """The policy pack sees what a hand-edited stack would: here the L4 NodePool's limit cut to five nodes."""
+    edited = []
+    for r in resources(shipped["prod"]):
+        props = r.props
+        if r.type == "kubernetes:karpenter.sh/v1:NodePool" and props["metadata"]["name"] == "l4":
+            props = copy.deepcopy(dict(props))
+            props["spec"]["limits"]["nvidia.com/gpu"] = "5"
+        edited.append(Resource(r.type, r.name, props, r.urn))
+    [finding] = [f for f in prove(edited).findings if f.rule == "pool-capacity"]
+    assert finding.message.startswith("pool l4 (NodePool l4) holds at most 5 g6.2xlarge node(s), but its workloads "
+                                      "at their largest need 6"), finding.message
+    assert "raise the pool's max to 6" in finding.message
+
+
+# --- public failures ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_public_failure_is_refused_with_its_sentence(case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    expected = CASES[case]
+    code = cli.main(["check", "--stack-file", str(FAILURES / case)])
+    captured = capsys.readouterr()
+    assert code == expected["exit"], captured.out + captured.err
+    text = captured.err if code == 2 else captured.out
+    assert expected["expect"] in text, text
+    if code == 2:
+        assert len(captured.err.splitlines()) == 1
+
+
+def test_every_failure_stack_is_indexed() -> None:
+    files = sorted(p.name for p in FAILURES.glob("*.yaml") if p.name != "cases.yaml")
+    assert files == sorted(CASES)
+    assert all(entry.get("source") for entry in CASES.values())
+
+
+# --- properties -----------------------------------------------------------------------------------------------------
+
+def _document(name: str, config: dict[str, Any], directory: Path) -> dict[str, Any]:
+    return json.loads(json.dumps(plan_document(plan_config(name, config, directory).run)))
+
+
+EDITS = ("reorder zones", "reorder pools", "reorder models", "add a zone", "add a model", "remove a model",
+         "toggle time slicing", "change an instance type", "resize a root volume")
+
+
+def apply(edit: str, config: dict[str, Any], pick: int) -> set[str]:
+    """Apply one benign edit; returns the names (models, pools) whose resources the edit concerns."""
+    cluster, groups, models = config["triarch:cluster"], config["triarch:nodeGroups"], config["triarch:models"]
+    if edit == "reorder zones":
+        cluster["zones"] = cluster["zones"][pick % len(cluster["zones"]):] + cluster["zones"][:pick % len(
+            cluster["zones"])]
+    elif edit == "reorder pools":
+        groups.reverse()
+    elif edit == "reorder models":
+        models.reverse()
+    elif edit == "add a zone":
+        cluster["zones"].append(next(f"us-east-1{z}" for z in "abcdef" if f"us-east-1{z}" not in cluster["zones"]))
+    elif edit == "add a model":
+        pool = groups[pick % len(groups)]["name"]
+        models.append({"name": "extra", "model": "Qwen/Qwen3-Embedding-0.6B", "engine": "vllm", "nodeGroup": pool})
+        return {"extra"}
+    elif edit == "remove a model" and len(models) > 1:
+        return {models.pop(pick % len(models))["name"]}
+    elif edit == "toggle time slicing":
+        group = groups[pick % len(groups)]
+        if group.pop("timeSlicing", None) is None:
+            group["timeSlicing"] = {"replicas": 2}
+    elif edit == "change an instance type":
+        group = groups[pick % len(groups)]
+        same_gpu = {"g6.xlarge": "g6.2xlarge", "g6.2xlarge": "g6.4xlarge", "p4de.24xlarge": "p4de.24xlarge"}
+        group["instanceType"] = same_gpu.get(group["instanceType"], group["instanceType"])
+    elif edit == "resize a root volume":
+        groups[pick % len(groups)]["diskGiB"] = 300
+    return set()
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    return {name: _document(name, stack_document(name), tmp_path_factory.mktemp(f"base-{name}"))
+            for name in ("dev", "prod")}
+
+
+@settings(max_examples=24, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stack=st.sampled_from(["dev", "prod"]), edits=st.lists(st.sampled_from(EDITS), min_size=1, max_size=3),
+       pick=st.integers(min_value=0, max_value=7))
+def test_benign_edits_replace_nothing_stateful_and_keep_urns(bases: dict[str, dict[str, Any]],
+                                                             tmp_path_factory: pytest.TempPathFactory, stack: str,
+                                                             edits: list[str], pick: int) -> None:
+    config = stack_document(stack)
+    concerned: set[str] = set()
+    for edit in edits:
+        concerned |= apply(edit, config, pick)
+    try:
+        head = _document(stack, config, tmp_path_factory.mktemp("edit"))
+    except StackError as error:  # a refused edit is one sentence naming a key (e.g. a GPU slice too small)
+        message = str(error)
+        assert "\n" not in message and message.startswith("triarch:"), message
+        return
+    result = diff_plans(bases[stack], head)
+    assert result.blocking == [], [(d.name, d.cause) for d in result.blocking]
+    removed = {d.urn for d in result.of("removed")}
+    assert all(any(name in urn for name in concerned) for urn in removed), (edits, sorted(removed))
+    # Any stack the plan accepts places: every pod template lands on a pool and fits it.
+    placed = prove([Resource(r["type"], r["name"], r["inputs"], r["urn"]) for r in head["resources"]
+                    if not r["type"].startswith(("triarch:", "pulumi:"))])
+    assert placed.findings == [], [f.message for f in placed.findings]
