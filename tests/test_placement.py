@@ -8,6 +8,7 @@ import contextlib
 import copy
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from conftest import ROOT, StackPlan, plan_config, stack_document
 from triarch import cli
-from triarch.catalog import catalog
+from triarch.catalog import catalog, charts
 from triarch.diff import diff_plans
 from triarch.guardrails.placement import prove, reserved
 from triarch.guardrails.rules import Resource
@@ -130,7 +131,7 @@ def _document(name: str, config: dict[str, Any], directory: Path) -> dict[str, A
 
 
 EDITS = ("reorder zones", "reorder pools", "reorder models", "add a zone", "add a model", "remove a model",
-         "toggle time slicing", "change an instance type", "resize a root volume")
+         "toggle time slicing", "change an instance type", "resize a root volume", "bump a chart")
 
 
 def apply(edit: str, config: dict[str, Any], pick: int) -> set[str]:
@@ -180,14 +181,21 @@ def test_benign_edits_replace_nothing_stateful_and_keep_urns(bases: dict[str, di
     concerned: set[str] = set()
     for edit in edits:
         concerned |= apply(edit, config, pick)
+    bumped = {name: replace(chart, version=f"{chart.version}.{pick + 1}") if "bump a chart" in edits else chart
+              for name, chart in charts().items()}
     try:
-        head = _document(stack, config, tmp_path_factory.mktemp("edit"))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("triarch.components.platform.charts", lambda: bumped)
+            head = _document(stack, config, tmp_path_factory.mktemp("edit"))
     except StackError as error:  # a refused edit is one sentence naming a key (e.g. a GPU slice too small)
         message = str(error)
         assert "\n" not in message and message.startswith("triarch:"), message
         return
     result = diff_plans(bases[stack], head)
     assert result.blocking == [], [(d.name, d.cause) for d in result.blocking]
+    if "bump a chart" in edits:  # a chart bump upgrades its release in place
+        releases = [d for d in result.differences if d.type == "kubernetes:helm.sh/v3:Release"]
+        assert releases and all(d.kind == "changed" and "version" in d.inputs for d in releases)
     removed = {d.urn for d in result.of("removed")}
     assert all(any(name in urn for name in concerned) for urn in removed), (edits, sorted(removed))
     # Any stack the plan accepts places: every pod template lands on a pool and fits it.
