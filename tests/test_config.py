@@ -59,18 +59,51 @@ def _set(*keys: str | int, value: Any) -> Any:
 
 def test_unknown_top_level_key(mutated_config: MutatedConfig) -> None:
     config = mutated_config("prod", lambda c: c.update({"triarch:nodegroups": c.pop("triarch:nodeGroups")}))
-    message = config_error(config, "triarch:nodegroups", "l4", ["triarch:nodeGroups", "triarch:cluster"])
+    message = config_error(config, "triarch:nodegroups", "did you mean 'triarch:nodeGroups'?",
+                           ["triarch:nodeGroups", "triarch:cluster"])
     assert "triarch:nodegroups," not in message.partition("allowed:")[2]
+    assert "l4" not in message, "the value of a key Triarch does not know is never repeated"
 
 
-def test_unknown_nested_key(mutated_config: MutatedConfig) -> None:
+def test_unknown_nested_key_names_the_closest_known_key(mutated_config: MutatedConfig) -> None:
     def typo(config: dict[str, Any]) -> None:
         group = config["triarch:nodeGroups"][1]
         group["diskGib"] = group.pop("diskGiB")
 
-    message = config_error(mutated_config("prod", typo), "triarch:nodeGroups[1].diskGib", "500",
-                           ["diskGiB", "instanceType", "amiRelease"])
+    message = config_error(mutated_config("prod", typo), "triarch:nodeGroups[1].diskGib",
+                           "is not a known key (did you mean 'diskGiB'?)", ["diskGiB", "instanceType", "amiRelease"])
     assert "diskGib" not in message.partition("; allowed: ")[2].split(", "), "the rejected key is not allowed"
+    assert "500" not in message
+
+
+def test_a_misspelt_required_key_is_named_before_the_missing_one(mutated_config: MutatedConfig) -> None:
+    """`kubernetesVerison` is both an unknown key and a missing `kubernetesVersion`: the typo is the mistake."""
+    def typo(config: dict[str, Any]) -> None:
+        cluster = config["triarch:cluster"]
+        cluster["kubernetesVerison"] = cluster.pop("kubernetesVersion")
+
+    message = config_error(mutated_config("prod", typo), "triarch:cluster.kubernetesVerison",
+                           "did you mean 'kubernetesVersion'?", ["kubernetesVersion"])
+    assert "is required" not in message
+
+
+@pytest.mark.parametrize(("wrong", "right"), [("instance_type", "instanceType"), ("ami_release", "amiRelease"),
+                                              ("disk_gib", "diskGiB")])
+def test_a_snake_case_key_gets_the_camel_case_spelling(mutated_config: MutatedConfig, wrong: str, right: str) -> None:
+    def snake(config: dict[str, Any]) -> None:
+        group = config["triarch:nodeGroups"][1]
+        group[wrong] = group.pop(right, "v20260714")
+
+    message = config_error(mutated_config("prod", snake), f"triarch:nodeGroups[1].{wrong}",
+                           f"is not read by Triarch: the key is '{right}'" if right != "diskGiB" else "did you mean",
+                           [right])
+    assert message.count(":") >= 2
+
+
+def test_a_missing_section_is_described_in_words(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", lambda c: c.pop("triarch:cluster"))
+    message = config_error(config, "triarch:cluster", "is required", ["a mapping with keys create, name"])
+    assert "ClusterConfig" not in message
 
 
 def test_renamed_key_names_the_new_key(mutated_config: MutatedConfig) -> None:
@@ -80,8 +113,8 @@ def test_renamed_key_names_the_new_key(mutated_config: MutatedConfig) -> None:
         group["releaseVersion"] = "1.35.6-20260714"
 
     message = config_error(mutated_config("prod", rename), "triarch:nodeGroups[1].releaseVersion",
-                           "1.35.6-20260714", ["amiRelease"])
-    assert "'amiRelease'" in message.partition("; allowed:")[0]
+                           "is not read by Triarch: the key is 'amiRelease'", ["amiRelease"])
+    assert "1.35.6-20260714" not in message
 
 
 @pytest.mark.parametrize(("key", "old", "real_keys"), [
@@ -93,9 +126,16 @@ def test_rename_hint_only_where_the_new_key_exists(mutated_config: MutatedConfig
     """`version` under devicePlugin (say, a chart version) is not a misspelt kubernetesVersion: that key does
     not exist there, so the message must list the section's real keys, not point at a key it would reject."""
     config = mutated_config("prod", lambda c: c.setdefault(key, {}).update({old: "0.20.0"}))
-    message = config_error(config, f"{key}.{old}", "0.20.0", real_keys)
+    message = config_error(config, f"{key}.{old}", "is not a known key", real_keys)
     renamed_to = {"version": "kubernetesVersion", "releaseVersion": "amiRelease"}[old]
     assert renamed_to not in message.partition("; allowed:")[2].split(", ")
+    assert "is not read by Triarch" not in message
+
+
+def test_replicas_beside_autoscaling_is_refused(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", _set("triarch:models", 1, "replicas", value=2))
+    config_error(config, "triarch:models[1].replicas", "would be ignored beside autoscaling",
+                 ["remove replicas, or remove autoscaling"])
 
 
 def test_wrong_type(mutated_config: MutatedConfig) -> None:
@@ -246,7 +286,7 @@ def test_system_node_group_defaults(stack_config: StackConfigReader) -> None:
     config = stack_config("dev")
     assert set(stack_document("dev")["triarch:cluster"]["systemNodeGroup"]) == {"amiRelease"}
     system = from_pulumi_config(config).cluster.system_node_group
-    assert system == SystemNodeGroup(ami_release="v20260714")
+    assert system == SystemNodeGroup(amiRelease="v20260714")
     assert system.instance_type in INSTANCES["cpuInstances"], "the default must be a known CPU instance type"
     assert 1 <= system.min <= system.max
 

@@ -16,6 +16,7 @@ from triarch.catalog import Gpu, catalog
 from triarch.tuner import (
     GIB,
     MIB,
+    LengthRefused,
     ModelArch,
     TuneError,
     arch_from_hf_config,
@@ -209,14 +210,21 @@ def test_picks_the_smallest_tp_that_fits() -> None:
     assert one.tensor_parallel_size == 1
 
 
-def test_max_model_len_is_capped_to_the_model_and_to_what_fits() -> None:
+def test_an_explicit_max_model_len_vllm_would_refuse_is_refused() -> None:
+    """vLLM refuses a --max-model-len beyond the model's maximum, and refuses to start when one such request does
+    not fit the KV cache: an explicit length is never silently lowered."""
     arch = load_arch(LLAMA3_8B)  # max_position_embeddings 8192
-    sizing = tune(arch, gpu("a100-80gb"), max_model_len=100_000)
-    assert sizing.max_model_len == 8192 and any("max_position_embeddings" in n for n in sizing.notes)
-    small = tune(load_arch("meta-llama/Llama-3.1-8B-Instruct"), gpu("l4"), max_model_len=131072,
-                 tensor_parallel_size=1)
-    assert small.max_model_len == small.kv_cache_tokens < 131072
-    assert small.max_concurrency == pytest.approx(1.0)
+    with pytest.raises(LengthRefused, match=r"max_model_len 100000 exceeds the 8192 tokens .* supports"):
+        tune(arch, gpu("a100-80gb"), max_model_len=100_000)
+    assert tune(arch, gpu("a100-80gb"), max_model_len=8192).max_model_len == 8192
+    with pytest.raises(LengthRefused, match=r"max_model_len 131072 does not fit: the KV cache holds \d+ tokens"):
+        tune(load_arch("meta-llama/Llama-3.1-8B-Instruct"), gpu("l4"), max_model_len=131072, tensor_parallel_size=1)
+
+
+def test_without_an_explicit_length_the_tuner_lowers_it_to_what_fits() -> None:
+    small = tune(load_arch("meta-llama/Llama-3.1-8B-Instruct"), gpu("l4"), tensor_parallel_size=1)
+    assert small.max_model_len is not None and small.max_model_len < 131072
+    assert any("capped" in n for n in small.notes)
 
 
 def test_chat_and_embedding_engine_args() -> None:
@@ -371,8 +379,21 @@ def test_never_needs_more_kv_than_available(
         sizing = tune(arch, custom_gpu(memory_mib), gpu_memory_utilization=utilization, max_model_len=max_model_len,
                       kv_cache_dtype=kv_cache_dtype, task=task, gpus_available=gpus,
                       kv_cache_memory_bytes=kv_given, block_size=block_size)
+    except LengthRefused as refused:
+        # Only an explicit length vLLM would refuse: beyond the model's maximum, or longer than the KV cache holds.
+        assert max_model_len is not None, refused
+        too_long = re.match(r"max_model_len (\d+) exceeds the (\d+) tokens", str(refused))
+        if too_long:
+            assert arch.max_position_embeddings is not None
+            assert int(too_long[1]) == max_model_len > arch.max_position_embeddings == int(too_long[2])
+        else:
+            holds = re.match(r"max_model_len (\d+) does not fit: the KV cache holds (\d+) tokens", str(refused))
+            assert holds is not None, refused
+            assert int(holds[1]) == max_model_len > int(holds[2])
+        return
     except TuneError as refused:
-        assert re.search(r"\d+\.\d GiB", str(refused))
+        # Otherwise only what does not fit in memory, said with the numbers.
+        assert re.search(r"\d+\.\d GiB", str(refused)), refused
         return
     assert sizing.kv_cache_blocks >= 1
     assert sizing.kv_cache_blocks * block_size * sizing.kv_bytes_per_token <= sizing.available_kv_bytes

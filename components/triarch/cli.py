@@ -50,6 +50,8 @@ def _stack_source(args: argparse.Namespace) -> tuple[str, Path]:
 
     if args.stack_file:
         path = Path(args.stack_file)
+        if path.is_dir():
+            raise TriarchError(f"--stack-file: {str(path)!r} is a directory; allowed: a Pulumi stack file path")
         if not path.is_file():
             raise TriarchError(f"--stack-file: {str(path)!r} does not exist; allowed: a Pulumi stack file path")
         return stack_name_of(path), path

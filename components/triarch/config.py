@@ -6,6 +6,7 @@ Stacks (stacks/Pulumi.<stack>.yaml) only override. Every check that spans fields
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from pydantic.fields import FieldInfo
 
 from triarch.catalog import Catalog, catalog, version_tuple
 from triarch.errors import ConfigError
+from triarch.planners.network import plan_subnets
 
 NAMESPACE = "triarch"
 SUPPORTED_KUBERNETES = tuple(f"1.{minor}" for minor in range(25, 38))
@@ -49,7 +51,9 @@ with one release_version per Kubernetes minor, so the NVIDIA table also dates th
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
+    # Only the documented camelCase keys: a snake_case key is unknown, and gets the rename hint.
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, validate_by_alias=True,
+                              validate_by_name=False)
 
 
 class SystemNodeGroup(_Model):
@@ -245,6 +249,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                                   f"is not a zone of aws:region {stack.aws_region}", f"{stack.aws_region}a, ...")
         if len(set(cluster.zones)) != len(cluster.zones):
             raise ConfigError(_cluster_path("zones"), cluster.zones, "lists a zone twice", "distinct zones")
+        plan_subnets(cluster.vpc_cidr, cluster.zones)  # the address plan must hold the zones, before any resource
         for key in ("kubeconfig", "context"):
             if getattr(cluster, key) is not None:
                 raise ConfigError(_cluster_path(key), getattr(cluster, key),
@@ -302,6 +307,10 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
             raise ConfigError(f"{path}.routePrefix", model.route_prefix, "only applies to engine ray-serve",
                               "remove it (a vllm model gets its own Service)")
         if model.autoscaling is not None:
+            if "replicas" in model.model_fields_set:
+                raise ConfigError(f"{path}.replicas", model.replicas,
+                                  "would be ignored beside autoscaling (Ray Serve keeps the replicas between "
+                                  "autoscaling.min and max)", "remove replicas, or remove autoscaling")
             if model.engine != "ray-serve":
                 raise ConfigError(f"{path}.autoscaling", model.autoscaling.model_dump(by_alias=True),
                                   "needs engine ray-serve (Ray decides replica counts; a CPU HPA on a GPU server "
@@ -453,8 +462,9 @@ def from_pulumi_config(values: Mapping[str, Any]) -> StackConfig:
         if name in SECRET_KEYS:
             continue
         if name not in TOP_LEVEL_KEYS:
-            raise ConfigError(key, value, "is not a Triarch config key",
-                              ", ".join(f"{NAMESPACE}:{k}" for k in sorted([*TOP_LEVEL_KEYS, *SECRET_KEYS])))
+            known = sorted([*TOP_LEVEL_KEYS, *SECRET_KEYS])
+            raise ConfigError(key, value, f"is not a Triarch config key{_closest(name, known, NAMESPACE + ':')}",
+                              ", ".join(f"{NAMESPACE}:{k}" for k in known), show_value=False)
         if isinstance(value, str) and value[:1] in "[{":
             try:
                 value = json.loads(value)
@@ -467,8 +477,24 @@ def from_pulumi_config(values: Mapping[str, Any]) -> StackConfig:
         raise _first_error(error) from None
 
 
+def _closest(key: str, known: list[str], prefix: str = "") -> str:
+    """` (did you mean 'x'?)` for the known key a typo is closest to, or nothing."""
+    match = difflib.get_close_matches(key, known, n=1, cutoff=0.6) or difflib.get_close_matches(
+        key.lower(), [k.lower() for k in known], n=1, cutoff=0.6)
+    if not match:
+        return ""
+    found = next(k for k in known if k.lower() == match[0].lower())
+    return f" (did you mean '{prefix}{found}'?)"
+
+
+ERROR_ORDER = {"extra_forbidden": 0, "missing": 2}
+"""A key that is not Triarch's is reported before a required key that is missing: a misspelt required key is
+both, and the misspelling is the mistake to name."""
+
+
 def _first_error(error: ValidationError) -> ConfigError:
-    first = error.errors(include_url=False)[0]
+    errors = error.errors(include_url=False)
+    first = min(errors, key=lambda e: ERROR_ORDER.get(e["type"], 1))
     loc = list(first["loc"])
     if loc and loc[0] == "awsRegion":
         path = "aws:region"
@@ -479,10 +505,13 @@ def _first_error(error: ValidationError) -> ConfigError:
     kind, value = first["type"], first.get("input")
     if kind == "extra_forbidden":
         key = str(loc[-1])
-        if key in RENAMED_KEYS and RENAMED_KEYS[key] in _allowed_keys(loc[:-1]):
-            return ConfigError(path, value, f"is not read by Triarch: the key is '{RENAMED_KEYS[key]}'",
-                               RENAMED_KEYS[key])
-        return ConfigError(path, value, "is not a known key", ", ".join(_allowed_keys(loc[:-1])))
+        allowed = _allowed_keys(loc[:-1])
+        renamed = RENAMED_KEYS.get(key) or (to_camel(key) if "_" in key else None)
+        if renamed and renamed in allowed:
+            return ConfigError(path, value, f"is not read by Triarch: the key is '{renamed}'", renamed,
+                               show_value=False)
+        return ConfigError(path, value, f"is not a known key{_closest(key, allowed)}", ", ".join(allowed),
+                           show_value=False)
     if kind == "missing":
         return ConfigError(path, None, "is required", _describe_field(loc))
     if kind == "literal_error":
@@ -539,6 +568,11 @@ def _describe_field(loc: list[Any]) -> str:
     annotation = field.annotation
     if get_origin(annotation) is Literal:
         return ", ".join(repr(a) for a in get_args(annotation))
+    model = _inner_model(annotation)
+    if model is not None:
+        keys = ", ".join(_key(n, f) for n, f in model.model_fields.items())
+        shape = "a list of mappings" if get_origin(annotation) is list else "a mapping"
+        return f"{shape} with keys {keys}"
     name = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
     bounds = [f"{m.__class__.__name__.lower()} {getattr(m, m.__class__.__name__.lower(), '')}"
               for m in field.metadata if m.__class__.__name__ in ("Ge", "Le", "Gt", "Lt")]

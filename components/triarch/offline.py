@@ -24,6 +24,7 @@ from pulumi.runtime.rpc import UNKNOWN, _special_secret_sig, _special_sig_key
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from triarch.config import NAMESPACE
 from triarch.errors import ConfigError
 from triarch.paths import PROGRAM, STACKS_DIR
 
@@ -34,6 +35,8 @@ PROJECT = "triarch"
 KNOWN_AFTER_APPLY = "<known after apply>"
 SECRET = "[secret]"
 SECRET_INPUTS = {"kubernetes:core/v1:Secret": ("data", "stringData")}
+PLAIN_TEXT_REFUSED = ("triarch:hfToken",)
+"""Keys that must be Pulumi secrets (`secure:` in the stack file), never plain text."""
 
 NOT_MANIFESTS = ("kubernetes:helm.sh/", "pulumi:providers:", "kubernetes:yaml")
 
@@ -159,27 +162,85 @@ def stack_name_of(path: Path) -> str:
     return parts[1] if len(parts) == 3 and parts[0] == "Pulumi" else path.stem
 
 
+class DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, again: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.again = key, first, again
+
+
+class _StackLoader(yaml.SafeLoader):
+    """YAML as Pulumi reads a stack file: a mapping with a key twice is an error, not the last value winning."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKey(key, seen[key], line)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_text(path: Path, what: str) -> str:
+    """A file's text, or one sentence saying why it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ConfigError(what, str(path), "is a directory", "a file") from None
+    except FileNotFoundError:
+        raise ConfigError(what, str(path), "does not exist", "an existing file") from None
+    except PermissionError:
+        raise ConfigError(what, str(path), "cannot be read (permission denied)", "a readable file") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(what, str(path), f"is not UTF-8 text (byte {error.start})", "a UTF-8 file") from None
+    except OSError as error:
+        raise ConfigError(what, str(path), f"cannot be read ({error.strerror})", "a readable file") from None
+
+
 def read_stack_config(path: Path) -> tuple[dict[str, str], list[str]]:
     """A stack file's config as the Pulumi engine hands it to a program: strings, objects as JSON.
 
     Secure values cannot be decrypted offline; they are passed as a placeholder and marked secret.
     """
+    text = read_text(path, "--stack-file")
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise ConfigError(str(path), None, f"cannot be read as YAML ({error.__class__.__name__})",
-                          "a Pulumi stack file") from None
-    raw = document.get("config") if isinstance(document, dict) else None
+        document = yaml.load(text, Loader=_StackLoader) or {}
+    except DuplicateKey as error:
+        raise ConfigError(str(path), None, f"names {error.key!r} twice (lines {error.first} and {error.again}); the "
+                          "first value would be lost, and Pulumi refuses such a file", "each key once",
+                          show_value=False) from None
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(str(path), None, f"is not valid YAML ({where}{error.problem})",
+                          "a Pulumi stack file", show_value=False) from None
+    except yaml.YAMLError as error:
+        raise ConfigError(str(path), None, f"is not valid YAML ({error})", "a Pulumi stack file",
+                          show_value=False) from None
+    if not isinstance(document, dict):
+        raise ConfigError(str(path), None, f"holds a YAML {type(document).__name__}, not a mapping",
+                          "a Pulumi stack file: a mapping with a `config:` mapping of the stack's keys",
+                          show_value=False)
+    raw = document.get("config")
     if raw is None:
+        stray = sorted(k for k in document if str(k).startswith(f"{NAMESPACE}:") or str(k) == "aws:region")
+        if stray:
+            raise ConfigError(str(path), None,
+                              f"has {', '.join(map(str, stray))} at the top level, outside `config:`",
+                              "the keys indented under a `config:` key", show_value=False)
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: config", raw, "is not a mapping", "key: value pairs")
+        raise ConfigError(f"{path}: config", raw, "is not a mapping", "key: value pairs", show_value=False)
     config: dict[str, str] = {}
     secrets: list[str] = []
     for key, value in raw.items():
         if isinstance(value, dict) and set(value) == {"secure"}:
             config[key] = SECRET
             secrets.append(key)
+        elif key in PLAIN_TEXT_REFUSED:
+            raise ConfigError(key, None, "is in plain text in the stack file, where anyone who reads the repository "
+                              "(or a CI log) sees it", f"pulumi config set --secret {key} <value>", show_value=False)
         elif isinstance(value, dict | list):
             config[key] = json.dumps(value)
         elif isinstance(value, bool):

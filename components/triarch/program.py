@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pulumi
-from pulumi.runtime.config import CONFIG, get_config_env
+from pulumi.runtime.config import CONFIG, get_config_env, is_config_secret
 
 from triarch.catalog import catalog
 from triarch.components.platform import Platform
 from triarch.config import NAMESPACE, StackConfig, from_pulumi_config
-from triarch.errors import TriarchError
+from triarch.errors import ConfigError, TriarchError
 from triarch.matrix import require_compatible
+from triarch.offline import PLAIN_TEXT_REFUSED
 from triarch.planners.models import ModelPlan, plan_models
 from triarch.planners.objects import KubernetesPlan, plan_kubernetes
 
@@ -29,6 +30,10 @@ def load_stack() -> tuple[StackConfig, list[ModelPlan], KubernetesPlan]:
     """Validate config, the driver/CUDA matrix, every model's sizing and every Kubernetes object before any
     resource exists; a mistake is one sentence."""
     values = pulumi_config_values()
+    for key in PLAIN_TEXT_REFUSED:
+        if key in values and not is_config_secret(key):
+            raise ConfigError(key, None, "is set in plain text", f"pulumi config set --secret {key} <value>",
+                              show_value=False)
     stack = from_pulumi_config(values)
     for verdict in require_compatible(stack, catalog()):
         if verdict.level == "warning":

@@ -116,6 +116,10 @@ class TuneError(TriarchError):
     """No configuration of the model fits the GPU(s); the message gives the numbers."""
 
 
+class LengthRefused(TuneError):
+    """An explicit max_model_len vLLM would refuse (beyond the model, or beyond the KV cache)."""
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Model architecture
 
@@ -344,10 +348,26 @@ def load_model_config(name_or_path: str | Path) -> dict[str, Any]:
                 f"model {text!r}: not a config.json path and not in the catalog; known: {', '.join(catalog_models())}"
             )
         path = found[0]
-    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as error:
+        raise TuneError(f"{path} is not JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
+    except UnicodeDecodeError as error:
+        raise TuneError(f"{path} is not UTF-8 text (byte {error.start})") from None
+    except OSError as error:
+        raise TuneError(f"{path} cannot be read ({error.strerror})") from None
     if not isinstance(data, dict):
         raise TuneError(f"{path}: expected a JSON object")
     return data
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise TuneError(f"a config.json names {key!r} twice")
+        seen[key] = value
+    return seen
 
 
 def load_arch(name_or_path: str | Path) -> ModelArch:
@@ -819,8 +839,9 @@ def tune(
     model_max = arch.max_position_embeddings
     requested_len = max_model_len
     if requested_len is not None and model_max is not None and requested_len > model_max:
-        notes.append(f"max_model_len {requested_len} capped to the model's max_position_embeddings {model_max}")
-        requested_len = model_max
+        # vLLM refuses a --max-model-len beyond what it derives from the model's config.
+        raise LengthRefused(f"max_model_len {requested_len} exceeds the {model_max} tokens {arch.label} supports "
+                        "(max_position_embeddings); vLLM refuses a longer --max-model-len")
     target = requested_len if requested_len is not None else (
         min(model_max, DEFAULT_CONTEXT_TARGET) if model_max is not None else None
     )
@@ -895,6 +916,11 @@ def tune(
         if task == "embed" and final_len is not None:
             final_len = min(final_len, batched)  # pooling takes a whole request in one step
     if ceiling is not None and final_len is not None and final_len < ceiling:
+        if requested_len is not None:
+            # vLLM refuses to start when one request of max_model_len does not fit the KV cache.
+            raise LengthRefused(f"max_model_len {requested_len} does not fit: the KV cache holds {chosen.tokens} "
+                                f"tokens at tensor_parallel_size={chosen.tp} on {gpu.product}, and vLLM refuses to "
+                                f"start below one full request; ask for at most {final_len}, fp8 KV or more GPUs")
         notes.append(f"max_model_len {ceiling} capped to {final_len}: the KV cache holds {chosen.tokens} tokens at "
                      f"tensor_parallel_size={chosen.tp}")
     concurrency = chosen.tokens / final_len if final_len else None

@@ -14,7 +14,7 @@ from triarch.errors import ConfigError
 from triarch.matrix import images_by_engine
 from triarch.paths import PROJECT_ROOT
 from triarch.planners.nodegroups import PoolPlan, plan_pool
-from triarch.tuner import GIB, Sizing, TuneError, load_arch, tune
+from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, load_arch, tune
 
 MIN_CACHE_GIB = 20
 
@@ -58,9 +58,11 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
     try:
         arch = load_arch(source)
     except TuneError as error:
-        key = "modelConfig" if model.model_config_path else "model"
-        value = model.model_config_path or model.model
-        raise ConfigError(f"{_model_path(index)}.{key}", value, "has no known architecture",
+        if model.model_config_path:
+            raise ConfigError(f"{_model_path(index)}.modelConfig", model.model_config_path,
+                              f"cannot be read as a model's config.json: {error}",
+                              "the path (from the project's root) of a Hugging Face config.json") from None
+        raise ConfigError(f"{_model_path(index)}.model", model.model, "has no known architecture",
                           f"a model of templates/models, or modelConfig: path/to/config.json ({error})") from None
     share = pool.time_slicing_replicas or 1
     if share > 1 and (model.tensor_parallel_size or 1) > 1:
@@ -74,6 +76,9 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
                       gpu_memory_utilization=round(model.gpu_memory_utilization / share, 4),
                       max_model_len=model.max_model_len, kv_cache_dtype=model.kv_cache_dtype,
                       task=model.resolved_task, gpus_available=1 if share > 1 else gpus_per_node(group, facts))
+    except LengthRefused as error:
+        raise ConfigError(f"{_model_path(index)}.maxModelLen", model.max_model_len, f"is refused: {error}",
+                          "a length the model supports and one request of which the KV cache holds") from None
     except TuneError as error:
         on = f"node group '{group.name}' ({pool.gpu.product}" + (f", 1/{share} of each GPU)" if share > 1 else ")")
         raise ConfigError(_model_path(index), model.model, f"cannot be served on {on}: {error}") from None

@@ -1,0 +1,178 @@
+"""Every kind of bad input is one line and exit code 2, never a traceback, never a secret: each case writes the
+bad file the way a user would, and runs the command a user would run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import ROOT, stack_document, write_stack_file
+from triarch import cli
+from triarch.errors import ConfigError
+from triarch.offline import read_text
+
+TOKEN = "hf_PlantedTokenDoNotLeak0123456789"
+
+
+def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    assert code == 2, captured.out + captured.err
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert "Traceback" not in captured.err + captured.out
+    return lines[0]
+
+
+def write(tmp_path: Path, text: str | bytes, name: str = "Pulumi.bad.yaml") -> Path:
+    path = tmp_path / name
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --- the stack file itself ------------------------------------------------------------------------------------
+
+def test_a_yaml_error_names_its_line_and_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "config:\n  aws:region: us-east-1\n  triarch:cluster: {create: true, name: [x\n")
+    line = refused(capsys, "plan", "--stack-file", str(path))
+    assert "is not valid YAML (line 4, column 1:" in line, line
+
+
+def test_a_key_twice_is_refused_with_both_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = yaml.safe_dump({"config": stack_document("dev")}, sort_keys=False)
+    text = text.replace("  aws:region: us-east-1\n", "  aws:region: us-east-1\n  aws:region: us-west-2\n", 1)
+    line = refused(capsys, "plan", "--stack-file", str(write(tmp_path, text)))
+    assert "names 'aws:region' twice (lines 2 and 3)" in line, line
+
+
+def test_a_nested_key_twice_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = yaml.safe_dump({"config": stack_document("dev")}, sort_keys=False)
+    text = text.replace("    max: 2\n", "    max: 2\n    max: 4\n", 1)
+    assert "max: 4" in text
+    line = refused(capsys, "plan", "--stack-file", str(write(tmp_path, text)))
+    assert "names 'max' twice" in line
+
+
+def test_a_list_instead_of_a_stack_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(capsys, "plan", "--stack-file", str(write(tmp_path, "- config\n- triarch:cluster\n")))
+    assert "holds a YAML list, not a mapping" in line and "`config:`" in line
+
+
+def test_keys_outside_config_are_told_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, yaml.safe_dump(stack_document("dev"), sort_keys=False))
+    line = refused(capsys, "plan", "--stack-file", str(path))
+    assert "at the top level, outside `config:`" in line and "triarch:cluster" in line
+    assert "ClusterConfig" not in line
+
+
+def test_a_file_that_is_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "config:\n  triarch:cluster: caf\xe9\n".encode("latin-1"))
+    assert "is not UTF-8 text" in refused(capsys, "plan", "--stack-file", str(path))
+
+
+def test_a_directory_as_the_stack_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "is a directory" in refused(capsys, "check", "--stack-file", str(tmp_path))
+
+
+def test_an_unreadable_file_is_one_sentence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "config: {}\n")
+
+    def denied(self: Path, encoding: str | None = None) -> str:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(ConfigError, match=r"cannot be read \(permission denied\)"):
+        read_text(path, "--stack-file")
+
+
+# --- values ---------------------------------------------------------------------------------------------------
+
+def test_a_model_config_that_is_not_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = write(tmp_path, "{not json", "config.json")
+    config = stack_document("local")
+    config["triarch:models"][0].update(model="acme/custom", modelConfig=str(bad))
+    line = refused(capsys, "plan", "--stack-file", str(write_stack_file(tmp_path / "Pulumi.x.yaml", config)))
+    assert line.startswith("error: triarch:models[0].modelConfig:") and "is not JSON (line 1, column 2" in line
+
+
+def test_a_length_beyond_the_model_is_refused_with_its_limit(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    config = stack_document("local")
+    config["triarch:models"][0]["maxModelLen"] = 65536
+    line = refused(capsys, "plan", "--stack-file", str(write_stack_file(tmp_path / "Pulumi.x.yaml", config)))
+    assert line.startswith("error: triarch:models[0].maxModelLen: 65536 is refused")
+    assert "exceeds the 32768 tokens" in line
+
+
+def test_checks_run_before_the_progress_line(tmp_path: Path) -> None:
+    """A refusal comes before `planning stack ...`: nothing is registered, and nothing says it started."""
+    config = stack_document("dev")
+    config["triarch:cluster"]["zones"] = ["us-east-1a", "us-east-1h"]
+    path = write_stack_file(tmp_path / "Pulumi.dev.yaml", config)
+    done = subprocess.run([sys.executable, "-c", "import sys; from triarch.cli import main; sys.exit(main())", "plan",
+                           "--stack-file", str(path), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, check=False, cwd=ROOT)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [done.stderr.strip()]
+    assert done.stderr.startswith("error: triarch:cluster.zones[1]: 'us-east-1h' has no slot in the address plan")
+    assert "planning stack" not in done.stderr and not (tmp_path / "out").exists()
+
+
+# --- secrets --------------------------------------------------------------------------------------------------
+
+def test_a_plain_text_token_is_refused_with_the_command_that_encrypts_it(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    config = stack_document("dev")
+    config["triarch:hfToken"] = TOKEN
+    line = refused(capsys, "plan", "--stack-file", str(write_stack_file(tmp_path / "Pulumi.dev.yaml", config)))
+    assert "pulumi config set --secret triarch:hfToken" in line
+    assert TOKEN not in line
+
+
+def planted(config: dict[str, Any], where: str) -> dict[str, Any]:
+    config = json.loads(json.dumps(config))
+    if where == "unknown top-level key":
+        config["triarch:hfTokn"] = TOKEN
+    elif where == "unknown nested key":
+        config["triarch:cluster"]["token"] = TOKEN
+    elif where == "token in a known key":
+        config["triarch:cluster"]["name"] = TOKEN
+    elif where == "secret-like key":
+        config["triarch:serving"] = {"apiKey": TOKEN}
+    elif where == "plain text":
+        config["triarch:hfToken"] = TOKEN
+    elif where == "encrypted":
+        config["triarch:hfToken"] = {"secure": "AAABA" + TOKEN}
+    return config
+
+
+@pytest.mark.parametrize("where", ["unknown top-level key", "unknown nested key", "secret-like key", "plain text",
+                                   "encrypted", "token in a known key"])
+def test_a_planted_token_appears_in_no_output(tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str) -> None:
+    stack = write_stack_file(tmp_path / "Pulumi.dev.yaml", planted(stack_document("dev"), where))
+    outputs = []
+    for argv in (["plan", "--stack-file", str(stack), "--out", str(tmp_path / "plan")],
+                 ["check", "--stack-file", str(stack), "--format", "json"],
+                 ["check", "--stack-file", str(stack), "--format", "markdown"],
+                 ["diff", "--base", str(tmp_path / "plan"), "--stack-file", str(stack), "--format", "json"]):
+        cli.main(argv)
+        captured = capsys.readouterr()
+        outputs += [captured.out, captured.err]
+    written = [p.read_text(encoding="utf-8") for p in (tmp_path / "plan").rglob("*") if p.is_file()]
+    for text in [*outputs, *written]:
+        assert TOKEN not in text
+        assert "PlantedToken" not in text
+    if where == "encrypted":
+        assert written, "an encrypted token plans"
+        document = json.loads((tmp_path / "plan" / "plan.json").read_text(encoding="utf-8"))
+        [secret] = [r for r in document["resources"] if r["type"] == "kubernetes:core/v1:Secret"]
+        assert secret["inputs"]["stringData"] == {"token": "[secret]"}
