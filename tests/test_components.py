@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from ipaddress import IPv4Network, ip_network
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from triarch.catalog import Catalog, charts, load_catalog
 from triarch.components.device_plugin import DevicePlugin
 from triarch.components.nodegroups import NodeRole
 from triarch.offline import KNOWN_AFTER_APPLY, PlanRun, Registered, read_stack_config, run_program
+from triarch.planners.network import plan_subnets
 
 ROOT = Path(__file__).resolve().parents[1]
 STACKS = ("local", "dev", "prod")
@@ -48,8 +50,8 @@ INSTANCE_PROFILE = "aws:iam/instanceProfile:InstanceProfile"
 NODE_POLICY_ARNS = {
     "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
     "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
-    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
 }
+VPC_CNI_POLICY_ARN = "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"
 CLUSTER_POLICY_ARN = "arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"
 EFS_CSI_POLICY_ARN = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
 BROAD_POLICIES = ("AdministratorAccess", "PowerUserAccess", "IAMFullAccess", "FullAccess")
@@ -412,7 +414,7 @@ def test_bumping_a_gpu_pool_release_leaves_the_system_nodes_alone(
 
 # --- the node role --------------------------------------------------------------------------------------
 
-def test_node_role_component_alone_has_exactly_the_three_policies() -> None:
+def test_node_role_component_alone_has_exactly_the_two_policies() -> None:
     def program() -> None:
         NodeRole("nodes")
 
@@ -429,6 +431,7 @@ def test_node_role_component_alone_has_exactly_the_three_policies() -> None:
 
 @pytest.mark.parametrize("stack", EKS_STACKS)
 def test_stack_grants_only_the_node_cluster_and_storage_driver_policies(planned: dict[str, Planned],
+                                                                        configs: dict[str, dict[str, Any]],
                                                                         stack: str) -> None:
     run = planned[stack]
     roles = [r for r in run.resources if r.type == "triarch:nodegroups:NodeRole"]
@@ -438,16 +441,29 @@ def test_stack_grants_only_the_node_cluster_and_storage_driver_policies(planned:
         node_arns = [r.inputs["policyArn"] for r in of_type(run, POLICY_ATTACHMENT) if r.parent == role_component.urn]
         assert sorted(node_arns) == sorted(NODE_POLICY_ARNS)
     all_arns = [r.inputs["policyArn"] for r in of_type(run, POLICY_ATTACHMENT)]
-    assert sorted(all_arns) == sorted([*NODE_POLICY_ARNS, *NODE_POLICY_ARNS, CLUSTER_POLICY_ARN, EFS_CSI_POLICY_ARN])
-    # Pod roles (the EFS CSI driver's, Karpenter's) are assumed through EKS Pod Identity by one service account.
+    # The nodes carry no network permissions: the VPC CNI has its own role.
+    assert sorted(all_arns) == sorted([*NODE_POLICY_ARNS, *NODE_POLICY_ARNS, CLUSTER_POLICY_ARN, EFS_CSI_POLICY_ARN,
+                                       VPC_CNI_POLICY_ARN])
+    # Pod roles are assumed through EKS Pod Identity by one service account of this cluster: Karpenter's through
+    # an association of its own, the add-ons' (VPC CNI, EFS CSI) through the add-on.
+    roles_by_urn = {r.urn: r for r in of_type(run, "aws:iam/role:Role")}
+    cluster_name = configs[stack]["triarch:cluster"]["name"]
+    pod_roles: dict[str, tuple[str, str]] = {}
     for association in of_type(run, "aws:eks/podIdentityAssociation:PodIdentityAssociation"):
-        [role] = [r for r in of_type(run, "aws:iam/role:Role")
-                  if r.parent == association.parent and r.name == association.name]
-        [statement] = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+        [role_urn] = association.property_dependencies["roleArn"]
+        pod_roles[role_urn] = (association.inputs["namespace"], association.inputs["serviceAccount"])
+    for addon in of_type(run, "aws:eks/addon:Addon"):
+        for entry in addon.inputs.get("podIdentityAssociations", []):
+            [role_urn] = addon.property_dependencies["podIdentityAssociations"]
+            pod_roles[role_urn] = ("kube-system", entry["serviceAccount"])
+    assert sorted(pod_roles.values()) == [("kube-system", "aws-node"), ("kube-system", "efs-csi-controller-sa"),
+                                          ("kube-system", "karpenter")]
+    for role_urn, (namespace, service_account) in pod_roles.items():
+        [statement] = json.loads(roles_by_urn[role_urn].inputs["assumeRolePolicy"])["Statement"]
         assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
-        condition = statement["Condition"]["StringEquals"]
-        assert condition["aws:RequestTag/kubernetes-namespace"] == association.inputs["namespace"]
-        assert condition["aws:RequestTag/kubernetes-service-account"] == association.inputs["serviceAccount"]
+        assert statement["Condition"]["StringEquals"] == {
+            "aws:RequestTag/eks-cluster-name": cluster_name, "aws:RequestTag/kubernetes-namespace": namespace,
+            "aws:RequestTag/kubernetes-service-account": service_account}
     iam = json.dumps([r.inputs for r in run.resources if r.type.startswith("aws:iam/")])
     for broad in BROAD_POLICIES:
         assert broad not in iam
@@ -629,3 +645,27 @@ def test_component_program_resources_are_all_recorded() -> None:
     run = plan("unit", {}, program=program)
     assert len(of_type(run, POLICY_ATTACHMENT)) == 3 * len(NODE_POLICY_ARNS)
     assert all(r.parent for r in of_type(run, POLICY_ATTACHMENT))
+
+
+# --- the address plan -------------------------------------------------------------------------------------------
+
+def test_each_zone_owns_its_ranges_by_letter() -> None:
+    """A zone's subnets follow its letter: an eighth of the VPC each for pods, an eighth of the last eighth for
+    the public side; listing zones in another order, or adding one, moves no range."""
+    vpc = IPv4Network("10.0.0.0/16")
+    expected = {"us-east-1a": ("10.0.0.0/19", "10.0.224.0/22"), "us-east-1b": ("10.0.32.0/19", "10.0.228.0/22"),
+                "us-east-1c": ("10.0.64.0/19", "10.0.232.0/22"), "us-east-1f": ("10.0.160.0/19", "10.0.244.0/22")}
+    for zones in (["us-east-1a", "us-east-1b", "us-east-1c"], ["us-east-1c", "us-east-1a"],
+                  ["us-east-1f", "us-east-1b", "us-east-1a", "us-east-1c"]):
+        plans = plan_subnets(vpc, zones)
+        assert [p.zone for p in plans] == zones
+        assert {p.zone: (p.private_cidr, p.public_cidr) for p in plans} == {z: expected[z] for z in zones}
+
+
+@pytest.mark.parametrize("stack", EKS_STACKS)
+def test_no_two_subnets_overlap(planned: dict[str, Planned], configs: dict[str, dict[str, Any]], stack: str) -> None:
+    ranges = [ip_network(s.inputs["cidrBlock"]) for s in of_type(planned[stack], "aws:ec2/subnet:Subnet")]
+    assert len(ranges) == 2 * len(configs[stack]["triarch:cluster"]["zones"])  # a private and a public per zone
+    for i, first in enumerate(ranges):
+        for second in ranges[i + 1:]:
+            assert not first.overlaps(second), (first, second)

@@ -71,6 +71,14 @@ class SystemNodeGroup(_Model):
 
 
 NodeProvisioner = Literal["karpenter", "cluster-autoscaler", "none"]
+IAM_PRINCIPAL = r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$"
+
+
+def admin_key(principal_arn: str) -> str:
+    """What names an administrator's access entry: the role or user name (not its position in the list, so a
+    reordered list replaces nothing)."""
+    return principal_arn.rsplit("/", 1)[-1]
+
 PoolProvisioner = Literal["karpenter", "managedNodeGroup"]
 
 
@@ -90,6 +98,13 @@ class ClusterConfig(_Model):
     """Path to the kubeconfig of an adopted cluster (default ~/.kube/config)."""
     context: str | None = None
     """The kubeconfig context of an adopted cluster; required so the ambient context is never used."""
+    admin_role_arns: list[Annotated[str, Field(pattern=IAM_PRINCIPAL)]] = []
+    """Created cluster: the IAM roles (or users) that administer it through EKS access entries, the principal
+    `pulumi up` runs as among them. The cluster's creator gets no implicit admin access."""
+    log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
+                                2557, 2922, 3288, 3653] = 90
+    """How long CloudWatch keeps the control plane's logs: the values CloudWatch Logs' PutRetentionPolicy accepts
+    (as terraform-provider-aws v6.58.0 validates them, internal/service/logs/group.go)."""
     node_provisioner: NodeProvisioner | None = None
     """What adds nodes to the GPU pools. Created cluster: `karpenter` (default; Triarch installs it) or `none`
     (every pool a fixed-size managed node group). Adopted cluster: what the cluster already runs, `none` by
@@ -178,9 +193,16 @@ class ModelConfig(_Model):
 
 
 class ServingConfig(_Model):
-    """Where the serving workloads live and how their model cache is stored."""
+    """Where the serving workloads live, who may call them, what they may reach, and how their model cache is
+    stored."""
 
     namespace: DnsLabel = "llm"
+    client_namespaces: list[DnsLabel] = []
+    """Namespaces whose pods may call the OpenAI port (an ingress or gateway namespace); the serving namespace
+    itself always may. Nothing else in the cluster reaches the models."""
+    hub_cidrs: list[IPv4Network] = [IPv4Network("0.0.0.0/0")]
+    """Where the pods may download weights from over HTTPS (the Hugging Face hub, or a proxy or mirror); on a
+    created cluster the VPC's own range is excluded, so the API server and the nodes stay out of reach."""
     storage_class: str | None = None
     """StorageClass of the model caches. Default: on a created cluster, the EFS class Triarch installs (shared by
     all replicas); on an adopted cluster, the cluster's default class."""
@@ -254,6 +276,19 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
             if getattr(cluster, key) is not None:
                 raise ConfigError(_cluster_path(key), getattr(cluster, key),
                                   "only applies to an adopted cluster", "remove it, or set create: false")
+        if not cluster.admin_role_arns:
+            raise ConfigError(_cluster_path("adminRoleArns"), [],
+                              "names no administrator: the cluster's creator gets no implicit access, so nobody "
+                              "(`pulumi up` included) could reach the Kubernetes API",
+                              "the IAM role ARNs that administer the cluster, the one `pulumi up` runs as among them")
+        seen: dict[str, int] = {}
+        for i, arn in enumerate(cluster.admin_role_arns):
+            name = admin_key(arn)
+            if name in seen:
+                raise ConfigError(f"{_cluster_path('adminRoleArns')}[{i}]", arn,
+                                  f"has the name {name!r} of entry [{seen[name]}]: each admin's access entry is named "
+                                  "after it", "principals with distinct names")
+            seen[name] = i
         if cluster.provisioner == "cluster-autoscaler":
             raise ConfigError(_cluster_path("nodeProvisioner"), cluster.node_provisioner,
                               "is not installed by Triarch on a created cluster",
@@ -271,6 +306,9 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
     elif cluster.context is None:
         raise ConfigError(_cluster_path("context"), None, "must name the kubeconfig context of the adopted cluster",
                           "a context from `kubectl config get-contexts` (the ambient context is never used)")
+    elif cluster.admin_role_arns:
+        raise ConfigError(_cluster_path("adminRoleArns"), cluster.admin_role_arns,
+                          "only applies to a cluster Triarch creates", "remove it (the kubeconfig context decides)")
 
     names: set[str] = set()
     for i, group in enumerate(stack.node_groups):
@@ -443,7 +481,7 @@ def driver_of(group: NodeGroupConfig, facts: Catalog) -> str:
 # --- reading Pulumi config -------------------------------------------------------------------------------
 
 TOP_LEVEL_KEYS = {to_camel(name): name for name in StackConfig.model_fields if name != "aws_region"}
-SECRET_KEYS = {"hfToken"}
+SECRET_KEYS = {"hfToken", "vllmApiKey"}
 """Triarch keys read as Pulumi secrets by the program, never into the model (so never into a message)."""
 
 
@@ -479,8 +517,7 @@ def from_pulumi_config(values: Mapping[str, Any]) -> StackConfig:
 
 def _closest(key: str, known: list[str], prefix: str = "") -> str:
     """` (did you mean 'x'?)` for the known key a typo is closest to, or nothing."""
-    match = difflib.get_close_matches(key, known, n=1, cutoff=0.6) or difflib.get_close_matches(
-        key.lower(), [k.lower() for k in known], n=1, cutoff=0.6)
+    match = difflib.get_close_matches(key.lower(), [k.lower() for k in known], n=1, cutoff=0.6)
     if not match:
         return ""
     found = next(k for k in known if k.lower() == match[0].lower())

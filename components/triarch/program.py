@@ -9,7 +9,7 @@ from pulumi.runtime.config import CONFIG, get_config_env, is_config_secret
 
 from triarch.catalog import catalog
 from triarch.components.platform import Platform
-from triarch.config import NAMESPACE, StackConfig, from_pulumi_config
+from triarch.config import NAMESPACE, SECRET_KEYS, StackConfig, from_pulumi_config
 from triarch.errors import ConfigError, TriarchError
 from triarch.matrix import require_compatible
 from triarch.offline import PLAIN_TEXT_REFUSED
@@ -39,7 +39,8 @@ def load_stack() -> tuple[StackConfig, list[ModelPlan], KubernetesPlan]:
         if verdict.level == "warning":
             pulumi.log.warn(verdict.message)
     models = plan_models(stack, catalog())
-    return stack, models, plan_kubernetes(stack, models, catalog(), with_token=f"{NAMESPACE}:hfToken" in values)
+    given = [key for key in SECRET_KEYS if f"{NAMESPACE}:{key}" in values]
+    return stack, models, plan_kubernetes(stack, models, catalog(), given)
 
 
 def main() -> Platform:
@@ -48,8 +49,9 @@ def main() -> Platform:
     except TriarchError as error:
         # RunError prints the sentence without a traceback under the Pulumi CLI.
         raise StackError(str(error)) from None
-    hf_token = pulumi.Config(NAMESPACE).get_secret("hfToken")
-    platform = Platform("triarch", stack, catalog(), models, objects, hf_token)
+    config = pulumi.Config(NAMESPACE)
+    secrets = {key: value for key in sorted(SECRET_KEYS) if (value := config.get_secret(key)) is not None}
+    platform = Platform("triarch", stack, catalog(), models, objects, secrets)
     pulumi.export("pools", [p.name for p in platform.pools])
     pulumi.export("models", {p.name: {"engine": p.config.engine, "tensorParallelSize": p.sizing.tensor_parallel_size,
                                       "kvCacheTokens": p.sizing.kv_cache_tokens} for p in models})

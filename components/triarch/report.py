@@ -58,7 +58,8 @@ def validate_stack_file(name: str, path: Path) -> ValidatedStack:
     stack = from_pulumi_config(config)
     verdicts = require_compatible(stack, catalog())
     models = plan_models(stack, catalog())
-    objects = plan_kubernetes(stack, models, catalog(), with_token="triarch:hfToken" in config)
+    given = [key.split(":", 1)[1] for key in config if key.startswith("triarch:")]
+    objects = plan_kubernetes(stack, models, catalog(), given)
     return ValidatedStack(name, config, secret_keys, stack, verdicts, models, objects)
 
 

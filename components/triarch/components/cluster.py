@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -12,16 +13,22 @@ import pulumi_kubernetes as k8s
 from triarch.catalog import Catalog, addon_versions
 from triarch.components.network import Network
 from triarch.components.nodegroups import ManagedNodeGroup, NodeRole
-from triarch.config import ClusterConfig, StackConfig
+from triarch.config import ClusterConfig, StackConfig, admin_key
+from triarch.planners.iam import (
+    VPC_CNI_POLICY,
+    VPC_CNI_SERVICE_ACCOUNT,
+    account_root,
+    cluster_admin_policy,
+    control_plane_log_group,
+    key_policy,
+    pod_identity_trust,
+)
 from triarch.planners.nodegroups import managed_node_group_name
 from triarch.scheduling import POOL_LABEL, SYSTEM_POOL
 
 CLUSTER_POLICY = "arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
-NODE_ADDONS = ["vpc-cni", "kube-proxy", "eks-pod-identity-agent"]
-"""EKS managed add-ons nodes need before they are Ready (CoreDNS follows the nodes). Installed at the version EKS
-defaults to for the cluster's Kubernetes version."""
 
 ADDON_CONFIGURATION = {"vpc-cni": json.dumps({"enableNetworkPolicy": "true"})}
 """The VPC CNI enforces NetworkPolicy only when asked (the serving namespace relies on it)."""
@@ -69,8 +76,19 @@ class EksCluster(pulumi.ComponentResource):
         self.role = aws.iam.Role(f"{name}-role", assume_role_policy=EKS_ASSUME_ROLE, opts=child)
         policy = aws.iam.RolePolicyAttachment(f"{name}-cluster-policy", role=self.role.name,
                                               policy_arn=CLUSTER_POLICY, opts=child)
-        self.secrets_key = aws.kms.Key(f"{name}-secrets", description=f"EKS secrets of {config.name}",
-                                       enable_key_rotation=True, deletion_window_in_days=30, opts=child)
+        region = stack.aws_region
+        log_group = control_plane_log_group(config.name)
+        # The key's account is the cluster role's (created in the deploying account): no call a preview must make.
+        self.secrets_key = aws.kms.Key(
+            f"{name}-secrets", description=f"EKS secrets and model cache of {config.name}", enable_key_rotation=True,
+            deletion_window_in_days=30,
+            policy=self.role.arn.apply(lambda arn: json.dumps(key_policy(account_root(arn), region, log_group))),
+            opts=child)
+        self.secrets_key_alias = aws.kms.Alias(f"{name}-secrets", name=f"alias/{config.name}-secrets",
+                                               target_key_id=self.secrets_key.key_id, opts=child)
+        # EKS writes the control plane's logs here; created first so it is Triarch's: a retention, the cluster's key.
+        self.log_group = aws.cloudwatch.LogGroup(f"{name}-logs", name=log_group, kms_key_id=self.secrets_key.arn,
+                                                 retention_in_days=config.log_retention_days, opts=child)
         public_cidrs = [str(c) for c in config.endpoint_public_access_cidrs]
         self.cluster = aws.eks.Cluster(
             name,
@@ -83,24 +101,39 @@ class EksCluster(pulumi.ComponentResource):
                 "endpoint_public_access": bool(public_cidrs),
                 "public_access_cidrs": public_cidrs or None,
             },
-            access_config={"authentication_mode": "API", "bootstrap_cluster_creator_admin_permissions": True},
+            # Access only through the access entries below: the creator of the cluster gets nothing implicitly.
+            access_config={"authentication_mode": "API", "bootstrap_cluster_creator_admin_permissions": False},
             encryption_config={"provider": {"key_arn": self.secrets_key.arn}, "resources": ["secrets"]},
             enabled_cluster_log_types=CONTROL_PLANE_LOGS,
             bootstrap_self_managed_addons=False,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy]))
+            # The creator's access is fixed at creation: a cluster created with it keeps it rather than being
+            # replaced (revoke it with `aws eks delete-access-entry`).
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, self.log_group],
+                                        ignore_changes=["accessConfig.bootstrapClusterCreatorAdminPermissions"]))
+        self.admins = [self._admin(name, arn, region) for arn in config.admin_role_arns]
         self.node_role = NodeRole(f"{name}-nodes", opts=child)
+        self.cni_role = aws.iam.Role(f"{name}-vpc-cni", assume_role_policy=pod_identity_trust(
+            config.name, *VPC_CNI_SERVICE_ACCOUNT), opts=child)
+        cni_policy = aws.iam.RolePolicyAttachment(f"{name}-vpc-cni", role=self.cni_role.name,
+                                                  policy_arn=VPC_CNI_POLICY, opts=child)
 
-        def addon(addon_name: str, after: list[pulumi.Resource]) -> aws.eks.Addon:
+        def addon(addon_name: str, after: list[pulumi.Resource], **extra: Any) -> aws.eks.Addon:
             return aws.eks.Addon(
                 f"{name}-{addon_name}", cluster_name=self.cluster.name, addon_name=addon_name,
                 addon_version=pinned_addon_version(config.kubernetes_version, addon_name),
                 resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
-                configuration_values=ADDON_CONFIGURATION.get(addon_name),
+                configuration_values=ADDON_CONFIGURATION.get(addon_name), **extra,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=after))
 
         # Nodes only become Ready once the network add-ons run (the cluster bootstraps none itself), and
-        # CoreDNS needs Ready nodes: so network add-ons, then nodes, then CoreDNS.
-        self.addons = {a: addon(a, []) for a in NODE_ADDONS}
+        # CoreDNS needs Ready nodes: so network add-ons, then nodes, then CoreDNS. The VPC CNI takes its AWS
+        # permissions through Pod Identity (the agent runs on the host network, before any pod address exists),
+        # so the nodes' own role carries none of them.
+        self.addons = {"eks-pod-identity-agent": addon("eks-pod-identity-agent", [])}
+        self.addons["vpc-cni"] = addon("vpc-cni", [cni_policy, self.addons["eks-pod-identity-agent"]],
+                                       pod_identity_associations=[{"role_arn": self.cni_role.arn,
+                                                                   "service_account": VPC_CNI_SERVICE_ACCOUNT[1]}])
+        self.addons["kube-proxy"] = addon("kube-proxy", [])
         self.node_prerequisites: list[pulumi.Resource] = list(self.addons.values())
         system = config.system_node_group
         self.system_nodes = ManagedNodeGroup(
@@ -119,8 +152,19 @@ class EksCluster(pulumi.ComponentResource):
             self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data
         ).apply(lambda args: kubeconfig(str(args[0]), str(args[1]), str(args[2]), stack.aws_region or ""))
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig,
-                                     opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.addons.values())))
+                                     opts=pulumi.ResourceOptions(parent=self,
+                                                                 depends_on=[*self.addons.values(), *self.admins]))
         self.register_outputs({"clusterName": self.cluster.name, "endpoint": self.cluster.endpoint})
+
+    def _admin(self, name: str, principal: str, region: str) -> aws.eks.AccessPolicyAssociation:
+        """An administrator of the cluster: an access entry and the cluster-admin access policy, cluster-wide."""
+        key = admin_key(principal)
+        entry = aws.eks.AccessEntry(f"{name}-admin-{key}", cluster_name=self.cluster.name, principal_arn=principal,
+                                    type="STANDARD", opts=pulumi.ResourceOptions(parent=self))
+        return aws.eks.AccessPolicyAssociation(
+            f"{name}-admin-{key}", cluster_name=self.cluster.name, principal_arn=entry.principal_arn,
+            policy_arn=cluster_admin_policy(region), access_scope={"type": "cluster"},
+            opts=pulumi.ResourceOptions(parent=self))
 
 
 class AdoptedCluster(pulumi.ComponentResource):

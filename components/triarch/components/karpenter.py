@@ -16,6 +16,7 @@ from triarch.components.cluster import EksCluster
 from triarch.components.manifests import helm_release, register
 from triarch.components.nodegroups import NodeRole
 from triarch.planners import karpenter as plan
+from triarch.planners.iam import pod_identity_trust
 
 
 class Karpenter(pulumi.ComponentResource):
@@ -49,7 +50,7 @@ class Karpenter(pulumi.ComponentResource):
 
         self.controller_role = aws.iam.Role(
             f"{name}-controller",
-            assume_role_policy=plan.pod_identity_trust(cluster, plan.NAMESPACE, plan.SERVICE_ACCOUNT), opts=child)
+            assume_role_policy=pod_identity_trust(cluster, plan.NAMESPACE, plan.SERVICE_ACCOUNT), opts=child)
         policy = pulumi.Output.all(eks.cluster.arn, self.node_role.role.arn, self.queue.arn,
                                    self.instance_profile.arn).apply(lambda arns: json.dumps(plan.controller_policy(
                                        cluster=cluster, region=region, cluster_arn=str(arns[0]),

@@ -12,9 +12,9 @@ from triarch.scheduling import POOL_LABEL
 NODE_POLICIES = {
     "worker": "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
     "ecr-pull": "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
-    "cni": "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
 }
-"""Only what a node needs: join the cluster, pull images, and let the VPC CNI assign pod addresses."""
+"""Only what a node needs: join the cluster and pull images. The VPC CNI's permissions go to its own role
+(EKS Pod Identity), so a pod that reaches the node's credentials cannot assign addresses."""
 
 EC2_ASSUME_ROLE = """{"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
  "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}"""

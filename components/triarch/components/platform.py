@@ -28,7 +28,7 @@ def system_release_version(stack: StackConfig, facts: Catalog) -> str:
 
 class Platform(pulumi.ComponentResource):
     def __init__(self, name: str, stack: StackConfig, facts: Catalog, models: list[ModelPlan],
-                 objects: KubernetesPlan, hf_token: pulumi.Output[str] | None,
+                 objects: KubernetesPlan, secrets: dict[str, pulumi.Output[str]],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:platform:Platform", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -76,11 +76,11 @@ class Platform(pulumi.ComponentResource):
             self.device_plugin = DevicePlugin("nvidia-device-plugin", chart, values, namespace, self.provider,
                                               opts=pulumi.ResourceOptions(parent=self,
                                                                           depends_on=self.gpu_node_groups))
-        self._serve(stack, models, objects, hf_token)
+        self._serve(stack, models, objects, secrets)
         self.register_outputs({"pools": [p.name for p in self.pools]})
 
     def _serve(self, stack: StackConfig, models: list[ModelPlan], objects: KubernetesPlan,
-               hf_token: pulumi.Output[str] | None) -> None:
+               secrets: dict[str, pulumi.Output[str]]) -> None:
         """The Ray and vLLM layers, on the pools above (they wait for the device plugin and the model store)."""
         self.store: SharedModelStore | None = None
         self.serving_namespace: ServingNamespace | None = None
@@ -91,11 +91,11 @@ class Platform(pulumi.ComponentResource):
             return
         ready: list[pulumi.Resource] = [self.device_plugin] if self.device_plugin else []
         if isinstance(self.cluster, EksCluster) and stack.serving.storage_class is None:
-            self.store = SharedModelStore(f"{stack.cluster.name}-models", self.cluster, str(stack.cluster.vpc_cidr),
+            self.store = SharedModelStore(f"{stack.cluster.name}-models", self.cluster, stack.cluster.name,
                                           stack.cluster.kubernetes_version, self.provider,
                                           opts=pulumi.ResourceOptions(parent=self))
             ready.append(self.store)
-        self.serving_namespace = ServingNamespace("serving", objects.serving, hf_token, self.provider,
+        self.serving_namespace = ServingNamespace("serving", objects.serving, secrets, self.provider,
                                                   opts=pulumi.ResourceOptions(parent=self))
         ready.append(self.serving_namespace)
         after = pulumi.ResourceOptions(parent=self, depends_on=ready)

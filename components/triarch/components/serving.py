@@ -26,22 +26,29 @@ def kuberay_values(system_pool: str | None) -> dict[str, Any]:
     return values
 
 
-class ServingNamespace(pulumi.ComponentResource):
-    """The serving namespace (first of `objects`) and its network policies, and the Hugging Face token."""
+SECRET_OBJECTS = {"hfToken": ("hf-token", pods.HF_TOKEN_SECRET, pods.HF_TOKEN_KEY),
+                  "vllmApiKey": ("vllm-api-key", pods.API_KEY_SECRET, pods.API_KEY_KEY)}
+"""Stack secret -> (resource name suffix, Secret name, key in it)."""
 
-    def __init__(self, name: str, objects: list[dict[str, Any]], hf_token: pulumi.Output[str] | None,
+
+class ServingNamespace(pulumi.ComponentResource):
+    """The serving namespace (first of `objects`) and its network policies, and the stack's secrets (the Hugging
+    Face token, the vLLM API key) as Kubernetes Secrets the pods read."""
+
+    def __init__(self, name: str, objects: list[dict[str, Any]], secrets: dict[str, pulumi.Output[str]],
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:serving:ServingNamespace", name, None, opts)
         namespace, *policies = objects
         self.namespace = register(namespace, pulumi.ResourceOptions(parent=self, provider=provider))
         in_namespace = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.namespace])
         self.network_policies = [register(p, in_namespace) for p in policies]
-        self.token: k8s.core.v1.Secret | None = None
-        if hf_token is not None:
-            self.token = k8s.core.v1.Secret(
-                f"{name}-hf-token",
-                metadata={"name": pods.HF_TOKEN_SECRET, "namespace": namespace["metadata"]["name"]},
-                type="Opaque", string_data={pods.HF_TOKEN_KEY: hf_token}, opts=in_namespace)
+        self.secrets: dict[str, k8s.core.v1.Secret] = {}
+        for key, value in secrets.items():
+            suffix, secret, field = SECRET_OBJECTS[key]
+            self.secrets[key] = k8s.core.v1.Secret(
+                f"{name}-{suffix}", metadata={"name": secret, "namespace": namespace["metadata"]["name"]},
+                type="Opaque", string_data={field: value}, opts=in_namespace)
+        self.token = self.secrets.get("hfToken")
         self.register_outputs({"namespace": namespace["metadata"]["name"]})
 
 

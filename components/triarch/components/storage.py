@@ -3,41 +3,52 @@ StorageClass, so every replica of a model, on any node and zone, reads one copy 
 
 from __future__ import annotations
 
+import json
+
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from triarch.components.cluster import EksCluster, pinned_addon_version
 from triarch.components.manifests import register
+from triarch.planners.iam import file_system_policy, pod_identity_trust
 from triarch.planners.pods import RUN_AS
 from triarch.planners.serving import EFS_STORAGE_CLASS
 
 EFS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
 EFS_CSI_SERVICE_ACCOUNT = "efs-csi-controller-sa"
-POD_IDENTITY_TRUST = """{"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
- "Principal": {"Service": "pods.eks.amazonaws.com"}, "Action": ["sts:AssumeRole", "sts:TagSession"]}]}"""
 
 
 class SharedModelStore(pulumi.ComponentResource):
-    def __init__(self, name: str, eks: EksCluster, vpc_cidr: str, kubernetes_version: str, provider: k8s.Provider,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, name: str, eks: EksCluster, cluster_name: str, kubernetes_version: str,
+                 provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:storage:SharedModelStore", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         network = eks.network
         self.security_group = aws.ec2.SecurityGroup(
             f"{name}-nfs", vpc_id=network.vpc.id, description="NFS from the cluster VPC to the model cache",
-            ingress=[{"protocol": "tcp", "from_port": 2049, "to_port": 2049, "cidr_blocks": [vpc_cidr],
-                      "description": "NFS from nodes"}],
+            # Only the nodes: EKS puts the cluster security group on every node (managed node groups by default,
+            # Karpenter's EC2NodeClass selects it by its tag), never on other hosts in the VPC.
+            ingress=[{"protocol": "tcp", "from_port": 2049, "to_port": 2049,
+                      "security_groups": [eks.cluster.vpc_config.cluster_security_group_id],
+                      "description": "NFS from the cluster's nodes"}],
             opts=child)
+        # Encrypted with the cluster's key. The key of an existing file system cannot change in place (a new file
+        # system would lose the cache): one created before this key keeps the AWS-managed key.
         self.file_system = aws.efs.FileSystem(
-            f"{name}-fs", encrypted=True, performance_mode="generalPurpose", throughput_mode="elastic",
-            tags={"Name": f"{name}-model-cache"}, opts=child)
+            f"{name}-fs", encrypted=True, kms_key_id=eks.secrets_key.arn, performance_mode="generalPurpose",
+            throughput_mode="elastic", tags={"Name": f"{name}-model-cache"},
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["kmsKeyId"]))
+        self.file_system_policy = aws.efs.FileSystemPolicy(
+            f"{name}-fs", file_system_id=self.file_system.id,
+            policy=self.file_system.arn.apply(lambda arn: json.dumps(file_system_policy(arn))), opts=child)
         self.mount_targets = [
             aws.efs.MountTarget(f"{name}-mt-{zone}", file_system_id=self.file_system.id, subnet_id=subnet.id,
                                 security_groups=[self.security_group.id], opts=child)
             for zone, subnet in network.private_subnet_by_zone.items()
         ]
-        self.driver_role = aws.iam.Role(f"{name}-efs-csi", assume_role_policy=POD_IDENTITY_TRUST, opts=child)
+        self.driver_role = aws.iam.Role(f"{name}-efs-csi", assume_role_policy=pod_identity_trust(
+            cluster_name, "kube-system", EFS_CSI_SERVICE_ACCOUNT), opts=child)
         policy = aws.iam.RolePolicyAttachment(f"{name}-efs-csi", role=self.driver_role.name,
                                               policy_arn=EFS_CSI_POLICY, opts=child)
         self.driver = aws.eks.Addon(
@@ -58,5 +69,6 @@ class SharedModelStore(pulumi.ComponentResource):
                            "basePath": "/triarch"},
             "reclaimPolicy": "Retain",
             "volumeBindingMode": "Immediate",
-        }, pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.driver, *self.mount_targets]))
+        }, pulumi.ResourceOptions(parent=self, provider=provider,
+                                  depends_on=[self.driver, self.file_system_policy, *self.mount_targets]))
         self.register_outputs({"fileSystemId": self.file_system.id})

@@ -424,6 +424,54 @@ def ray_ports(resource: Resource, config: Config) -> list[str]:
     return messages
 
 
+EVERY_ADDRESS = ("0.0.0.0/0", "::/0")
+
+
+def _namespace_of(resource: Resource) -> str:
+    return str((resource.props.get("metadata") or {}).get("namespace") or "default")
+
+
+def _admits_everyone(peer: Mapping[str, Any]) -> bool:
+    """An ingress peer that matches every namespace (an empty namespace selector, whatever pods it names only
+    narrows by label) or every address."""
+    if "namespaceSelector" in peer:
+        selector = peer.get("namespaceSelector") or {}
+        return not selector.get("matchLabels") and not selector.get("matchExpressions")
+    return ((peer.get("ipBlock") or {}).get("cidr") in EVERY_ADDRESS)
+
+
+@rule("serving-network-isolated", "Kubernetes",
+      "A GPU server's namespace is closed both ways by default: a NetworkPolicy selecting every pod for Ingress "
+      "and one for Egress, and no rule admitting every namespace or address. Otherwise any pod in the cluster "
+      "calls the models (and Ray's ports), and a model server can reach the API server and the nodes.", stack=True)
+def serving_network(resources: list[Resource], config: Config) -> list[tuple[Resource, str]]:
+    serving: dict[str, Resource] = {}
+    for r in resources:
+        if _gpu_templates(r):
+            serving.setdefault(_namespace_of(r), r)
+    policies = [r for r in resources if kind_of(r.type) == "networking.k8s.io/v1:NetworkPolicy"]
+    found = []
+    for namespace, workload in sorted(serving.items()):
+        here = [p for p in policies if _namespace_of(p) == namespace]
+        for direction in ("Ingress", "Egress"):
+            covered = any(not ((p.props.get("spec") or {}).get("podSelector") or {})
+                          and direction in ((p.props.get("spec") or {}).get("policyTypes") or ["Ingress"])
+                          for p in here)
+            if not covered:
+                found.append((workload, f"Namespace {namespace}: no NetworkPolicy selects every pod for {direction} "
+                                        f"(so all {direction.lower()} is open); add a default-deny-"
+                                        f"{direction.lower()} policy and allow what the servers need"))
+        for policy in here:
+            for rule_ in (policy.props.get("spec") or {}).get("ingress") or []:
+                peers = rule_.get("from")
+                if not peers or any(_admits_everyone(peer) for peer in peers):
+                    found.append((policy, f"NetworkPolicy {namespace}/{name_of(policy.props, policy.name)}: admits "
+                                          "ingress from every namespace or address; name the client namespaces "
+                                          "(serving.clientNamespaces)"))
+                    break
+    return found
+
+
 CPU_METRICS = ("cpu", "memory")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from triarch.planners.iam import partition_of
 from triarch.planners.nodegroups import IMDS_HOP_LIMIT, EksPoolPlan
 from triarch.planners.pods import MANAGED_BY
 from triarch.scheduling import GPU_RESOURCE, POOL_LABEL, SYSTEM_POOL
@@ -147,27 +148,6 @@ def controller_values(cluster: str) -> dict[str, Any]:
         "nodeSelector": {POOL_LABEL: SYSTEM_POOL},
         "controller": {"resources": CONTROLLER_RESOURCES},
     }
-
-
-def partition_of(region: str) -> str:
-    """The AWS partition of a region (ARNs differ in China and GovCloud)."""
-    if region.startswith("cn-"):
-        return "aws-cn"
-    if region.startswith("us-gov-"):
-        return "aws-us-gov"
-    return "aws"
-
-
-def pod_identity_trust(cluster: str, namespace: str, service_account: str) -> str:
-    """A role only one service account of this cluster can assume through EKS Pod Identity (the session tags
-    EKS Pod Identity sets, used as conditions as the EKS user guide shows)."""
-    return json.dumps({"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
-        "Action": ["sts:AssumeRole", "sts:TagSession"],
-        "Condition": {"StringEquals": {"aws:RequestTag/eks-cluster-name": cluster,
-                                       "aws:RequestTag/kubernetes-namespace": namespace,
-                                       "aws:RequestTag/kubernetes-service-account": service_account}},
-    }]})
 
 
 def controller_policy(*, cluster: str, region: str, cluster_arn: str, node_role_arn: str, queue_arn: str,

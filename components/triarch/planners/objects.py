@@ -8,7 +8,7 @@ it, instead of an object silently overwriting another or `pulumi up` failing hal
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,9 +61,11 @@ class KubernetesPlan:
     from ours (KubeRay's Services), which can collide as well."""
 
 
-def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog, with_token: bool) -> KubernetesPlan:
-    """The objects a stack creates; raises ConfigError where two collide or one would be refused, or where the
-    pools cannot hold what the workloads need over time (triarch.planners.capacity)."""
+def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog, secrets: Iterable[str] = ()
+                    ) -> KubernetesPlan:
+    """The objects a stack creates (`secrets`: the Triarch secret keys the stack sets, e.g. hfToken); raises
+    ConfigError where two collide or one would be refused, or where the pools cannot hold what the workloads need
+    over time (triarch.planners.capacity)."""
     check_capacity(stack, models, facts)
     owners: list[tuple[Owner, dict[str, Any]]] = []
     device_plugin = []
@@ -87,19 +89,30 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
         check_objects(owners)
         return result
 
-    settings = serving_settings(stack, with_token)
+    given = set(secrets)
+    settings = serving_settings(stack, with_token="hfToken" in given, with_api_key="vllmApiKey" in given)
     if settings.namespace in RESERVED_NAMESPACES:
         raise ConfigError("triarch:serving.namespace", settings.namespace,
                           "is a namespace every cluster has, which Triarch would create and delete",
                           "a namespace of its own, e.g. llm")
     with_ray = any(m.config.engine == "ray-serve" for m in models)
+    if settings.with_api_key and with_ray:
+        # Ray Serve's OpenAI app (ray.serve.llm) has no API-key check and ignores VLLM_API_KEY
+        # (ray-project/ray#55369, #59578): a key would protect only some of the models.
+        ray_models = [m.name for m in models if m.config.engine == "ray-serve"]
+        raise ConfigError("triarch:vllmApiKey", None,
+                          f"is checked by vLLM's own server only; Ray Serve does not check it, so "
+                          f"{', '.join(ray_models)} (engine ray-serve) would answer without it",
+                          "engine: vllm for every model, or no key (restrict callers with serving.clientNamespaces)",
+                          show_value=False)
     serving = [pods.namespace(settings.namespace, "restricted",
                               "inference pods run as non-root with no added capabilities"),
                *network_policies(settings, with_ray)]
     owners += [(Owner("triarch:serving.namespace", settings.namespace), o) for o in serving]
-    if with_token:
-        owners.append((Owner("the Hugging Face token"), {"apiVersion": "v1", "kind": "Secret", "metadata": {
-            "name": pods.HF_TOKEN_SECRET, "namespace": settings.namespace}}))
+    for present, secret in ((settings.with_token, pods.HF_TOKEN_SECRET), (settings.with_api_key, pods.API_KEY_SECRET)):
+        if present:
+            owners.append((Owner(f"the Secret {secret}"), {"apiVersion": "v1", "kind": "Secret", "metadata": {
+                "name": secret, "namespace": settings.namespace}}))
 
     vllm: dict[str, list[dict[str, Any]]] = {}
     for i, model in enumerate(models):

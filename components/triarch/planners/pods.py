@@ -16,6 +16,8 @@ CACHE_MOUNT = "/models"
 HF_HOME = f"{CACHE_MOUNT}/huggingface"
 HF_TOKEN_SECRET = "hf-token"
 HF_TOKEN_KEY = "token"
+API_KEY_SECRET = "vllm-api-key"
+API_KEY_KEY = "key"
 RUN_AS = 1000
 """The vLLM and Ray images' serving user (rayproject images ship user `ray`, uid 1000)."""
 RUN_AS_NAME = "ray"
@@ -94,6 +96,9 @@ def serving_env(with_token: bool) -> list[dict[str, Any]]:
         {"name": "HOME", "value": "/tmp"},
         {"name": "USER", "value": RUN_AS_NAME},
         {"name": "LOGNAME", "value": RUN_AS_NAME},
+        # No usage reports leave the cluster (vLLM's and Ray's telemetry are on by default).
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+        {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
     ]
     if with_token:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": HF_TOKEN_SECRET, "key": HF_TOKEN_KEY}}})
@@ -119,13 +124,20 @@ def volume_mounts() -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class ServingSettings:
-    """Where serving workloads go and how their caches are stored: decided once per stack."""
+    """Where serving workloads go, how their caches are stored, who may call them and what they may reach:
+    decided once per stack."""
 
     namespace: str
     storage_class: str | None
     access_mode: str
     with_token: bool
     """Whether a Hugging Face token secret exists for the pods to read."""
+    with_api_key: bool = False
+    """Whether vLLM servers require an API key (a Secret the pods read as VLLM_API_KEY)."""
+    client_namespaces: tuple[str, ...] = ()
+    hub_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
+    vpc_cidr: str | None = None
+    """The created cluster's VPC range (nodes, the API server's endpoints), kept out of the pods' egress."""
 
 
 def cache_claim(owner: str, size_gib: int, settings: ServingSettings) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ipaddress import ip_network
 from typing import Any
 
 from triarch.config import StackConfig
@@ -11,12 +12,14 @@ EFS_STORAGE_CLASS = "triarch-efs"
 """The shared-filesystem class a created cluster gets, so every replica reads one model cache."""
 
 
-def serving_settings(stack: StackConfig, with_token: bool) -> pods.ServingSettings:
+def serving_settings(stack: StackConfig, with_token: bool, with_api_key: bool = False) -> pods.ServingSettings:
     serving = stack.serving
     created = stack.cluster.create
     storage_class = serving.storage_class or (EFS_STORAGE_CLASS if created else None)
     access_mode = serving.access_mode or ("ReadWriteMany" if created else "ReadWriteOnce")
-    return pods.ServingSettings(serving.namespace, storage_class, access_mode, with_token)
+    return pods.ServingSettings(serving.namespace, storage_class, access_mode, with_token, with_api_key,
+                                tuple(serving.client_namespaces), tuple(str(c) for c in serving.hub_cidrs),
+                                str(stack.cluster.vpc_cidr) if created else None)
 
 
 KUBERAY_NAMESPACE = "kuberay-system"
@@ -24,28 +27,82 @@ RAY_NODE_LABEL = {"ray.io/is-ray-node": "yes"}
 """KubeRay sets this label on every Ray pod it creates."""
 
 
+DNS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+       "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
+"""CoreDNS as the EKS add-on (and kubeadm) label it."""
+HEAD_POD = {"matchLabels": {**RAY_NODE_LABEL, "ray.io/node-type": "head"}}
+"""KubeRay labels the head pod ray.io/node-type=head."""
+PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
+"""RFC 1918's private ranges. A pod reaches the API server at the `kubernetes` Service's cluster IP, which EKS
+draws from these (KubernetesNetworkConfigRequest.serviceIpv4Cidr), and NetworkPolicy agents such as the VPC
+CNI's match egress before the Service's address is translated: so these, not the endpoints, are what keeps the
+API server (and every other cluster-internal address) out of the model hub's rule."""
+
+
+def cluster_ranges(vpc_cidr: str | None) -> list[str]:
+    """Addresses inside the cluster's network: the private ranges, and the VPC's own range if it lies outside
+    them (a VPC may use 100.64.0.0/10)."""
+    ranges = list(PRIVATE_RANGES)
+    if vpc_cidr and not any(ip_network(vpc_cidr).subnet_of(ip_network(r)) for r in PRIVATE_RANGES):  # type: ignore[arg-type]
+        ranges.append(vpc_cidr)
+    return ranges
+
+
 def network_policies(settings: pods.ServingSettings, with_ray: bool) -> list[dict[str, Any]]:
-    """Ingress to the serving namespace: deny by default; the OpenAI port from anywhere in the cluster; Ray pods
-    to each other; the KubeRay operator to the Ray dashboard (it submits the Serve config there). Nothing else
-    reaches GCS, the dashboard or the Ray client port."""
+    """The serving namespace's traffic, both ways.
+
+    In: nothing by default; the OpenAI port from this namespace and the client namespaces the stack names; Ray
+    pods to each other; the KubeRay operator to the Ray dashboard (it submits the Serve config there). Nothing
+    reaches GCS, the dashboard or the Ray client port from elsewhere.
+    Out: nothing by default; DNS; this namespace's own pods; HTTPS to the model hub, never inside the cluster's
+    network (so not the API server, the nodes, or other namespaces); the Ray head, whose autoscaler asks the API
+    server for workers, also HTTPS inside the cluster's network.
+    """
     namespace = settings.namespace
 
-    def policy(name: str, selector: dict[str, Any], ingress: list[dict[str, Any]]) -> dict[str, Any]:
+    def policy(name: str, selector: dict[str, Any], kind: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
         return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
                 "metadata": {"name": name, "namespace": namespace, "labels": dict(pods.MANAGED_BY)},
-                "spec": {"podSelector": selector, "policyTypes": ["Ingress"], "ingress": ingress}}
+                "spec": {"podSelector": selector, "policyTypes": [kind], kind.lower(): rules}}
 
     http = [{"protocol": "TCP", "port": 8000}]
+    https = [{"protocol": "TCP", "port": 443}]
+    clients: list[dict[str, Any]] = [{"podSelector": {}}]
+    if settings.client_namespaces:
+        clients.append({"namespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(settings.client_namespaces)}]}})
+    internal = cluster_ranges(settings.vpc_cidr)
+    hub = []
+    for cidr in settings.hub_cidrs:
+        excluded = [r for r in internal if _strictly_contains(cidr, r)]
+        hub.append({"ipBlock": {"cidr": cidr, **({"except": excluded} if excluded else {})}})
     policies = [
-        policy("default-deny-ingress", {}, []),
-        policy("allow-openai-http", {}, [{"from": [{"namespaceSelector": {}}], "ports": http}]),
+        policy("default-deny-ingress", {}, "Ingress", []),
+        policy("allow-openai-http", {}, "Ingress", [{"from": clients, "ports": http}]),
+        policy("default-deny-egress", {}, "Egress", []),
+        policy("allow-dns", {}, "Egress", [{"to": [DNS], "ports": [{"protocol": "UDP", "port": 53},
+                                                                    {"protocol": "TCP", "port": 53}]}]),
+        policy("allow-in-namespace", {}, "Egress", [{"to": [{"podSelector": {}}]}]),
+        policy("allow-model-hub", {}, "Egress", [{"to": hub, "ports": https}]),
     ]
     if with_ray:
         ray_pods = {"matchLabels": dict(RAY_NODE_LABEL)}
         operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": KUBERAY_NAMESPACE}}}
         policies += [
-            policy("allow-ray-internal", ray_pods, [{"from": [{"podSelector": ray_pods}]}]),
-            policy("allow-kuberay-dashboard", ray_pods,
+            policy("allow-ray-internal", ray_pods, "Ingress", [{"from": [{"podSelector": ray_pods}]}]),
+            policy("allow-kuberay-dashboard", ray_pods, "Ingress",
                    [{"from": [operator], "ports": [{"protocol": "TCP", "port": 8265}]}]),
         ]
+        # The head's autoscaler asks the API server for worker pods, at the Service's cluster IP (inside the
+        # cluster's ranges; 443). Where the policy agent matches after translation, the endpoint's own port counts:
+        # 443 on EKS, 6443 on kubeadm and kind clusters (an adopted cluster may be either).
+        ports = https if settings.vpc_cidr else [*https, {"protocol": "TCP", "port": 6443}]
+        api_server = [{"to": [{"ipBlock": {"cidr": r}} for r in internal], "ports": ports}]
+        policies.append(policy("allow-ray-head-api-server", HEAD_POD, "Egress", api_server))
     return policies
+
+
+def _strictly_contains(outer: str, inner: str) -> bool:
+    """Whether `inner` is a proper part of `outer` (a NetworkPolicy's `except` must lie inside its `cidr`)."""
+    inner_net, outer_net = ip_network(inner), ip_network(outer)
+    return inner_net != outer_net and inner_net.subnet_of(outer_net)  # type: ignore[arg-type]

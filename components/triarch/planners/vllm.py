@@ -65,7 +65,8 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
         "command": ["vllm", "serve"],
         "args": serve_args(plan),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
-        "env": pods.serving_env(settings.with_token),
+        "env": pods.serving_env(settings.with_token) + ([{"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {
+            "name": pods.API_KEY_SECRET, "key": pods.API_KEY_KEY}}}] if settings.with_api_key else []),
         "resources": pod_resources(plan),
         "startupProbe": _probe(plan.config.startup_minutes * 60 // PROBE_PERIOD_SECONDS, PROBE_PERIOD_SECONDS),
         "readinessProbe": _probe(3, 5),
