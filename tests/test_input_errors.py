@@ -152,11 +152,15 @@ def planted(config: dict[str, Any], where: str) -> dict[str, Any]:
         config["triarch:hfToken"] = TOKEN
     elif where == "encrypted":
         config["triarch:hfToken"] = {"secure": "AAABA" + TOKEN}
+    elif where == "plain text api key":
+        config["triarch:vllmApiKey"] = TOKEN
+    elif where == "encrypted api key":
+        config["triarch:vllmApiKey"] = {"secure": "AAABA" + TOKEN}
     return config
 
 
 @pytest.mark.parametrize("where", ["unknown top-level key", "unknown nested key", "secret-like key", "plain text",
-                                   "encrypted", "token in a known key"])
+                                   "encrypted", "token in a known key", "plain text api key", "encrypted api key"])
 def test_a_planted_token_appears_in_no_output(tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str) -> None:
     stack = write_stack_file(tmp_path / "Pulumi.dev.yaml", planted(stack_document("dev"), where))
     outputs = []
@@ -176,3 +180,31 @@ def test_a_planted_token_appears_in_no_output(tmp_path: Path, capsys: pytest.Cap
         document = json.loads((tmp_path / "plan" / "plan.json").read_text(encoding="utf-8"))
         [secret] = [r for r in document["resources"] if r["type"] == "kubernetes:core/v1:Secret"]
         assert secret["inputs"]["stringData"] == {"token": "[secret]"}
+
+
+PASSPHRASE = "correct horse battery staple"
+"""A secret that looks like nothing in particular: only the key's name can tell it must not be shown."""
+
+
+@pytest.mark.parametrize("key", ["apiKey", "accessToken", "password", "clientSecret", "awsCredentials"])
+def test_a_value_under_a_secret_like_key_is_never_shown(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        key: str) -> None:
+    config = stack_document("dev")
+    config["triarch:serving"] = {key: PASSPHRASE}
+    line = refused(capsys, "plan", "--stack-file", str(write_stack_file(tmp_path / "Pulumi.dev.yaml", config)))
+    assert line.startswith(f"error: triarch:serving.{key}: "), line
+    assert PASSPHRASE not in line and "horse" not in line
+
+
+
+@pytest.mark.parametrize("path", ["triarch:serving.apiKey", "triarch:nodeGroups[0].taint.key", "triarch:hfToken",
+                                  "triarch:x.dbPassword", "triarch:x.clientSecret", "triarch:x.awsCredentials"])
+def test_a_known_key_named_like_a_secret_never_shows_its_value(path: str) -> None:
+    """Even where the key is Triarch's own and the value merely invalid: the name is enough to withhold it."""
+    message = str(ConfigError(path, PASSPHRASE, "is not valid", "a valid one"))
+    assert message == f"{path}: is not valid; allowed: a valid one"
+
+
+def test_an_ordinary_keys_bad_value_is_shown() -> None:
+    message = str(ConfigError("triarch:serving.namespace", "Not_A_Label", "is not a DNS label"))
+    assert message == "triarch:serving.namespace: 'Not_A_Label' is not a DNS label"

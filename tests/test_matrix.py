@@ -225,3 +225,45 @@ def test_every_entry_has_a_source() -> None:
     entries |= {f"ami {t} {r}": a for t, releases in AMI_TYPES.items() for r, a in releases.items()}
     missing = [name for name, entry in entries.items() if not str(entry.get("source") or "").strip()]
     assert not missing
+
+
+# --- boundaries -------------------------------------------------------------------------------------------------
+
+def _patch_below(version: str) -> str:
+    """The driver one release below `version` (580.65.06 -> 580.65.05, 580.65.00 -> 580.64.99)."""
+    parts = [int(p) for p in version.split(".")]
+    while len(parts) < 3:
+        parts.append(0)
+    if parts[2] > 0:
+        parts[2] -= 1
+    else:
+        parts[1], parts[2] = parts[1] - 1, 99
+    return ".".join(f"{p:02d}" if i == 2 else str(p) for i, p in enumerate(parts))
+
+
+def test_the_minimum_driver_itself_is_enough_and_one_below_is_not() -> None:
+    minimum = NEW_VLLM_DRIVER
+    assert check_image_on_node(image(NEW_VLLM), node("l4", minimum), catalog()).level == "ok"
+    below = _patch_below(minimum)
+    assert vt(below) < vt(minimum)
+    assert check_image_on_node(image(NEW_VLLM), node("l4", below), catalog()).level != "ok"
+
+
+def test_the_major_floor_itself_runs_through_minor_version_compatibility_and_below_it_fails() -> None:
+    """An image whose CUDA minor needs more than its major's floor: the floor itself is a warning, a patch below
+    it an error."""
+    floors = {str(k): str(v) for k, v in CUDA["minorVersionCompatibility"].items()}
+    cudas = sorted({str(i["cuda"]) for i in IMAGES["vllm/vllm-openai"].values()}, key=vt)
+    cuda = next(c for c in cudas if vt(str(CUDA["minimumDriver"][c])) > vt(floors[c.split(".")[0]]))
+    floor = floors[cuda.split(".")[0]]
+    ref = image_with_cuda(cuda)
+    assert check_image_on_node(image(ref), node("l4", floor), catalog()).level == "warning"
+    assert check_image_on_node(image(ref), node("l4", _patch_below(floor)), catalog()).level == "error"
+
+
+def test_an_image_exactly_at_the_gpu_minimum_cuda_runs() -> None:
+    gpu = next(k for k, g in GPUS.items() if any(str(i["cuda"]) == str(g["minCuda"])
+                                                for i in IMAGES["vllm/vllm-openai"].values()))
+    ref = image_with_cuda(str(GPUS[gpu]["minCuda"]))
+    driver = str(CUDA["minimumDriver"][str(GPUS[gpu]["minCuda"])])
+    assert check_image_on_node(image(ref), node(gpu, driver), catalog()).level in ("ok", "warning")

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from pulumi.runtime.mocks import MockMonitor
 
-from conftest import StackWriter, stack_document, write_stack_file
+from conftest import StackWriter, reference_file, stack_document, write_stack_file
 from triarch import cli
 from triarch.offline import manifests, read_stack_config, run_program
 from triarch.scheduling import POOL_LABEL
@@ -614,11 +614,9 @@ def test_worker_prestop_drains_without_killing_ray(prod: Planned, ray_service: d
 def test_ray_service_waits_for_the_kuberay_operator(prod: Planned) -> None:
     """The RayService CRD comes with the operator chart; the RayService must be registered with depends_on the
     release. Dependencies come from the wrapped MockMonitor.RegisterResource (see `plan`)."""
-    chart = yaml.safe_load((REFERENCE / "kuberay-v1.7.0" / "Chart.yaml").read_text(encoding="utf-8")) if (
-        REFERENCE / "kuberay-v1.7.0" / "Chart.yaml").is_file() else {"name": "kuberay-operator", "version": "1.7.0"}
-    assert (chart["name"], str(chart["version"])) == ("kuberay-operator", "1.7.0")
+    chart = yaml.safe_load(reference_file("kuberay-v1.7.0", "Chart.yaml").read_text(encoding="utf-8"))
     [release] = [r for r in prod.run.resources if r.type == RELEASE and r.inputs.get("chart") == "kuberay-operator"]
-    assert release.inputs["version"] == "1.7.0"
+    assert (release.inputs["chart"], release.inputs["version"]) == (chart["name"], str(chart["version"]))
     [service] = [r for r in prod.run.resources if r.type == RAY_SERVICE]
     assert release.urn in prod.dependencies[service.urn]
 
