@@ -229,3 +229,32 @@ def test_changed_paths_of_nested_lists_and_sets() -> None:
         "spec.selector.m"]
     base = copy.deepcopy({"a": {"b": 1}})
     assert changed_paths(base, {"a": {"b": 1, "c": 2}}, rule) == ["a.c"]
+
+
+def test_an_input_under_ignore_changes_neither_updates_nor_replaces(base: dict[str, dict[str, Any]]) -> None:
+    """The cluster keeps its creator's access flag and the model cache its key (both ForceNew) on stacks created
+    before those defaults: Pulumi keeps an ignored input's old value, and so does the diff."""
+    head = copy.deepcopy(base["prod"])
+    by_type = {r["type"]: r for r in head["resources"]}
+    assert by_type["aws:eks/cluster:Cluster"]["ignoreChanges"] == [
+        "accessConfig.bootstrapClusterCreatorAdminPermissions"]
+    assert by_type["aws:efs/fileSystem:FileSystem"]["ignoreChanges"] == ["kmsKeyId"]
+    older = copy.deepcopy(head)
+    for resource in older["resources"]:
+        if resource["type"] == "aws:eks/cluster:Cluster":
+            resource["inputs"]["accessConfig"]["bootstrapClusterCreatorAdminPermissions"] = True
+        if resource["type"] == "aws:efs/fileSystem:FileSystem":
+            del resource["inputs"]["kmsKeyId"]
+    assert diff_plans(older, head).differences == []
+    # Without the option the same change replaces both, the cache's mount targets following its file system.
+    for resource in head["resources"]:
+        resource.pop("ignoreChanges", None)
+    result = diff_plans(older, head)
+    assert {d.name for d in result.of("replaced") if d.stateful} == {"llm-prod", "llm-prod-models-fs",
+                                                                     "storageclass-triarch-efs"}
+
+
+def test_outputs_the_mock_fills_in_are_not_recorded_as_inputs(base: dict[str, dict[str, Any]]) -> None:
+    [cluster] = [r for r in base["prod"]["resources"] if r["type"] == "aws:eks/cluster:Cluster"]
+    assert "clusterSecurityGroupId" not in cluster["inputs"]["vpcConfig"]
+    assert "vpcId" not in cluster["inputs"]["vpcConfig"]

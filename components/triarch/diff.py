@@ -146,13 +146,20 @@ def _replacing(paths: Iterable[str], rule: TypeRule) -> list[str]:
     return [p for p in paths if any(_covers(r, p) for r in rule.replace_on)]
 
 
+def _kept(paths: Iterable[str], resource: Mapping[str, Any]) -> list[str]:
+    """The paths Pulumi acts on: an input under the resource's `ignoreChanges` keeps its old value, so a change
+    there neither updates nor replaces it."""
+    ignored = resource.get("ignoreChanges") or []
+    return [p for p in paths if not any(_covers(i, p) for i in ignored)]
+
+
 def _follows(resource: Mapping[str, Any], rule: TypeRule, replaced: Mapping[str, str],
              resources: Mapping[str, Mapping[str, Any]]) -> str | None:
     """Why a resource is replaced because a resource it takes an unknown value from is (None if it is not)."""
     sources = resource.get("propertyDependencies") or {}
     forcing: list[str] = []
     followed: set[str] = set()
-    for path in _replacing(_unknown_paths(resource["inputs"]), rule):
+    for path in _replacing(_kept(_unknown_paths(resource["inputs"]), resource), rule):
         top = path.split(".", 1)[0].split("[", 1)[0]
         gone = [u for u in sources.get(top, []) if u in replaced]
         if gone:
@@ -195,7 +202,7 @@ def diff_plans(base: Mapping[str, Any], head: Mapping[str, Any], intended: Itera
     changed: dict[str, list[str]] = {}
     for urn in sorted(set(before) & set(after)):
         rule = rules_.of(after[urn]["type"])
-        paths = changed_paths(before[urn]["inputs"], after[urn]["inputs"], rule)
+        paths = _kept(changed_paths(before[urn]["inputs"], after[urn]["inputs"], rule), after[urn])
         if paths:
             changed[urn] = paths
         forcing = _replacing(paths, rule)

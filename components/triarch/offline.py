@@ -53,6 +53,8 @@ class Registered:
     """URNs the resource waits for (depends_on and inputs from other resources), as the engine receives them."""
     property_dependencies: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Top-level input -> the URNs its value comes from (a value only the cloud knows follows those resources)."""
+    ignore_changes: tuple[str, ...] = ()
+    """Input paths Pulumi keeps at their old value on an update (the resource's ignoreChanges option)."""
 
 
 @dataclass
@@ -123,6 +125,9 @@ class _RecordingMonitor(MockMonitor):
         response = super().RegisterResource(request)  # type: ignore[no-untyped-call]  # SDK method is untyped
         if request.type != "pulumi:pulumi:Stack":
             inputs = _clean(self.resources[response.urn].state)
+            for parent, key in COMPUTED_NESTED_OUTPUTS.get(request.type, ()):
+                if isinstance(inputs.get(parent), dict):
+                    inputs[parent].pop(key, None)  # an output the mock added, not an input
             for key in SECRET_INPUTS.get(request.type, ()):
                 if key in inputs:
                     inputs[key] = dict.fromkeys(inputs[key], SECRET)
@@ -130,7 +135,8 @@ class _RecordingMonitor(MockMonitor):
                            if deps.urns}
             self.run.resources.append(Registered(
                 request.type, request.name, response.urn, request.parent or None, bool(request.custom), inputs,
-                tuple(sorted(set(request.dependencies))), dict(sorted(by_property.items()))))
+                tuple(sorted(set(request.dependencies))), dict(sorted(by_property.items())),
+                tuple(request.ignoreChanges)))
         return response
 
 
@@ -306,7 +312,8 @@ def plan_document(run: PlanRun) -> dict[str, Any]:
         "stack": run.stack,
         "resources": [
             {"type": r.type, "name": r.name, "urn": r.urn, "parent": r.parent, "dependencies": list(r.dependencies),
-             "propertyDependencies": {k: list(v) for k, v in r.property_dependencies.items()}, "inputs": r.inputs}
+             "propertyDependencies": {k: list(v) for k, v in r.property_dependencies.items()},
+             **({"ignoreChanges": list(r.ignore_changes)} if r.ignore_changes else {}), "inputs": r.inputs}
             for r in sorted(run.resources, key=lambda r: r.urn)
         ],
     }
