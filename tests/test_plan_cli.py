@@ -130,7 +130,8 @@ def test_summary_names_each_node_group_and_its_gpu(capsys: pytest.CaptureFixture
                                                    facts: Catalog, stack: str) -> None:
     assert cli.main(["plan", "--stack", stack, "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    lines = printed.splitlines()
+    section = printed.split("\nGPU pools\n", 1)[1].split("\n\n", 1)[0]
+    lines = section.splitlines()
     for group in stack_config(stack)["triarch:nodeGroups"]:
         gpu = facts.instances[group["instanceType"]].gpu if "instanceType" in group else group["gpu"]
         assert gpu is not None
@@ -138,6 +139,17 @@ def test_summary_names_each_node_group_and_its_gpu(capsys: pytest.CaptureFixture
         rows = [line for line in lines if line.split()[:1] == [group["name"]]]
         assert len(rows) == 1, f"no single summary row for node group {group['name']!r}:\n{printed}"
         assert product in rows[0], rows[0]
+
+
+def test_summary_prices_each_pool_at_min_and_max(plans: dict[str, Planned]) -> None:
+    """prod on 2026-12-01 list prices: L4 pool 0-6 g6.2xlarge at $0.9776/h, A100 pool 0-2 p4de.24xlarge at
+    $27.44705/h, 730 h a month; both start at zero nodes."""
+    section = plans["prod"].stdout.split("\nCapacity and cost per month", 1)[1].split("\n\n", 1)[0]
+    rows = {line.split()[0]: line.split() for line in section.splitlines()[2:]}
+    assert rows["l4"][1:] == ["g6.2xlarge", "0-6", "0-6", "$0", "$4,282"]
+    assert rows["a100"][1:] == ["p4de.24xlarge", "0-2", "0-16", "$0", "$40,073"]
+    assert "on-demand list prices in us-east-1, 2026-12-01" in section
+    assert "GPUs held (per replica x replicas): embed 1 x 2 on l4, chat 2 x 1-4 on a100, qwen 1 x 1-3 on l4" in section
 
 
 @pytest.mark.parametrize("stack", STACKS)

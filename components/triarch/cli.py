@@ -63,6 +63,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     name, path = _stack_source(args)
     out = Path(args.out) if args.out else Path("out") / name
+    if args.at:
+        from triarch.baseline import plan_at
+
+        stack_args = ["--stack-file", str(path.resolve())] if args.stack_file else ["--stack", name]
+        with progress(f"planning stack {name} as of {args.at} (its code and stack file, in a worktree)"):
+            printed = plan_at(args.at, stack_args, out)
+        print(printed, end="")
+        return 0
     validated = validate_stack_file(name, path)
     with progress(f"planning stack {name} (Pulumi mock engine, no cloud calls)"):
         result = plan_stack(validated, out)
@@ -74,18 +82,31 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     import tempfile
 
-    from triarch.guardrails.check import evaluate, load_policy_config, report_json, report_markdown, report_text
+    from triarch.diff import load_plan
+    from triarch.guardrails.check import (
+        evaluate,
+        load_policy_config,
+        report_json,
+        report_markdown,
+        report_text,
+        resources_of_plan,
+    )
     from triarch.guardrails.placement import headroom, prove
-    from triarch.guardrails.rules import Resource
     from triarch.report import plan_stack, validate_stack_file
 
-    name, path = _stack_source(args)
     policy_config = load_policy_config(Path(args.policy_config) if args.policy_config else None)
-    validated = validate_stack_file(name, path)
-    with progress(f"checking stack {name} against triarch-guardrails"), tempfile.TemporaryDirectory() as scratch:
-        result = plan_stack(validated, Path(args.out) if args.out else Path(scratch))
-    resources = [Resource(r.type, r.name, r.inputs, r.urn) for r in sorted(result.run.resources, key=lambda r: r.urn)
-                 if r.custom and not r.type.startswith("pulumi:providers:")]
+    if args.plan:
+        document = load_plan(Path(args.plan), option="--plan")
+        name = str(document.get("stack") or Path(args.plan).name)
+    else:
+        name, path = _stack_source(args)
+        validated = validate_stack_file(name, path)
+        with progress(f"checking stack {name} against triarch-guardrails"), \
+                tempfile.TemporaryDirectory() as scratch:
+            out = Path(args.out) if args.out else Path(scratch)
+            plan_stack(validated, out)
+            document = load_plan(out)
+    resources = resources_of_plan(document)
     findings = evaluate(resources, policy_config)
     placement = headroom(prove(resources))
     if args.format == "json":
@@ -102,18 +123,27 @@ def cmd_diff(args: argparse.Namespace) -> int:
     import tempfile
 
     from triarch.baseline import base_plan
-    from triarch.diff import diff_plans, load_plan
+    from triarch.cost import capacity_change
+    from triarch.diff import diff_plans, load_capacity, load_plan
     from triarch.report import diff_markdown, diff_text, plan_stack, validate_stack_file
 
-    name, path = _stack_source(args)
-    stack_args = ["--stack-file", str(path.resolve())] if args.stack_file else ["--stack", name]
-    base = base_plan(args.base, stack_args)
-    validated = validate_stack_file(name, path)
-    with progress(f"planning stack {name} and comparing it with {args.base}"), \
-            tempfile.TemporaryDirectory() as scratch:
-        plan_stack(validated, Path(scratch))
-        head = load_plan(Path(scratch))
-    result = diff_plans(base, head, intended=args.intended or [])
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.plan:
+            head_dir = Path(args.plan)
+            head = load_plan(head_dir, option="--plan")
+            name = str(head.get("stack") or head_dir.name)
+            base, base_capacity = base_plan(args.base, ["--stack", name])
+        else:
+            name, path = _stack_source(args)
+            stack_args = ["--stack-file", str(path.resolve())] if args.stack_file else ["--stack", name]
+            base, base_capacity = base_plan(args.base, stack_args)
+            validated = validate_stack_file(name, path)
+            head_dir = Path(scratch)
+            with progress(f"planning stack {name} and comparing it with {args.base}"):
+                plan_stack(validated, head_dir)
+            head = load_plan(head_dir)
+        result = diff_plans(base, head, intended=args.intended or [])
+        result.capacity = capacity_change(base_capacity, load_capacity(head_dir))
     if args.format == "json":
         print(json.dumps(result.as_json(), indent=2, sort_keys=True))
     elif args.format == "markdown":
@@ -121,6 +151,24 @@ def cmd_diff(args: argparse.Namespace) -> int:
     else:
         print(diff_text(result, name, args.base))
     return 1 if result.blocking else 0
+
+
+def cmd_comment(args: argparse.Namespace) -> int:
+    from triarch.review import failures, review_markdown
+
+    directory = Path(args.directory)
+    if not (directory / "head").is_dir():
+        raise TriarchError(f"comment: {str(directory)!r} has no head/ directory; allowed: the directory the review "
+                           "workflow writes (head/<stack>, base/<stack>, check/<stack>.json, diff/<stack>.json)")
+    markdown = review_markdown(directory, args.base_ref, args.head_ref)
+    if args.out:
+        Path(args.out).write_text(markdown, encoding="utf-8")
+    else:
+        print(markdown, end="")
+    failing = failures(directory)
+    for failure in failing:
+        print(f"review: {failure}", file=sys.stderr)
+    return 1 if args.strict and failing else 0
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -163,10 +211,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_stack_source(parser: argparse.ArgumentParser) -> None:
+def _add_stack_source(parser: argparse.ArgumentParser, plan: bool = False) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--stack", help="a stack of this project (stacks/Pulumi.<stack>.yaml)")
     source.add_argument("--stack-file", help="any Pulumi stack file")
+    if plan:
+        source.add_argument("--plan", help="a plan directory written by `triarch plan` (nothing is planned again)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,10 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="register a stack under Pulumi's mock engine; write plan.json + manifests")
     _add_stack_source(plan)
     plan.add_argument("--out", help="output directory (default: out/<stack>)")
+    plan.add_argument("--at", metavar="REF", help="plan the stack as of a git ref (its code and stack file, in a "
+                                                  "temporary worktree), e.g. a pull request's base")
     plan.set_defaults(handler=cmd_plan)
 
     check = commands.add_parser("check", help="plan a stack offline and evaluate the triarch-guardrails policies")
-    _add_stack_source(check)
+    _add_stack_source(check, plan=True)
     check.add_argument("--policy-config", help="policy pack config JSON (as for pulumi --policy-pack-config)")
     check.add_argument("--format", choices=["text", "json", "markdown"], default="text")
     check.add_argument("--out", help="also write the plan here (default: a temporary directory)")
@@ -191,10 +243,21 @@ def build_parser() -> argparse.ArgumentParser:
     head = diff.add_mutually_exclusive_group(required=True)
     head.add_argument("--stack", "--head", dest="stack", help="a stack of this project (the head)")
     head.add_argument("--stack-file", help="any Pulumi stack file (planned with the base's code too)")
+    head.add_argument("--plan", help="a plan directory written by `triarch plan` (the head, planned already)")
     diff.add_argument("--format", choices=["text", "json", "markdown"], default="text")
     diff.add_argument("--intended", action="append", metavar="NAME",
                       help="a resource (name or URN) whose replacement is intended; repeatable")
     diff.set_defaults(handler=cmd_diff)
+
+    comment = commands.add_parser("comment", help="the pull-request comment (markdown) from a review directory: "
+                                                   "guardrails, diff, capacity and cost of every stack")
+    comment.add_argument("directory", help="head/<stack>, base/<stack>, check/<stack>.json, diff/<stack>.json")
+    comment.add_argument("--base-ref", help="the base commit, for the heading")
+    comment.add_argument("--head-ref", help="the head commit, for the heading")
+    comment.add_argument("--out", help="write the markdown here (default: standard output)")
+    comment.add_argument("--strict", action="store_true",
+                         help="exit 1 on a mandatory violation or an unintended stateful replacement")
+    comment.set_defaults(handler=cmd_comment)
 
     tune = commands.add_parser("tune", help="size vLLM's KV cache and engine args for a model on a GPU")
     model = tune.add_mutually_exclusive_group(required=True)

@@ -93,6 +93,8 @@ class Diff:
     engine: list[EngineChange] = field(default_factory=list)
     vllm: list[str] = field(default_factory=list)
     """Flags and metrics of the base's vLLM release that the head's release no longer has."""
+    capacity: dict[str, Any] | None = None
+    """GPUs and monthly cost per pool, before and after (triarch.cost.capacity_change); None without capacity.json."""
 
     def of(self, kind: Kind) -> list[Difference]:
         return [d for d in self.differences if d.kind == kind]
@@ -108,6 +110,7 @@ class Diff:
                                                                  for k, (b, a) in e.changes.items()}}
                                   for e in self.engine]
         document["vllm"] = self.vllm
+        document["capacity"] = self.capacity
         return document
 
 
@@ -333,19 +336,29 @@ def vllm_release_changes(base: Mapping[str, Any], head: Mapping[str, Any]) -> li
     return notes
 
 
-def load_plan(directory: Path) -> dict[str, Any]:
+def load_plan(directory: Path, option: str = "--base") -> dict[str, Any]:
     path = directory / "plan.json"
     try:
         document: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:
-        raise ConfigError("--base", str(directory), f"holds no readable plan.json ({error.__class__.__name__})",
-                          "a directory written by `triarch plan`, or a git ref") from None
+        raise ConfigError(option, str(directory), f"holds no readable plan.json ({error.__class__.__name__})",
+                          "a directory written by `triarch plan`" + (", or a git ref" if option == "--base" else ""))\
+            from None
     if not isinstance(document, dict) or "resources" not in document:
-        raise ConfigError("--base", str(directory), "holds a plan.json without resources",
+        raise ConfigError(option, str(directory), "holds a plan.json without resources",
                           "a directory written by `triarch plan`")
     for resource in document["resources"]:
         resource.setdefault("urn", urn_of(str(document.get("stack", "")), resource))
     return document
+
+
+def load_capacity(directory: Path) -> dict[str, Any] | None:
+    """capacity.json beside a plan (None for a plan written before Triarch wrote it)."""
+    try:
+        document = json.loads((directory / "capacity.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return document if isinstance(document, dict) else None
 
 
 def urn_of(stack: str, resource: Mapping[str, Any]) -> str:

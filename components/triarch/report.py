@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from triarch.catalog import Catalog, catalog, charts
 from triarch.config import NodeGroupConfig, StackConfig, driver_of, from_pulumi_config, pool_provisioner
+from triarch.cost import CAPACITY_FILE, capacity_report
 from triarch.diff import KINDS as DIFF_KINDS
 from triarch.diff import Diff, Difference
 from triarch.errors import TriarchError
@@ -50,6 +53,8 @@ class PlanResult:
     models: list[ModelPlan]
     run: PlanRun
     manifest_paths: list[Path]
+    capacity: dict[str, Any]
+    """capacity.json: GPUs and monthly cost per pool, GPUs per model (triarch.cost)."""
 
 
 def validate_stack_file(name: str, path: Path) -> ValidatedStack:
@@ -68,7 +73,10 @@ def plan_stack(validated: ValidatedStack, out: Path) -> PlanResult:
         run = run_program(validated.name, validated.config, validated.secret_keys)
     except StackError as error:
         raise TriarchError(str(error)) from None
-    return PlanResult(validated.stack, validated.verdicts, validated.models, run, write_plan(run, out))
+    manifests = write_plan(run, out)
+    capacity = capacity_report(validated.name, validated.stack, validated.models, catalog())
+    (out / CAPACITY_FILE).write_text(json.dumps(capacity, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return PlanResult(validated.stack, validated.verdicts, validated.models, run, manifests, capacity)
 
 
 PROVISIONER_LABELS = {"karpenter": "karpenter", "managedNodeGroup": "node group", "existing": "existing"}
@@ -154,6 +162,7 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
                          f"{plan.gpus_per_replica} x {replicas}", str(sizing.tensor_parallel_size),
                          f"{sizing.kv_cache_tokens:,} tokens", str(sizing.max_model_len or "-"), concurrency])
         lines += _table(rows)
+    lines += ["", *capacity_lines(result.capacity)]
     notes = [w for w in result.run.warnings if w not in {v.message for v in result.verdicts}]
     if notes:
         lines += ["", "Warnings from the program", *[f"  {w}" for w in notes]]
@@ -163,6 +172,33 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
     for key, label in LAYERS.items():
         lines.append(f"  {label:20} {counts.get(key, 0)}")
     return "\n".join(lines)
+
+
+def usd(value: float | None) -> str:
+    return "unknown" if value is None else f"${value:,.0f}"
+
+
+def capacity_lines(capacity: dict[str, Any]) -> list[str]:
+    """The capacity section of the summary: GPUs and monthly cost per pool at min and at max nodes."""
+    where = f"on-demand list prices in {capacity['region']}, {capacity['pricesRetrieved']}" if capacity["region"] \
+        else "existing nodes: no price"
+    lines = [f"Capacity and cost per month ({where}; {capacity['hoursPerMonth']:g} h)"]
+    rows = [["pool", "instance", "nodes", "GPUs", "at min", "at max"]]
+    for pool in capacity["pools"]:
+        rows.append([pool["name"], pool["instanceType"] or "existing", f"{pool['minNodes']}-{pool['maxNodes']}",
+                     f"{pool['gpusAtMin']}-{pool['gpusAtMax']}", usd(pool["monthlyUsdAtMin"]),
+                     usd(pool["monthlyUsdAtMax"])])
+    for item in capacity["fixed"]:
+        rows.append([item["name"], "", "", "", usd(item["monthlyUsdAtMin"]), usd(item["monthlyUsdAtMax"])])
+    if capacity["region"]:
+        rows.append(["total", "", "", "", usd(capacity["monthlyUsdAtMin"]), usd(capacity["monthlyUsdAtMax"])])
+    lines += _table(rows)
+    if capacity["models"]:
+        held = ", ".join(f"{m['name']} {m['gpusPerReplica']} x {m['replicasMin']}"
+                         + (f"-{m['replicasMax']}" if m["replicasMax"] != m["replicasMin"] else "")
+                         + f" on {m['pool']}" for m in capacity["models"])
+        lines.append(f"  GPUs held (per replica x replicas): {held}")
+    return lines
 
 
 # --- triarch diff -------------------------------------------------------------------------------------------------
@@ -190,6 +226,8 @@ def diff_text(result: Diff, stack: str, base: str) -> str:
             lines.append(f"  {change.model}: {shown}")
     if result.vllm:
         lines += ["", "vLLM releases", *(f"  {note}" for note in result.vllm)]
+    if result.capacity:
+        lines += ["", *capacity_change_lines(result.capacity)]
     if not result.differences and not result.engine:
         lines += ["", "no differences"]
     blocking = result.blocking
@@ -217,4 +255,45 @@ def diff_markdown(result: Diff, stack: str, base: str) -> str:
             lines.append(f"- `{change.model}`: {shown}")
     if result.vllm:
         lines += ["", "**vLLM releases**", "", *(f"- {note}" for note in result.vllm)]
+    if result.capacity:
+        lines += ["", "**Capacity and cost per month**", "", *capacity_change_table(result.capacity)]
     return "\n".join(lines)
+
+
+def _range(low: Any, high: Any, money: bool = False) -> str:
+    show = usd if money else str
+    return show(low) if low == high else f"{show(low)}-{show(high)}"
+
+
+def _pool_cell(view: dict[str, Any] | None) -> str:
+    if view is None:
+        return "-"
+    return (f"{view['instanceType'] or 'existing'} x {_range(view['minNodes'], view['maxNodes'])}, "
+            f"{_range(view['gpusAtMin'], view['gpusAtMax'])} GPUs, "
+            f"{_range(view['monthlyUsdAtMin'], view['monthlyUsdAtMax'], money=True)}")
+
+
+def _total_cell(total: dict[str, Any] | None) -> str:
+    if total is None:
+        return "unknown (the base wrote no capacity.json)"
+    return _range(total["monthlyUsdAtMin"], total["monthlyUsdAtMax"], money=True)
+
+
+def capacity_change_lines(change: dict[str, Any]) -> list[str]:
+    lines = ["Capacity and cost per month (at min nodes - at max nodes)"]
+    for row in change["pools"]:
+        before, after = _pool_cell(row["before"]), _pool_cell(row["after"])
+        lines.append(f"  {row['pool']}: {after}" if before == after else f"  {row['pool']}: {before} -> {after}")
+    before, after = _total_cell(change["total"]["before"]), _total_cell(change["total"]["after"])
+    lines.append(f"  total: {after}" if before == after else f"  total: {before} -> {after}")
+    return lines
+
+
+def capacity_change_table(change: dict[str, Any]) -> list[str]:
+    lines = ["| pool | base | head |", "|---|---|---|"]
+    for row in change["pools"]:
+        before, after = _pool_cell(row["before"]), _pool_cell(row["after"])
+        mark = "" if before == after else " :arrow_right:"
+        lines.append(f"| `{row['pool']}`{mark} | {before} | {after} |")
+    lines.append(f"| **total** | {_total_cell(change['total']['before'])} | {_total_cell(change['total']['after'])} |")
+    return lines

@@ -53,6 +53,14 @@ def evaluate(resources: list[Resource], config: Mapping[str, Any] | None = None)
     return findings
 
 
+def resources_of_plan(document: Mapping[str, Any]) -> list[Resource]:
+    """The resources the policies see, from a plan.json: every custom resource (not Triarch's components, not
+    providers), in URN order, with its inputs as the pack receives them."""
+    return [Resource(r["type"], r["name"], r["inputs"], r["urn"])
+            for r in sorted(document["resources"], key=lambda r: r["urn"])
+            if not r["type"].startswith(("triarch:", "pulumi:"))]
+
+
 def load_policy_config(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
