@@ -1,0 +1,156 @@
+"""The memory model of vLLM's start-up profile: what it subtracts from ``total x gpu_memory_utilization`` before
+the KV cache (weights, non-torch memory, the activation peak of the profile run, CUDA graphs)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from triarch.tuner.arch import ModelArch, Task
+from triarch.tuner.kv import kv_heads_per_gpu, layers_per_gpu
+from triarch.tuner.units import MIB
+from triarch.tuner.weights import weight_bytes
+
+NON_TORCH_BYTES_TP1 = 192 * MIB
+"""Non-torch memory on one GPU (cuBLAS workspaces, allocator slack). V1-engine logs show 0.07-0.14 GiB on H100 and
+0.02 GiB on A100-40GB at TP=1 (llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md;
+vllm-project/vllm#12330 logs 0.10 GiB); 192 MiB sits just above them."""
+
+NON_TORCH_BYTES_PER_TP_GROUP = 576 * MIB
+"""Extra non-torch memory once TP or PP > 1 (NCCL communicators, custom all-reduce buffers): V1 logs show
+0.54-0.55 GiB per GPU at TP=2 on H100 (same llm-d source); up to 1.38 GiB was seen on H200 TP=2."""
+
+CUDA_RESERVED_BYTES = 460 * MIB
+"""What the CUDA context keeps from the GPU total nvidia-smi reports: vLLM (torch.cuda.mem_get_info) sees an H100
+80GB as 79.18-79.25 GiB against nvidia-smi's 81559 MiB (79.65 GiB), an A100-40GB as 39.49 GiB; the gap is
+0.4-0.47 GiB. vLLM's gpu_memory_utilization applies to the smaller figure."""
+
+CUDA_GRAPH_BASE_BYTES = 256 * MIB
+CUDA_GRAPH_BYTES_PER_LAYER = 8 * MIB
+"""CUDA-graph estimate: vLLM logs "Graph capturing finished in N secs, took X GiB" with X around 0.2-1 GiB for
+7B-70B models (one graph per capture size, memory pool shared, growing with the layer count). Modelled as
+256 MiB + 8 MiB per layer on the GPU; zero with ``enforce_eager``. An estimate, not a measurement."""
+
+ACTIVATION_SLACK = 1.1
+"""Factor on the modelled forward-pass tensors for allocator fragmentation and temporaries not modelled (the
+modelled forward of a 16k-token LLaVA-7B profile was 2.13 GiB against 1.97 GiB logged: little slack needed)."""
+
+SAMPLER_BYTES_PER_LOGIT = 38.5
+"""Peak bytes of vLLM's dummy sampler run per (sequence, vocabulary entry): float32 logits, their softmax and
+sort/top-k/top-p working copies. V1 logs put the activation peak at 38.4-39.6 x max_num_seqs x vocab bytes on
+H100 whatever the hidden size or TP (llm-d empirical results: Llama-3.1-8B 4.76 GiB, Qwen3-32B 5.64 GiB,
+Qwen3-0.6B 5.56 GiB at 1024 sequences). vLLM 0.29+'s model runner may need less: conservative for it."""
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """One GPU's memory as vLLM's start-up profile splits it (bytes)."""
+
+    total: int
+    gpu_memory_utilization: float
+    requested: int
+    """``total x gpu_memory_utilization`` (or, with ``kv_cache_memory_bytes``, the whole GPU)."""
+    weights: int
+    non_torch: int
+    activation_peak: int
+    cuda_graphs: int
+    available_kv: int
+    """What is left for the KV cache (negative: does not fit); equals ``kv_cache_memory_bytes`` when given."""
+    kv_cache_memory_bytes: int | None = None
+
+    @property
+    def overhead(self) -> int:
+        """Everything but weights and KV cache."""
+        return self.non_torch + self.activation_peak + self.cuda_graphs
+
+    @property
+    def spare(self) -> int:
+        """Unclaimed memory when ``kv_cache_memory_bytes`` is given (negative: over the GPU's total)."""
+        return self.requested - self.weights - self.overhead - self.available_kv
+
+
+def activation_peak_bytes(
+    arch: ModelArch,
+    *,
+    tensor_parallel_size: int = 1,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    task: Task = "generate",
+) -> int:
+    """Peak activation memory of vLLM's profiling run on one GPU (an estimate).
+
+    vLLM's ``profile_run`` runs a dummy forward of ``max_num_batched_tokens`` tokens and, for generation, a dummy
+    sampler pass over ``max_num_seqs`` rows. Layers run one after another, so the peak is one layer's tensors:
+    about four hidden-size buffers (residual, normed input, attention output, MLP output), the QKV projection, and
+    the MLP's gate/up output plus its activation (for MoE, the fused-MoE caches of ``tokens x top_k`` rows). The
+    sampler's peak is :data:`SAMPLER_BYTES_PER_LOGIT` per sequence and vocabulary entry.
+    """
+    a = arch
+    tp = tensor_parallel_size
+    b = a.serving_dtype_bytes
+    t = max_num_batched_tokens
+    hidden = 4 * a.hidden_size
+    if a.is_mla:
+        heads = max(1, a.num_attention_heads // tp)
+        attn = heads * (2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + a.qk_nope_head_dim + 2 * a.v_head_dim)
+        attn += (a.kv_lora_rank or 0) + a.qk_rope_head_dim
+    else:
+        q_heads = max(1, a.num_attention_heads // tp)
+        attn = (2 * q_heads + 2 * kv_heads_per_gpu(a, tp)) * a.head_dim  # q, k, v and the attention output
+    dense = 3 * a.intermediate_size // tp
+    moe = 0
+    if a.is_moe:
+        rows = max(1, a.num_experts_per_tok)
+        moe = rows * (3 * a.moe_intermediate_size // tp + a.hidden_size) + 3 * a.shared_expert_intermediate_size // tp
+    forward = t * (hidden + attn + max(dense, moe)) * b
+    sampler = 0
+    if task == "generate":
+        sampler = int(max_num_seqs * a.vocab_size * SAMPLER_BYTES_PER_LOGIT)
+    return max(int(forward * ACTIVATION_SLACK), sampler)
+
+
+def non_torch_bytes(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> int:
+    """Non-torch memory per GPU: see :data:`NON_TORCH_BYTES_TP1` and :data:`NON_TORCH_BYTES_PER_TP_GROUP`."""
+    extra = NON_TORCH_BYTES_PER_TP_GROUP if tensor_parallel_size * pipeline_parallel_size > 1 else 0
+    return NON_TORCH_BYTES_TP1 + extra
+
+
+def cuda_graph_bytes(arch: ModelArch, *, pipeline_parallel_size: int = 1, enforce_eager: bool = False) -> int:
+    """CUDA-graph memory per GPU: see :data:`CUDA_GRAPH_BASE_BYTES`."""
+    if enforce_eager:
+        return 0
+    return CUDA_GRAPH_BASE_BYTES + CUDA_GRAPH_BYTES_PER_LAYER * layers_per_gpu(arch, pipeline_parallel_size)
+
+
+def memory_budget(
+    arch: ModelArch,
+    gpu_memory_bytes: int,
+    *,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.92,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    task: Task = "generate",
+    kv_cache_memory_bytes: int | None = None,
+    enforce_eager: bool = False,
+) -> MemoryBudget:
+    """``available = total x gpu_memory_utilization - (weights/(tp x pp) + non-torch + activation peak) -
+    CUDA graphs``, per GPU; or ``kv_cache_memory_bytes`` as given (vLLM then ignores the utilization)."""
+    weights = math.ceil(weight_bytes(arch, task=task) / (tensor_parallel_size * pipeline_parallel_size))
+    non_torch = non_torch_bytes(tensor_parallel_size, pipeline_parallel_size)
+    activation = activation_peak_bytes(
+        arch,
+        tensor_parallel_size=tensor_parallel_size,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        task=task,
+    )
+    graphs = cuda_graph_bytes(arch, pipeline_parallel_size=pipeline_parallel_size, enforce_eager=enforce_eager)
+    if kv_cache_memory_bytes is not None:
+        return MemoryBudget(gpu_memory_bytes, 1.0, gpu_memory_bytes, weights, non_torch, activation, graphs,
+                            kv_cache_memory_bytes, kv_cache_memory_bytes)
+    requested = int(max(0, gpu_memory_bytes - CUDA_RESERVED_BYTES) * gpu_memory_utilization)
+    available = requested - weights - non_torch - activation - graphs
+    return MemoryBudget(gpu_memory_bytes, gpu_memory_utilization, requested, weights, non_torch, activation, graphs,
+                        available)

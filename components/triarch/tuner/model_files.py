@@ -1,0 +1,76 @@
+"""Finding a model's config.json: a catalog name (templates/models), a path, or a directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from triarch.paths import TEMPLATES_DIR
+from triarch.tuner.arch import ModelArch, TuneError, arch_from_hf_config
+
+MODELS_DIR = TEMPLATES_DIR / "models"
+"""The model catalog: one ``<org>--<name>.json`` per Hugging Face repo (architecture fields of its config.json)."""
+
+
+def _catalog_file(name: str) -> Path:
+    return MODELS_DIR / (name.replace("/", "--") + ".json")
+
+
+def catalog_models() -> list[str]:
+    """Hugging Face repo names in templates/models/ ("Qwen/Qwen3-8B", ...)."""
+    return sorted(p.stem.replace("--", "/", 1) for p in MODELS_DIR.glob("*.json"))
+
+
+def load_model_config(name_or_path: str | Path) -> dict[str, Any]:
+    """A config.json as a dict: a catalog name ("Qwen/Qwen3-8B", or just "Qwen3-8B" when unambiguous), a path to
+    a config.json, or a directory holding one. Raises :class:`TuneError` when none matches."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        text = str(name_or_path)
+        candidates = [_catalog_file(text)] if "/" in text else []
+        candidates += [_catalog_file(m) for m in catalog_models() if m.split("/", 1)[-1].lower() == text.lower()]
+        found = [c for c in candidates if c.is_file()]
+        if not found:
+            raise TuneError(
+                f"model {text!r}: not a config.json path and not in the catalog; known: {', '.join(catalog_models())}"
+            )
+        path = found[0]
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as error:
+        raise TuneError(f"{path} is not JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
+    except UnicodeDecodeError as error:
+        raise TuneError(f"{path} is not UTF-8 text (byte {error.start})") from None
+    except OSError as error:
+        raise TuneError(f"{path} cannot be read ({error.strerror})") from None
+    if not isinstance(data, dict):
+        raise TuneError(f"{path}: expected a JSON object")
+    return data
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise TuneError(f"a config.json names {key!r} twice")
+        seen[key] = value
+    return seen
+
+
+def load_arch(name_or_path: str | Path) -> ModelArch:
+    """:func:`load_model_config` then :func:`arch_from_hf_config`, named after the catalog entry or path."""
+    data = load_model_config(name_or_path)
+    source = str(data.get("_source", ""))
+    name = data.get("_name_or_path") or _repo_from_source(source) or str(name_or_path)
+    return arch_from_hf_config(data, name=str(name))
+
+
+def _repo_from_source(source: str) -> str | None:
+    prefix = "https://huggingface.co/"
+    if not source.startswith(prefix):
+        return None
+    parts = source[len(prefix):].split("/")
+    return "/".join(parts[:2]) if len(parts) >= 2 else None

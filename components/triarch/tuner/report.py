@@ -1,0 +1,51 @@
+"""The tuner's answer, and the start-up lines vLLM would print for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from triarch.tuner.arch import Task
+from triarch.tuner.memory import MemoryBudget
+from triarch.tuner.units import GIB
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The tuner's answer for one model on one GPU type: the numbers and the vLLM engine args they give."""
+
+    model: str
+    gpu: str
+    task: Task
+    num_parameters: int
+    weights_bytes: int
+    """Whole model; per GPU it is ``memory.weights``."""
+    kv_bytes_per_token: int
+    """Per GPU (after TP/PP sharding)."""
+    kv_cache_blocks: int
+    kv_cache_tokens: int
+    block_size: int
+    max_model_len: int | None
+    max_concurrency: float | None
+    """``kv_cache_tokens / max_model_len``; None when ``max_model_len`` is unknown."""
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    available_kv_bytes: int
+    memory: MemoryBudget
+    engine_args: dict[str, Any]
+    """vLLM ``EngineArgs`` names (0.33) -> values."""
+    notes: tuple[str, ...] = field(default=())
+    """Adjustments the tuner made (capped lengths, ...), one sentence each."""
+
+    def log_lines(self) -> list[str]:
+        """The start-up lines vLLM (V1) would print for this configuration."""
+        lines = [
+            f"Model loading took {self.memory.weights / GIB:.4f} GiB",
+            f"Available KV cache memory: {self.available_kv_bytes / GIB:.2f} GiB",
+            f"GPU KV cache size: {self.kv_cache_tokens:,} tokens",
+        ]
+        if self.max_model_len is not None and self.max_concurrency is not None:
+            lines.append(
+                f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x"
+            )
+        return lines

@@ -1,0 +1,310 @@
+"""The search: the smallest tensor-parallel size that holds the weights and one request, the batch the KV cache
+supports, and ``max_model_len`` capped to what fits (or refused where vLLM would refuse it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from triarch.catalog import Gpu
+from triarch.tuner.arch import TASKS, LengthRefused, ModelArch, Task, TuneError
+from triarch.tuner.kv import DEFAULT_BLOCK_SIZE, kv_bytes_per_token, kv_cache_capacity, kv_dtype_bytes
+from triarch.tuner.memory import MemoryBudget, memory_budget
+from triarch.tuner.report import Sizing
+from triarch.tuner.units import GIB, MIB
+from triarch.tuner.weights import count_parameters, weight_bytes
+
+DEFAULT_CONTEXT_TARGET = 8192
+"""When ``max_model_len`` is not given: the TP choice asks for room for one sequence of
+min(model max, this) tokens; ``max_model_len`` is then raised to the most that fits, up to the model's maximum."""
+
+
+GENERATE_MAX_NUM_SEQS = 256
+"""vLLM's default ``max_num_seqs`` for online serving; the tuner lowers it when the KV cache holds fewer."""
+
+EMBED_MAX_NUM_SEQS = 256
+TYPICAL_CHAT_TOKENS = 2048
+"""Tokens (prompt + output) of a typical chat request, to translate KV tokens into a useful ``max_num_seqs``."""
+
+TYPICAL_EMBED_TOKENS = 512
+"""Tokens of a typical embedding request (one chunk of a document)."""
+
+MIN_CONCURRENCY = 4
+"""When ``max_model_len`` is not given and the model's maximum does not fit this many times over, the tuner
+lowers ``max_model_len`` to the largest power of two that does (never below min(model max, 8192) when that fits),
+so one long request cannot take the whole KV cache."""
+
+LARGE_GPU_BYTES = 40 * GIB
+"""GPUs at least this big get 8192 batched tokens per step for generation, smaller ones 2048 (vLLM's defaults
+for the OpenAI server by GPU class are of the same order)."""
+
+
+def _tp_candidates(arch: ModelArch, gpus: int) -> list[int]:
+    """Powers of two up to ``gpus`` that vLLM accepts: dividing the attention heads, and dividing the KV heads or
+    being a multiple of them (KV heads replicate beyond that)."""
+    out = []
+    tp = 1
+    while tp <= gpus:
+        if arch.num_attention_heads % tp == 0 and (
+            arch.is_mla or arch.num_key_value_heads % tp == 0 or tp % arch.num_key_value_heads == 0
+        ):
+            out.append(tp)
+        tp *= 2
+    return out
+
+
+def _pow2_floor(value: int) -> int:
+    """The largest power of two <= value (0 for value < 1)."""
+    return 1 << (value.bit_length() - 1) if value >= 1 else 0
+
+
+def _round_down(value: int, multiple: int) -> int:
+    return value - value % multiple if value >= multiple else value
+
+
+@dataclass(frozen=True)
+class _Plan:
+    tp: int
+    budget: MemoryBudget
+    kv_per_token: int
+    blocks: int
+    tokens: int
+    max_num_batched_tokens: int
+    max_num_seqs_cap: int
+
+
+def _plan(
+    arch: ModelArch,
+    total: int,
+    tp: int,
+    *,
+    pp: int,
+    util: float,
+    kv_cache_dtype: str,
+    kv_cache_memory_bytes: int | None,
+    task: Task,
+    block_size: int,
+    longest: int | None,
+    enforce_eager: bool,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> _Plan:
+    if task == "embed":
+        # Pooling runs without chunked prefill: a whole request (up to the longest max_model_len this plan may
+        # choose) must fit in one step, and the activation estimate must cover that.
+        batched = max(DEFAULT_CONTEXT_TARGET, longest or 0)
+        seqs_cap = EMBED_MAX_NUM_SEQS
+    else:
+        batched = 8192 if total >= LARGE_GPU_BYTES else 2048
+        seqs_cap = GENERATE_MAX_NUM_SEQS
+    batched = max_num_batched_tokens or batched
+    seqs_cap = max_num_seqs or seqs_cap
+    budget = memory_budget(
+        arch, total, tensor_parallel_size=tp, pipeline_parallel_size=pp, gpu_memory_utilization=util,
+        max_num_batched_tokens=batched, max_num_seqs=seqs_cap, task=task,
+        kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
+    )
+    per_token = kv_bytes_per_token(arch, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                                   kv_cache_dtype=kv_cache_dtype)
+    blocks, tokens = kv_cache_capacity(budget.available_kv, per_token, block_size)
+    if kv_cache_memory_bytes is not None and budget.spare < 0:
+        blocks, tokens = 0, 0  # the given KV cache does not fit next to the weights
+    return _Plan(tp, budget, per_token, blocks, tokens, batched, seqs_cap)
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:.1f} GiB"
+
+
+def _refusal(arch: ModelArch, gpu: Gpu, plan: _Plan, *, util: float, gpus: int, pp: int, task: Task,
+             block_size: int, kv_given: bool) -> TuneError:
+    b = plan.budget
+    total = b.total
+    label = f"{gpu.product} ({_gib(total)})"
+    hint = "try more GPUs (gpus_available), a quantized checkpoint, kv_cache_dtype='fp8' or a smaller max_model_len"
+    where = f"tensor_parallel_size={plan.tp}" + (f", pipeline_parallel_size={pp}" if pp > 1 else "")
+    if kv_given:
+        return TuneError(
+            f"{arch.label} needs {_gib(b.weights)} of weights per GPU ({where}) plus {_gib(b.overhead)} of "
+            f"non-torch/activation/CUDA-graph memory; with kv_cache_memory_bytes={b.available_kv} "
+            f"({_gib(b.available_kv)}) that is {_gib(-b.spare)} more than the {label} holds; {hint}"
+        )
+    room = b.requested - b.overhead
+    return TuneError(
+        f"{arch.label} needs {_gib(b.weights)} of weights per GPU ({where}, the most {gpus} GPU(s) allow; "
+        f"{_gib(weight_bytes(arch, task=task))} in all); {label} at gpu_memory_utilization {util} leaves "
+        f"{_gib(room)} after {_gib(b.non_torch)} non-torch memory, {_gib(b.activation_peak)} activation peak "
+        f"and {_gib(b.cuda_graphs)} CUDA graphs, so the KV cache gets {b.available_kv / GIB:.2f} GiB "
+        f"(one block of {block_size} tokens needs {block_size * plan.kv_per_token / MIB:.1f} MiB); {hint}"
+    )
+
+
+def tune(
+    arch: ModelArch,
+    gpu: Gpu,
+    *,
+    tensor_parallel_size: int | None = None,
+    gpu_memory_utilization: float = 0.92,
+    max_model_len: int | None = None,
+    kv_cache_dtype: str = "auto",
+    kv_cache_memory_bytes: int | None = None,
+    task: Task = "generate",
+    gpus_available: int = 8,
+    pipeline_parallel_size: int = 1,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    enforce_eager: bool = False,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> Sizing:
+    """Engine args for serving ``arch`` on GPUs of type ``gpu``.
+
+    Tensor parallelism: ``tensor_parallel_size`` if given, else the smallest power of two (dividing the attention
+    heads, at most ``gpus_available // pipeline_parallel_size``) whose GPUs hold the weights and the KV cache of one
+    ``max_model_len`` sequence; if none holds a full sequence, the one holding the most tokens. ``max_model_len``
+    is capped to the model's maximum and to the KV tokens that fit; when not given it defaults to the model's
+    ``max_position_embeddings``, lowered (see :data:`MIN_CONCURRENCY`) so several such requests fit.
+    Raises :class:`TuneError` with the numbers when not even one KV block fits.
+    """
+    if task not in TASKS:
+        raise TuneError(f"task {task!r} is not one of {', '.join(TASKS)}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise TuneError(f"gpu_memory_utilization {gpu_memory_utilization} must be in (0, 1]")
+    if max_model_len is not None and max_model_len < 1:
+        raise TuneError(f"max_model_len {max_model_len} must be at least 1")
+    if block_size < 1 or pipeline_parallel_size < 1 or gpus_available < 1:
+        raise TuneError("block_size, pipeline_parallel_size and gpus_available must be at least 1")
+    if kv_cache_memory_bytes is not None and kv_cache_memory_bytes < 0:
+        raise TuneError(f"kv_cache_memory_bytes {kv_cache_memory_bytes} must not be negative")
+    kv_dtype_bytes(arch, kv_cache_dtype)  # validates the name
+    if pipeline_parallel_size > arch.num_hidden_layers:
+        raise TuneError(f"pipeline_parallel_size {pipeline_parallel_size} exceeds the {arch.num_hidden_layers} layers")
+
+    notes: list[str] = []
+    model_max = arch.max_position_embeddings
+    requested_len = max_model_len
+    if requested_len is not None and model_max is not None and requested_len > model_max:
+        # vLLM refuses a --max-model-len beyond what it derives from the model's config.
+        raise LengthRefused(f"max_model_len {requested_len} exceeds the {model_max} tokens {arch.label} supports "
+                        "(max_position_embeddings); vLLM refuses a longer --max-model-len")
+    target = requested_len if requested_len is not None else (
+        min(model_max, DEFAULT_CONTEXT_TARGET) if model_max is not None else None
+    )
+    ceiling = requested_len if requested_len is not None else model_max
+
+    tp_gpus = gpus_available // pipeline_parallel_size
+    if tensor_parallel_size is not None:
+        if tensor_parallel_size < 1 or arch.num_attention_heads % tensor_parallel_size:
+            raise TuneError(
+                f"tensor_parallel_size {tensor_parallel_size} must divide the "
+                f"{arch.num_attention_heads} attention heads"
+            )
+        if tensor_parallel_size * pipeline_parallel_size > gpus_available:
+            raise TuneError(
+                f"tensor_parallel_size {tensor_parallel_size} x pipeline_parallel_size {pipeline_parallel_size} "
+                f"needs more than the {gpus_available} GPU(s) available"
+            )
+        candidates = [tensor_parallel_size]
+    else:
+        candidates = _tp_candidates(arch, tp_gpus)
+        if not candidates:
+            raise TuneError(
+                f"no tensor_parallel_size fits {gpus_available} GPU(s) with pipeline_parallel_size "
+                f"{pipeline_parallel_size} and {arch.num_attention_heads} attention heads"
+            )
+
+    total = gpu.memory_mib * MIB
+    plans = [
+        _plan(arch, total, tp, pp=pipeline_parallel_size, util=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
+              kv_cache_memory_bytes=kv_cache_memory_bytes, task=task, block_size=block_size, longest=ceiling,
+              enforce_eager=enforce_eager, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+        for tp in candidates
+    ]
+    need = target if target is not None else block_size
+    chosen = next((p for p in plans if p.blocks > 0 and p.tokens >= need), None)
+    if chosen is None:
+        usable = [p for p in plans if p.blocks > 0]
+        if not usable:
+            raise _refusal(arch, gpu, plans[-1], util=gpu_memory_utilization, gpus=tp_gpus,
+                           pp=pipeline_parallel_size, task=task, block_size=block_size,
+                           kv_given=kv_cache_memory_bytes is not None)
+        chosen = max(usable, key=lambda p: (p.tokens, -p.tp))
+
+    def length_for(plan: _Plan) -> int | None:
+        """max_model_len for a plan: the ceiling, capped to the KV tokens (and, when no length was asked for,
+        to room for MIN_CONCURRENCY full-length requests)."""
+        if ceiling is None:
+            return None
+        length = min(ceiling, plan.tokens)
+        if requested_len is None and target is not None and length * MIN_CONCURRENCY > plan.tokens:
+            room = _pow2_floor(plan.tokens // MIN_CONCURRENCY)
+            length = min(length, max(room, min(target, plan.tokens)))
+        return length
+
+    final_len = length_for(chosen)
+    typical = TYPICAL_EMBED_TOKENS if task == "embed" else TYPICAL_CHAT_TOKENS
+    seqs = chosen.tokens // min(final_len or typical, typical)
+    seqs = max_num_seqs or _round_down(max(1, min(chosen.max_num_seqs_cap, seqs)), 8)
+    batched = chosen.max_num_batched_tokens
+    if task == "embed" and max_num_batched_tokens is None:
+        # no larger than the activation estimate assumed, no smaller than one whole request (the one asked for:
+        # a pooling step holds it whole, so its activation is what the KV cache must be sized after)
+        batched = min(batched, max(DEFAULT_CONTEXT_TARGET, requested_len or final_len or 0))
+    batched = max(batched, seqs)
+    if (seqs, batched) != (chosen.max_num_seqs_cap, chosen.max_num_batched_tokens):
+        # vLLM profiles with the batch it is given: size the KV cache again with these args, so the numbers
+        # reported are the ones vLLM will compute (a smaller batch only frees memory: the batch stays valid).
+        chosen = _plan(arch, total, chosen.tp, pp=pipeline_parallel_size, util=gpu_memory_utilization,
+                       kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, task=task,
+                       block_size=block_size, longest=ceiling, enforce_eager=enforce_eager, max_num_seqs=seqs,
+                       max_num_batched_tokens=batched)
+        final_len = length_for(chosen)
+        if task == "embed" and final_len is not None:
+            final_len = min(final_len, batched)  # pooling takes a whole request in one step
+    if ceiling is not None and final_len is not None and final_len < ceiling:
+        if requested_len is not None:
+            # vLLM refuses to start when one request of max_model_len does not fit the KV cache.
+            raise LengthRefused(f"max_model_len {requested_len} does not fit: the KV cache holds {chosen.tokens} "
+                                f"tokens at tensor_parallel_size={chosen.tp} on {gpu.product}, and vLLM refuses to "
+                                f"start below one full request; ask for at most {final_len}, fp8 KV or more GPUs")
+        notes.append(f"max_model_len {ceiling} capped to {final_len}: the KV cache holds {chosen.tokens} tokens at "
+                     f"tensor_parallel_size={chosen.tp}")
+    concurrency = chosen.tokens / final_len if final_len else None
+
+    args: dict[str, Any] = {"tensor_parallel_size": chosen.tp}
+    if pipeline_parallel_size > 1:
+        args["pipeline_parallel_size"] = pipeline_parallel_size
+    if kv_cache_memory_bytes is not None:
+        args["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    else:
+        args["gpu_memory_utilization"] = gpu_memory_utilization
+    if final_len is not None:
+        args["max_model_len"] = final_len
+    args["max_num_seqs"] = seqs
+    args["max_num_batched_tokens"] = batched
+    args["kv_cache_dtype"] = kv_cache_dtype
+    args["block_size"] = block_size
+    if enforce_eager:
+        args["enforce_eager"] = True
+    if task == "embed":
+        args["runner"] = "pooling"
+        args["convert"] = "embed"
+
+    return Sizing(
+        model=arch.label,
+        gpu=gpu.key,
+        task=task,
+        num_parameters=count_parameters(arch, task=task),
+        weights_bytes=weight_bytes(arch, task=task),
+        kv_bytes_per_token=chosen.kv_per_token,
+        kv_cache_blocks=chosen.blocks,
+        kv_cache_tokens=chosen.tokens,
+        block_size=block_size,
+        max_model_len=final_len,
+        max_concurrency=concurrency,
+        tensor_parallel_size=chosen.tp,
+        pipeline_parallel_size=pipeline_parallel_size,
+        available_kv_bytes=chosen.budget.available_kv,
+        memory=chosen.budget,
+        engine_args=args,
+        notes=tuple(notes),
+    )
