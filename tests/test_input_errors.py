@@ -110,7 +110,7 @@ def test_a_length_beyond_the_model_is_refused_with_its_limit(tmp_path: Path,
     config["triarch:models"][0]["maxModelLen"] = 65536
     line = refused(capsys, "plan", "--stack-file", str(write_stack_file(tmp_path / "Pulumi.x.yaml", config)))
     assert line.startswith("error: triarch:models[0].maxModelLen: 65536 is refused")
-    assert "exceeds the 32768 tokens" in line
+    assert "derived max_model_len (max_position_embeddings=32768 " in line
 
 
 def test_checks_run_before_the_progress_line(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -94,8 +95,8 @@ def test_load_model_config_by_name_short_name_and_path(tmp_path: Path) -> None:
 
 
 def test_defaults_for_kv_heads_and_head_dim() -> None:
-    arch = arch_from_hf_config({"hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
-                                "vocab_size": 1000})
+    arch = arch_from_hf_config({"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 2,
+                                "num_attention_heads": 8, "vocab_size": 1000})
     assert arch.num_key_value_heads == 8 and arch.head_dim == 64
     with pytest.raises(TuneError, match="lacks vocab_size"):
         arch_from_hf_config({"hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8})
@@ -214,7 +215,9 @@ def test_an_explicit_max_model_len_vllm_would_refuse_is_refused() -> None:
     """vLLM refuses a --max-model-len beyond the model's maximum, and refuses to start when one such request does
     not fit the KV cache: an explicit length is never silently lowered."""
     arch = load_arch(LLAMA3_8B)  # max_position_embeddings 8192
-    with pytest.raises(LengthRefused, match=r"max_model_len 100000 exceeds the 8192 tokens .* supports"):
+    with pytest.raises(LengthRefused, match=r"vLLM 0\.33\.0 refuses max_model_len 100000 .* \"User-specified "
+                       r"max_model_len \(100000\) is greater than the derived max_model_len \(max_position_embeddings="
+                       r"8192 or model_max_length=None in model's config.json\)"):
         tune(arch, gpu("a100-80gb"), max_model_len=100_000)
     assert tune(arch, gpu("a100-80gb"), max_model_len=8192).max_model_len == 8192
     with pytest.raises(LengthRefused, match=r"max_model_len 131072 does not fit: the KV cache holds \d+ tokens"):
@@ -242,12 +245,18 @@ def test_chat_and_embedding_engine_args() -> None:
 
 
 def test_log_lines_read_like_vllm() -> None:
-    sizing = tune(load_arch(LLAMA3_8B), gpu("a100-80gb"), max_model_len=8192)
-    lines = sizing.log_lines()
-    assert lines[0] == f"Model loading took {weight_bytes(load_arch(LLAMA3_8B)) / GIB:.4f} GiB"
+    """0.19.0 prints the KV cache size and the concurrency on two lines (kv_cache_utils.py:1319-1330), 0.29+ on one
+    (0.33.0 kv_cache_utils.py:1136-1154); the weights line is "Model loading took %s GiB memory"."""
+    old = tune(load_arch(LLAMA3_8B), gpu("a100-80gb"), max_model_len=8192, vllm_version="0.19.0")
+    lines = old.log_lines()
+    assert lines[0] == f"Model loading took {old.memory.weights / GIB:.2f} GiB memory"
     assert lines[1].startswith("Available KV cache memory: ") and lines[1].endswith(" GiB")
-    assert lines[2] == f"GPU KV cache size: {sizing.kv_cache_tokens:,} tokens"
-    assert lines[3] == f"Maximum concurrency for 8,192 tokens per request: {sizing.kv_cache_tokens / 8192:.2f}x"
+    assert lines[2] == f"GPU KV cache size: {old.kv_cache_blocks * 16:,} tokens"
+    assert lines[3] == f"Maximum concurrency for 8,192 tokens per request: {old.kv_cache_blocks / 512:.2f}x"
+    new = tune(load_arch(LLAMA3_8B), gpu("a100-80gb"), max_model_len=8192, vllm_version="0.33.0")
+    tokens = int(new.kv_cache_blocks / 512 * 8192)
+    assert new.log_lines()[2:] == [f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for 8,192 tokens per "
+                                   f"request: {new.kv_cache_blocks / 512:.2f}x"]
 
 
 def test_unknown_max_model_len_gives_no_concurrency() -> None:
@@ -283,7 +292,8 @@ def test_calibration_70b_w8a8_blocks_tokens_and_concurrency() -> None:
     assert per_token == 80 * 2 * 8 * 128 * 2
     kv_bytes = logged["gpu_blocks"] * s["block_size"] * per_token  # what vLLM had, from its own block count
     sizing = tune(arch, gpu("h100-80gb"), tensor_parallel_size=s["tensor_parallel_size"], gpus_available=1,
-                  max_model_len=s["max_model_len"], kv_cache_memory_bytes=kv_bytes, block_size=s["block_size"])
+                  max_model_len=s["max_model_len"], kv_cache_memory_bytes=kv_bytes, block_size=s["block_size"],
+                  vllm_version="0.19.0")  # reports tokens as blocks x block size, as the release of this log did
     assert sizing.kv_cache_blocks == logged["gpu_blocks"] == 1381
     assert sizing.kv_cache_tokens == 22096
     assert sizing.max_concurrency is not None
@@ -335,6 +345,7 @@ def archs(draw: st.DrawFn) -> ModelArch:
     head_dim = draw(st.sampled_from([64, 80, 128, 256]))
     layers = draw(st.integers(1, 96))
     config: dict[str, Any] = {
+        "model_type": draw(st.sampled_from(["llama", "gemma3_text", "gpt_oss", "llama4_text"])),
         "hidden_size": heads * head_dim,
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
@@ -350,9 +361,11 @@ def archs(draw: st.DrawFn) -> ModelArch:
         config.update(n_routed_experts=draw(st.integers(2, 256)), num_experts_per_tok=draw(st.integers(1, 8)),
                       moe_intermediate_size=draw(st.integers(128, 4096)), n_shared_experts=draw(st.integers(0, 2)),
                       first_k_dense_replace=draw(st.integers(0, layers)))
+    config["sliding_window"] = draw(st.sampled_from([128, 512, 1024, 4096]))
+    config["attention_chunk_size"] = draw(st.sampled_from([2048, 8192]))
     if draw(st.booleans()):
-        config.update(kv_lora_rank=draw(st.sampled_from([256, 512])), qk_rope_head_dim=64, qk_nope_head_dim=128,
-                      v_head_dim=128, q_lora_rank=draw(st.sampled_from([None, 1536])))
+        config.update(model_type="deepseek_v3", kv_lora_rank=draw(st.sampled_from([256, 512])), qk_rope_head_dim=64,
+                      qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=draw(st.sampled_from([None, 1536])))
     if draw(st.booleans()):
         config["quantization_config"] = {"quant_method": "gptq", "bits": draw(st.sampled_from([4, 8])),
                                          "group_size": 128}
@@ -370,43 +383,53 @@ def archs(draw: st.DrawFn) -> ModelArch:
     gpus=st.integers(1, 16),
     kv_given=st.one_of(st.none(), st.integers(0, 64 * GIB)),
     block_size=st.sampled_from([16, 32, 64]),
+    version=st.sampled_from(["0.19.0", "0.29.0", "0.33.0"]),
 )
 def test_never_needs_more_kv_than_available(
     arch: ModelArch, memory_mib: int, utilization: float, max_model_len: int | None, kv_cache_dtype: str,
-    task: Any, gpus: int, kv_given: int | None, block_size: int,
+    task: Any, gpus: int, kv_given: int | None, block_size: int, version: str,
 ) -> None:
     try:
         sizing = tune(arch, custom_gpu(memory_mib), gpu_memory_utilization=utilization, max_model_len=max_model_len,
                       kv_cache_dtype=kv_cache_dtype, task=task, gpus_available=gpus,
-                      kv_cache_memory_bytes=kv_given, block_size=block_size)
+                      kv_cache_memory_bytes=kv_given, block_size=block_size, vllm_version=version)
     except LengthRefused as refused:
-        # Only an explicit length vLLM would refuse: beyond the model's maximum, or longer than the KV cache holds.
+        # Only an explicit length vLLM would refuse: beyond the context it derives, or more than the KV cache holds.
         assert max_model_len is not None, refused
-        too_long = re.match(r"max_model_len (\d+) exceeds the (\d+) tokens", str(refused))
+        too_long = re.search(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
+                             r"\(max_position_embeddings=(\d+)", str(refused))
         if too_long:
             assert arch.max_position_embeddings is not None
             assert int(too_long[1]) == max_model_len > arch.max_position_embeddings == int(too_long[2])
         else:
-            holds = re.match(r"max_model_len (\d+) does not fit: the KV cache holds (\d+) tokens", str(refused))
+            holds = re.match(r"max_model_len (\d+) does not fit: the KV cache holds (\d+) tokens \((\d+) blocks\)",
+                             str(refused))
             assert holds is not None, refused
-            assert int(holds[1]) == max_model_len > int(holds[2])
+            assert int(holds[1]) == max_model_len
         return
     except TuneError as refused:
         # Otherwise only what does not fit in memory, said with the numbers.
         assert re.search(r"\d+\.\d GiB", str(refused)), refused
         return
+    assert sizing.vllm_version == version
     assert sizing.kv_cache_blocks >= 1
-    assert sizing.kv_cache_blocks * block_size * sizing.kv_bytes_per_token <= sizing.available_kv_bytes
-    assert sizing.kv_cache_tokens == sizing.kv_cache_blocks * block_size
+    # a block costs a page in each layer of a group: never more than every layer's page
+    assert sizing.kv_bytes_per_block <= block_size * sizing.kv_bytes_per_token
+    assert sizing.kv_cache_blocks * sizing.kv_bytes_per_block <= sizing.available_kv_bytes
+    if not arch.layout.is_hybrid or version == "0.19.0":
+        # (0.29+ reports concurrency x length: above the pool where windowed layers hold less than a request)
+        assert sizing.kv_cache_tokens <= sizing.kv_cache_blocks * block_size
     if kv_given is None:
         memory = sizing.memory
-        assert memory.weights + memory.overhead + sizing.available_kv_bytes <= memory_mib * MIB * utilization
+        assert memory.weights + memory.overhead + sizing.available_kv_bytes <= math.ceil(
+            memory_mib * MIB * utilization)
     else:
         assert sizing.memory.spare >= 0
     tp = sizing.tensor_parallel_size
     assert tp <= gpus and arch.num_attention_heads % tp == 0
     if sizing.max_model_len is not None:
-        assert 1 <= sizing.max_model_len <= sizing.kv_cache_tokens
+        if not arch.layout.is_hybrid:
+            assert 1 <= sizing.max_model_len <= sizing.kv_cache_blocks * block_size
         if arch.max_position_embeddings is not None:
             assert sizing.max_model_len <= arch.max_position_embeddings
         if max_model_len is not None:
@@ -421,11 +444,12 @@ def test_an_embedding_length_is_refused_with_the_kv_its_own_pooling_step_leaves(
     """A pooling step holds a whole request, so a 38,467-token request profiles a 38,467-token forward pass: on a
     2.5 GiB GPU that leaves a few thousand KV tokens, and that is the number vLLM would refuse with (not the far
     larger KV cache an 8,192-token step would leave)."""
-    arch = arch_from_hf_config({"hidden_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 16,
+    arch = arch_from_hf_config({"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 2,
+                                "num_attention_heads": 16,
                                 "num_key_value_heads": 1, "head_dim": 128, "vocab_size": 1000,
                                 "intermediate_size": 256})
     with pytest.raises(LengthRefused) as refused:
-        tune(arch, custom_gpu(2576), gpu_memory_utilization=0.75, max_model_len=38467, task="embed", gpus_available=1)
+        tune(arch, custom_gpu(2200), gpu_memory_utilization=0.75, max_model_len=38467, task="embed", gpus_available=1)
     holds = re.match(r"max_model_len 38467 does not fit: the KV cache holds (\d+) tokens", str(refused.value))
     assert holds is not None, refused.value
     assert int(holds[1]) < 38467

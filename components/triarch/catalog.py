@@ -30,6 +30,15 @@ class Gpu:
     min_cuda: str
     data_center: bool
     ray_accelerator_type: str | None
+    torch_total_gib: float | None = None
+    """The device total torch (and so vLLM) sees, below nvidia-smi's ``memory_mib`` (gpus.yaml, with sources)."""
+
+    @property
+    def torch_total_bytes(self) -> int:
+        """What vLLM's ``gpu_memory_utilization`` multiplies; nvidia-smi's total where torch's is not known."""
+        if self.torch_total_gib is None:
+            return self.memory_mib << 20
+        return round(self.torch_total_gib * (1 << 30))
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,7 @@ def load_catalog(directory: Path = COMPAT_DIR) -> Catalog:
             min_cuda=str(g["minCuda"]),
             data_center=bool(g["dataCenter"]),
             ray_accelerator_type=g.get("rayAcceleratorType"),
+            torch_total_gib=float(g["torchTotalGiB"]),
         )
         for key, g in _read(directory / "gpus.yaml")["gpus"].items()
     }

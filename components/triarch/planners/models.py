@@ -72,7 +72,9 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
     try:
         # On a time-sliced GPU a replica shares the memory with up to `share - 1` others (no isolation): it is
         # sized for its share, as vLLM's gpu_memory_utilization is a fraction of the whole GPU.
+        image = facts.image(images_by_engine(stack)[model.engine])
         sizing = tune(arch, pool.gpu, tensor_parallel_size=model.tensor_parallel_size,
+                      vllm_version=image.vllm if image is not None else None,
                       gpu_memory_utilization=round(model.gpu_memory_utilization / share, 4),
                       max_model_len=model.max_model_len, kv_cache_dtype=model.kv_cache_dtype,
                       task=model.resolved_task, gpus_available=1 if share > 1 else gpus_per_node(group, facts))

@@ -4,10 +4,19 @@ activations, read into a :class:`ModelArch` (multimodal configs from their ``tex
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, Literal
 
-from triarch.errors import TriarchError
+import yaml
+
+from triarch.paths import TEMPLATES_DIR
+from triarch.tuner.context import ContextFields, read_context_fields
+from triarch.tuner.errors import LengthRefused as LengthRefused
+from triarch.tuner.errors import TuneError as TuneError
+from triarch.tuner.layers import AttentionLayout, read_layout
+
+CONFIG_DEFAULTS_FILE = TEMPLATES_DIR / "compat" / "config-defaults.yaml"
 
 Task = Literal["generate", "embed"]
 TASKS: tuple[str, ...] = ("generate", "embed")
@@ -18,14 +27,6 @@ DTYPE_BYTES: dict[str, int] = {
     "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }
 """Bytes per element of the dtype names found in config.json (``torch_dtype`` / ``dtype``)."""
-
-
-class TuneError(TriarchError):
-    """No configuration of the model fits the GPU(s); the message gives the numbers."""
-
-
-class LengthRefused(TuneError):
-    """An explicit max_model_len vLLM would refuse (beyond the model, or beyond the KV cache)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,16 @@ class ModelArch:
     weight_bits: float | None = None
     """Bits per quantized weight (None = unquantized, stored in ``dtype``)."""
     quant_group_size: int | None = None
+    quant_scale_bytes: float = 0.0
+    """Bytes of scale (and zero point) per group of ``quant_group_size`` weights."""
+    quant_kept: tuple[str, ...] = ()
+    """Linear modules the quantization config leaves unquantized (``ignore`` / ``modules_to_not_convert``)."""
+    # --- Layers and context
+    layout: AttentionLayout = field(default_factory=lambda: AttentionLayout(("full",)))
+    context: ContextFields = field(default_factory=ContextFields)
+    # --- Multimodal towers (loaded next to the language model)
+    tower_parameters: int = 0
+    """Parameters of the vision/audio encoder(s) and projector, estimated from ``vision_config``/``audio_config``."""
 
     @property
     def is_mla(self) -> bool:
@@ -95,13 +106,12 @@ class ModelArch:
 
     @property
     def quantized_bytes_per_weight(self) -> float:
-        """Bytes per weight of the quantized linear layers, including group scales/zeros roughly: a 16-bit scale
-        plus a ``bits``-wide zero point per group (GPTQ/AWQ layout)."""
+        """Bytes per weight of the quantized linear layers, group scales (and zero points) included."""
         if self.weight_bits is None:
             return float(self.serving_dtype_bytes)
         per_weight = self.weight_bits / 8
         if self.quant_group_size and self.quant_group_size > 0:
-            per_weight += (2 + self.weight_bits / 8) / self.quant_group_size
+            per_weight += self.quant_scale_bytes / self.quant_group_size
         return per_weight
 
     @property
@@ -117,36 +127,112 @@ def _int(d: Mapping[str, Any], *keys: str, default: int | None = None) -> int | 
     return default
 
 
-def _quantization(d: Mapping[str, Any]) -> tuple[str | None, float | None, int | None]:
-    """(method, bits per weight, group size) from ``quantization_config``, roughly; (None, None, None) if absent."""
+@dataclass(frozen=True)
+class Quantization:
+    """What ``quantization_config`` does to the linear layers' weights."""
+
+    method: str
+    bits: float | None
+    """Bits per quantized weight (None: not a weight format the tuner reads; weights stay in the dtype)."""
+    group_size: int | None = None
+    scale_bytes_per_group: float = 0.0
+    kept: tuple[str, ...] = ()
+    """Parts left in the checkpoint dtype: "attention", "dense_mlp", "shared_experts", "routed_experts"."""
+
+
+def _kept_parts(patterns: Any) -> tuple[str, ...]:
+    """Map ``ignore`` / ``modules_to_not_convert`` patterns to the parts :mod:`weights` counts (a pattern naming one
+    layer's module keeps only that module: too small to count)."""
+    kept: set[str] = set()
+    for raw in patterns or ():
+        text = str(raw).removeprefix("re:")
+        if any(part.isdigit() for part in text.split(".")):
+            continue  # one layer's module, e.g. model.layers.0.mlp.down_proj
+        if "attn" in text or "attention" in text:
+            kept.add("attention")
+        elif "shared_expert" in text:
+            kept.add("shared_experts")
+        elif "experts" in text:
+            kept.add("routed_experts")
+        elif text.endswith("mlp") or text.endswith("mlp.*"):
+            kept.add("dense_mlp")
+    return tuple(sorted(kept))
+
+
+def _quantization(d: Mapping[str, Any]) -> Quantization | None:
+    """How ``quantization_config`` stores the linear weights; None if absent. Group scales: GPTQ/AWQ a 16-bit scale
+    plus a ``bits``-wide zero point per group; MXFP4 one 8-bit scale per 32; NVFP4 one 8-bit scale per 16."""
     q = d.get("quantization_config")
     if not isinstance(q, Mapping):
-        return None, None, None
+        return None
     method = str(q.get("quant_method") or q.get("format") or "unknown").lower()
+    kept = _kept_parts(q.get("ignore") or q.get("modules_to_not_convert"))
     group = q.get("group_size")
     group_size = int(group) if isinstance(group, int) and group > 0 else None
     if q.get("bits") is not None:  # GPTQ, AWQ, HQQ, ...
-        return method, float(q["bits"]), group_size
+        bits = float(q["bits"])
+        return Quantization(method, bits, group_size, 2 + bits / 8 if group_size else 0.0, kept)
     if q.get("load_in_4bit"):
-        return method, 4.0, 64
+        return Quantization(method, 4.0, 64, 2.0 + 0.5, kept)
     if q.get("load_in_8bit"):
-        return method, 8.0, None
-    if method in ("fp8", "fbgemm_fp8", "modelopt"):
-        return method, 8.0, None
+        return Quantization(method, 8.0, None, 0.0, kept)
+    if method in ("fp8", "fbgemm_fp8", "fp8_dynamic"):
+        return Quantization(method, 8.0, None, 0.0, kept)
     if method == "mxfp4":
-        return method, 4.0, 32
+        return Quantization(method, 4.0, 32, 1.0, kept)
+    if method == "modelopt":
+        algo = str(q.get("quant_algo") or "fp8").lower()
+        return Quantization(method, 4.0, 16, 1.0, kept) if "fp4" in algo else Quantization(method, 8.0, None, 0.0, kept)
     groups = q.get("config_groups")
     if isinstance(groups, Mapping):  # compressed-tensors: the widest weight scheme of any group
-        bits: list[tuple[float, int | None]] = []
+        schemes: list[tuple[float, int | None, str]] = []
         for g in groups.values():
             weights = g.get("weights") if isinstance(g, Mapping) else None
             if isinstance(weights, Mapping) and weights.get("num_bits") is not None:
                 gs = weights.get("group_size")
-                bits.append((float(weights["num_bits"]), int(gs) if isinstance(gs, int) and gs > 0 else None))
-        if bits:
-            widest = max(bits, key=lambda b: b[0])
-            return method, widest[0], widest[1]
-    return method, None, None
+                schemes.append((float(weights["num_bits"]), int(gs) if isinstance(gs, int) and gs > 0 else None,
+                                str(weights.get("type") or "int")))
+        if schemes:
+            bits, gs, kind = max(schemes, key=lambda b: b[0])
+            scale = (1.0 if kind == "float" and bits == 4 else 2.0) if gs else 0.0
+            return Quantization(method, bits, gs, scale, kept)
+    return Quantization(method, None, None, 0.0, kept)
+
+
+def _tower_parameters(d: Mapping[str, Any]) -> int:
+    """Parameters of a ViT-style encoder (``vision_config``; ``audio_config`` alike): per layer the attention
+    projections (4 h^2) and a two-matrix MLP (2 h x intermediate), plus the patch embedding and a projector into
+    the text model's width. An estimate: towers are 0.4-0.7B parameters on the models the calibration has."""
+    text = d.get("text_config")
+    text_hidden = int(text.get("hidden_size", 0)) if isinstance(text, Mapping) else 0
+    total = 0
+    for key in ("vision_config", "audio_config"):
+        tower = d.get(key)
+        if not isinstance(tower, Mapping) or not tower.get("hidden_size"):
+            continue
+        h = int(tower["hidden_size"])
+        inter = int(tower.get("intermediate_size") or 4 * h)
+        layers = int(tower.get("num_hidden_layers") or tower.get("depth") or 0)
+        patch = int(tower.get("patch_size") or 14)
+        channels = int(tower.get("num_channels") or 3)
+        total += layers * (4 * h * h + 2 * h * inter + 4 * h) + channels * patch * patch * h + h * text_hidden
+    return total
+
+
+@cache
+def _config_defaults() -> dict[str, Any]:
+    with CONFIG_DEFAULTS_FILE.open(encoding="utf-8") as handle:
+        return dict(yaml.safe_load(handle))
+
+
+def _with_type_defaults(cfg: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """The text config with its model_type (inferred from the top level's for a nested text config that omits it)
+    and transformers' defaults for the keys it leaves out (templates/compat/config-defaults.yaml)."""
+    data = _config_defaults()
+    out = dict(cfg)
+    if "model_type" not in out and cfg is not top and top.get("model_type") in data["textModelTypes"]:
+        out["model_type"] = data["textModelTypes"][top["model_type"]]
+    return {**data["defaults"].get(out.get("model_type"), {}), **out}
 
 
 def arch_from_hf_config(d: Mapping[str, Any], *, name: str | None = None) -> ModelArch:
@@ -157,6 +243,7 @@ def arch_from_hf_config(d: Mapping[str, Any], *, name: str | None = None) -> Mod
     """
     text = d.get("text_config")
     cfg: Mapping[str, Any] = text if isinstance(text, Mapping) and "hidden_size" in text else d
+    cfg = _with_type_defaults(cfg, d)
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size") if k not in cfg]
     if missing:
         raise TuneError(f"config.json of {name or d.get('_name_or_path') or 'the model'} lacks {', '.join(missing)}")
@@ -175,10 +262,16 @@ def arch_from_hf_config(d: Mapping[str, Any], *, name: str | None = None) -> Mod
     shared_inter = _int(cfg, "shared_expert_intermediate_size", default=0) or 0
     if shared_inter == 0 and n_shared:
         shared_inter = n_shared * moe_inter
+    if str(cfg.get("model_type")) == "llama4_text" and experts:
+        shared_inter = moe_inter  # every Llama 4 MoE layer adds one shared expert of the routed experts' width
+        sparse_step_llama4 = _int(cfg, "interleave_moe_layer_step", default=1) or 1
+        mlp_only_llama4 = {i for i in range(int(cfg["num_hidden_layers"])) if (i + 1) % sparse_step_llama4}
+    else:
+        mlp_only_llama4 = set()
     first_dense = _int(cfg, "first_k_dense_replace", default=0) or 0
     freq = _int(cfg, "moe_layer_freq", default=1) or 1
     sparse_step = _int(cfg, "decoder_sparse_step", default=1) or 1
-    mlp_only = {int(i) for i in (cfg.get("mlp_only_layers") or ())}
+    mlp_only = {int(i) for i in (cfg.get("mlp_only_layers") or ())} | mlp_only_llama4
     moe_layers = 0
     if experts:
         moe_layers = sum(
@@ -188,10 +281,10 @@ def arch_from_hf_config(d: Mapping[str, Any], *, name: str | None = None) -> Mod
         )
 
     kv_lora = _int(cfg, "kv_lora_rank")
-    method, bits, group = _quantization(cfg if "quantization_config" in cfg else d)
-    if bits is not None and bits >= 16:
-        bits = None
+    quant = _quantization(cfg if "quantization_config" in cfg else d)
+    bits = quant.bits if quant and quant.bits is not None and quant.bits < 16 else None
     mtype = str(model_type or "")
+    layout = read_layout(cfg, str(model_type) if model_type else None, layers)
     return ModelArch(
         hidden_size=hidden,
         num_hidden_layers=layers,
@@ -221,7 +314,12 @@ def arch_from_hf_config(d: Mapping[str, Any], *, name: str | None = None) -> Mod
         qk_rope_head_dim=_int(cfg, "qk_rope_head_dim", default=0) or 0,
         qk_nope_head_dim=_int(cfg, "qk_nope_head_dim", default=0) or 0,
         v_head_dim=_int(cfg, "v_head_dim", default=0) or 0,
-        quant_method=method,
+        quant_method=quant.method if quant else None,
         weight_bits=bits,
-        quant_group_size=group,
+        quant_group_size=quant.group_size if quant and bits else None,
+        quant_scale_bytes=quant.scale_bytes_per_group if quant and bits else 0.0,
+        quant_kept=quant.kept if quant and bits else (),
+        layout=layout,
+        context=read_context_fields(cfg, d),
+        tower_parameters=_tower_parameters(d),
     )

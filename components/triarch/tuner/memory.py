@@ -8,22 +8,19 @@ from dataclasses import dataclass
 
 from triarch.tuner.arch import ModelArch, Task
 from triarch.tuner.kv import kv_heads_per_gpu, layers_per_gpu
+from triarch.tuner.releases import VllmRelease
 from triarch.tuner.units import MIB
 from triarch.tuner.weights import weight_bytes
 
-NON_TORCH_BYTES_TP1 = 192 * MIB
-"""Non-torch memory on one GPU (cuBLAS workspaces, allocator slack). V1-engine logs show 0.07-0.14 GiB on H100 and
-0.02 GiB on A100-40GB at TP=1 (llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md;
-vllm-project/vllm#12330 logs 0.10 GiB); 192 MiB sits just above them."""
+NON_TORCH_BYTES_TP1 = 256 * MIB
+"""Non-torch memory the profile adds on one GPU (cuBLAS workspaces, attention-backend buffers): vLLM 0.19.0 logs
+"non-torch forward increase memory" of 0.24-0.27 GiB on H100 at TP=1 for every model of llm-d-planner's runs
+(bench/llmd-vllm-0.19.0.yaml). What the CUDA context and NCCL hold before vLLM's init snapshot is not charged."""
 
-NON_TORCH_BYTES_PER_TP_GROUP = 576 * MIB
-"""Extra non-torch memory once TP or PP > 1 (NCCL communicators, custom all-reduce buffers): V1 logs show
-0.54-0.55 GiB per GPU at TP=2 on H100 (same llm-d source); up to 1.38 GiB was seen on H200 TP=2."""
-
-CUDA_RESERVED_BYTES = 460 * MIB
-"""What the CUDA context keeps from the GPU total nvidia-smi reports: vLLM (torch.cuda.mem_get_info) sees an H100
-80GB as 79.18-79.25 GiB against nvidia-smi's 81559 MiB (79.65 GiB), an A100-40GB as 39.49 GiB; the gap is
-0.4-0.47 GiB. vLLM's gpu_memory_utilization applies to the smaller figure."""
+NON_TORCH_BYTES_PER_TP_GROUP = 1900 * MIB
+"""Extra non-torch memory once TP > 1 (NCCL and custom all-reduce buffers allocated during the profile): 2.06-2.21
+GiB in all at TP=2/4 on H100 in the same 0.19.0 logs (pipeline parallelism alone adds none: 0.07 GiB at PP=2/4).
+Earlier V1 releases logged 0.54 GiB at TP=2 (llm-d-benchmark empirical results): the newer, larger figure is kept."""
 
 CUDA_GRAPH_BASE_BYTES = 256 * MIB
 CUDA_GRAPH_BYTES_PER_LAYER = 8 * MIB
@@ -57,11 +54,14 @@ class MemoryBudget:
     available_kv: int
     """What is left for the KV cache (negative: does not fit); equals ``kv_cache_memory_bytes`` when given."""
     kv_cache_memory_bytes: int | None = None
+    graphs_before_kv: bool = True
+    """Whether the release took ``cuda_graphs`` out before sizing the KV cache (else they come out of the
+    headroom above ``requested``, captured after the KV cache is allocated)."""
 
     @property
     def overhead(self) -> int:
-        """Everything but weights and KV cache."""
-        return self.non_torch + self.activation_peak + self.cuda_graphs
+        """Everything but weights and KV cache that comes out of ``requested``."""
+        return self.non_torch + self.activation_peak + (self.cuda_graphs if self.graphs_before_kv else 0)
 
     @property
     def spare(self) -> int:
@@ -111,7 +111,7 @@ def activation_peak_bytes(
 
 def non_torch_bytes(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> int:
     """Non-torch memory per GPU: see :data:`NON_TORCH_BYTES_TP1` and :data:`NON_TORCH_BYTES_PER_TP_GROUP`."""
-    extra = NON_TORCH_BYTES_PER_TP_GROUP if tensor_parallel_size * pipeline_parallel_size > 1 else 0
+    extra = NON_TORCH_BYTES_PER_TP_GROUP if tensor_parallel_size > 1 else 0
     return NON_TORCH_BYTES_TP1 + extra
 
 
@@ -126,6 +126,7 @@ def memory_budget(
     arch: ModelArch,
     gpu_memory_bytes: int,
     *,
+    release: VllmRelease,
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
     gpu_memory_utilization: float = 0.92,
@@ -135,8 +136,9 @@ def memory_budget(
     kv_cache_memory_bytes: int | None = None,
     enforce_eager: bool = False,
 ) -> MemoryBudget:
-    """``available = total x gpu_memory_utilization - (weights/(tp x pp) + non-torch + activation peak) -
-    CUDA graphs``, per GPU; or ``kv_cache_memory_bytes`` as given (vLLM then ignores the utilization)."""
+    """``available = ceil(total x gpu_memory_utilization) - (weights/(tp x pp) + non-torch + activation peak)``,
+    minus the CUDA-graph estimate where ``release`` takes it out before the KV cache; ``total`` is torch's device
+    total. Or ``kv_cache_memory_bytes`` as given (vLLM then ignores the utilization)."""
     weights = math.ceil(weight_bytes(arch, task=task) / (tensor_parallel_size * pipeline_parallel_size))
     non_torch = non_torch_bytes(tensor_parallel_size, pipeline_parallel_size)
     activation = activation_peak_bytes(
@@ -149,8 +151,9 @@ def memory_budget(
     graphs = cuda_graph_bytes(arch, pipeline_parallel_size=pipeline_parallel_size, enforce_eager=enforce_eager)
     if kv_cache_memory_bytes is not None:
         return MemoryBudget(gpu_memory_bytes, 1.0, gpu_memory_bytes, weights, non_torch, activation, graphs,
-                            kv_cache_memory_bytes, kv_cache_memory_bytes)
-    requested = int(max(0, gpu_memory_bytes - CUDA_RESERVED_BYTES) * gpu_memory_utilization)
-    available = requested - weights - non_torch - activation - graphs
+                            kv_cache_memory_bytes, kv_cache_memory_bytes, graphs_before_kv=False)
+    requested = math.ceil(gpu_memory_bytes * gpu_memory_utilization)
+    before_kv = release.cuda_graphs_before_kv_cache
+    available = requested - weights - non_torch - activation - (graphs if before_kv else 0)
     return MemoryBudget(gpu_memory_bytes, gpu_memory_utilization, requested, weights, non_torch, activation, graphs,
-                        available)
+                        available, graphs_before_kv=before_kv)

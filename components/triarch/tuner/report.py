@@ -23,6 +23,9 @@ class Sizing:
     kv_bytes_per_token: int
     """Per GPU (after TP/PP sharding)."""
     kv_cache_blocks: int
+    kv_bytes_per_block: int
+    """What one block costs on one GPU: a page in every layer of a KV cache group (all layers, without hybrid
+    grouping)."""
     kv_cache_tokens: int
     block_size: int
     max_model_len: int | None
@@ -36,16 +39,19 @@ class Sizing:
     """vLLM ``EngineArgs`` names (0.33) -> values."""
     notes: tuple[str, ...] = field(default=())
     """Adjustments the tuner made (capped lengths, ...), one sentence each."""
+    vllm_version: str = ""
+    """The vLLM release whose start-up rules sized this (see :mod:`triarch.tuner.releases`)."""
+    combined_kv_line: bool = True
+    """vLLM 0.29+ prints the KV cache size and the concurrency on one line; 0.19 on two."""
 
     def log_lines(self) -> list[str]:
         """The start-up lines vLLM (V1) would print for this configuration."""
         lines = [
-            f"Model loading took {self.memory.weights / GIB:.4f} GiB",
+            f"Model loading took {self.memory.weights / GIB:.2f} GiB memory",
             f"Available KV cache memory: {self.available_kv_bytes / GIB:.2f} GiB",
-            f"GPU KV cache size: {self.kv_cache_tokens:,} tokens",
         ]
-        if self.max_model_len is not None and self.max_concurrency is not None:
-            lines.append(
-                f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x"
-            )
-        return lines
+        size = f"GPU KV cache size: {self.kv_cache_tokens:,} tokens"
+        if self.max_model_len is None or self.max_concurrency is None:
+            return [*lines, size]
+        concurrency = f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x"
+        return [*lines, f"{size}, {concurrency}"] if self.combined_kv_line else [*lines, size, concurrency]

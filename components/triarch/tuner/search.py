@@ -8,8 +8,10 @@ from typing import Any
 
 from triarch.catalog import Gpu
 from triarch.tuner.arch import TASKS, LengthRefused, ModelArch, Task, TuneError
-from triarch.tuner.kv import DEFAULT_BLOCK_SIZE, kv_bytes_per_token, kv_cache_capacity, kv_dtype_bytes
+from triarch.tuner.context import derive_context, refuse_longer
+from triarch.tuner.kv import DEFAULT_BLOCK_SIZE, KvLayout, kv_bytes_per_token, kv_dtype_bytes, kv_layout
 from triarch.tuner.memory import MemoryBudget, memory_budget
+from triarch.tuner.releases import VllmRelease, release_for
 from triarch.tuner.report import Sizing
 from triarch.tuner.units import GIB, MIB
 from triarch.tuner.weights import count_parameters, weight_bytes
@@ -67,10 +69,48 @@ class _Plan:
     tp: int
     budget: MemoryBudget
     kv_per_token: int
+    layout: KvLayout
     blocks: int
-    tokens: int
     max_num_batched_tokens: int
     max_num_seqs_cap: int
+    release: VllmRelease
+
+    @property
+    def in_flight(self) -> int:
+        """Tokens a sliding/chunked layer keeps beyond its window: one step's batch (0.19.0), two with the async
+        scheduling 0.29+ counts (vllm/config/vllm.py max_in_flight_tokens)."""
+        return self.max_num_batched_tokens * (2 if self.release.null_block_reserved else 1)
+
+    def usable_blocks(self) -> int:
+        """Blocks a request may take: all, less the null block where the release reserves it."""
+        return max(0, self.blocks - (1 if self.release.null_block_reserved else 0))
+
+    def fits(self, length: int) -> bool:
+        """vLLM's start-up check: one request of ``length`` tokens fits the block pool."""
+        return self.blocks > 0 and self.layout.blocks_per_request(length, self.in_flight) <= self.usable_blocks()
+
+    def concurrency(self, length: int) -> float:
+        """vLLM's "Maximum concurrency": blocks over the pages one request of ``length`` holds in every group."""
+        return self.blocks / self.layout.blocks_per_request(length, self.in_flight)
+
+    def longest(self, ceiling: int) -> int:
+        """The longest request (at most ``ceiling``) that fits; 0 if not even one block does."""
+        if self.fits(ceiling):
+            return ceiling
+        low, high = 0, ceiling  # fits(low) (or low == 0), not fits(high)
+        while high - low > 1:
+            mid = (low + high) // 2
+            if self.fits(mid):
+                low = mid
+            else:
+                high = mid
+        return low
+
+    def reported_tokens(self, length: int | None) -> int:
+        """"GPU KV cache size: N tokens" as the release computes it."""
+        if self.release.kv_tokens_reported == "concurrency" and length:
+            return int(self.concurrency(length) * length)
+        return self.blocks // len(self.layout.groups) * self.layout.block_size
 
 
 def _plan(
@@ -78,6 +118,7 @@ def _plan(
     total: int,
     tp: int,
     *,
+    release: VllmRelease,
     pp: int,
     util: float,
     kv_cache_dtype: str,
@@ -100,16 +141,18 @@ def _plan(
     batched = max_num_batched_tokens or batched
     seqs_cap = max_num_seqs or seqs_cap
     budget = memory_budget(
-        arch, total, tensor_parallel_size=tp, pipeline_parallel_size=pp, gpu_memory_utilization=util,
-        max_num_batched_tokens=batched, max_num_seqs=seqs_cap, task=task,
+        arch, total, release=release, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+        gpu_memory_utilization=util, max_num_batched_tokens=batched, max_num_seqs=seqs_cap, task=task,
         kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
     )
     per_token = kv_bytes_per_token(arch, tensor_parallel_size=tp, pipeline_parallel_size=pp,
                                    kv_cache_dtype=kv_cache_dtype)
-    blocks, tokens = kv_cache_capacity(budget.available_kv, per_token, block_size)
+    layout = kv_layout(arch, tensor_parallel_size=tp, pipeline_parallel_size=pp, kv_cache_dtype=kv_cache_dtype,
+                       block_size=block_size)
+    blocks = layout.blocks(budget.available_kv)
     if kv_cache_memory_bytes is not None and budget.spare < 0:
-        blocks, tokens = 0, 0  # the given KV cache does not fit next to the weights
-    return _Plan(tp, budget, per_token, blocks, tokens, batched, seqs_cap)
+        blocks = 0  # the given KV cache does not fit next to the weights
+    return _Plan(tp, budget, per_token, layout, blocks, batched, seqs_cap, release)
 
 
 def _gib(value: int) -> str:
@@ -144,7 +187,7 @@ def tune(
     gpu: Gpu,
     *,
     tensor_parallel_size: int | None = None,
-    gpu_memory_utilization: float = 0.92,
+    gpu_memory_utilization: float | None = None,
     max_model_len: int | None = None,
     kv_cache_dtype: str = "auto",
     kv_cache_memory_bytes: int | None = None,
@@ -155,16 +198,22 @@ def tune(
     enforce_eager: bool = False,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    vllm_version: str | None = None,
 ) -> Sizing:
     """Engine args for serving ``arch`` on GPUs of type ``gpu``.
 
     Tensor parallelism: ``tensor_parallel_size`` if given, else the smallest power of two (dividing the attention
     heads, at most ``gpus_available // pipeline_parallel_size``) whose GPUs hold the weights and the KV cache of one
     ``max_model_len`` sequence; if none holds a full sequence, the one holding the most tokens. ``max_model_len``
-    is capped to the model's maximum and to the KV tokens that fit; when not given it defaults to the model's
-    ``max_position_embeddings``, lowered (see :data:`MIN_CONCURRENCY`) so several such requests fit.
-    Raises :class:`TuneError` with the numbers when not even one KV block fits.
+    is capped to the model's maximum and to the KV tokens that fit; when not given it defaults to the context
+    ``vllm_version`` derives (:mod:`triarch.tuner.context`), lowered (see :data:`MIN_CONCURRENCY`) so several
+    such requests fit. Memory and paging follow that release's rules (None: the default image's vLLM;
+    ``gpu_memory_utilization`` None: the release's default). Raises :class:`TuneError` with the numbers when not
+    even one KV block fits, :class:`LengthRefused` for a length vLLM would refuse.
     """
+    release, release_note = release_for(vllm_version)
+    if gpu_memory_utilization is None:
+        gpu_memory_utilization = release.gpu_memory_utilization
     if task not in TASKS:
         raise TuneError(f"task {task!r} is not one of {', '.join(TASKS)}")
     if not 0 < gpu_memory_utilization <= 1:
@@ -179,13 +228,12 @@ def tune(
     if pipeline_parallel_size > arch.num_hidden_layers:
         raise TuneError(f"pipeline_parallel_size {pipeline_parallel_size} exceeds the {arch.num_hidden_layers} layers")
 
-    notes: list[str] = []
-    model_max = arch.max_position_embeddings
+    notes: list[str] = [release_note] if release_note else []
+    limit = derive_context(arch.context, release, model_type=arch.model_type, pooling=task == "embed")
+    model_max = limit.default if limit is not None else None
     requested_len = max_model_len
-    if requested_len is not None and model_max is not None and requested_len > model_max:
-        # vLLM refuses a --max-model-len beyond what it derives from the model's config.
-        raise LengthRefused(f"max_model_len {requested_len} exceeds the {model_max} tokens {arch.label} supports "
-                        "(max_position_embeddings); vLLM refuses a longer --max-model-len")
+    if requested_len is not None:
+        refuse_longer(requested_len, limit, arch.context, release, arch.label)
     target = requested_len if requested_len is not None else (
         min(model_max, DEFAULT_CONTEXT_TARGET) if model_max is not None else None
     )
@@ -212,37 +260,41 @@ def tune(
                 f"{pipeline_parallel_size} and {arch.num_attention_heads} attention heads"
             )
 
-    total = gpu.memory_mib * MIB
-    plans = [
-        _plan(arch, total, tp, pp=pipeline_parallel_size, util=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
-              kv_cache_memory_bytes=kv_cache_memory_bytes, task=task, block_size=block_size, longest=ceiling,
-              enforce_eager=enforce_eager, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
-        for tp in candidates
-    ]
+    total = gpu.torch_total_bytes
+
+    def plan(tp: int, seqs: int | None = max_num_seqs, batched: int | None = max_num_batched_tokens) -> _Plan:
+        return _plan(arch, total, tp, release=release, pp=pipeline_parallel_size, util=gpu_memory_utilization,
+                     kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, task=task,
+                     block_size=block_size, longest=ceiling, enforce_eager=enforce_eager, max_num_seqs=seqs,
+                     max_num_batched_tokens=batched)
+
+    plans = [plan(tp) for tp in candidates]
     need = target if target is not None else block_size
-    chosen = next((p for p in plans if p.blocks > 0 and p.tokens >= need), None)
+    chosen = next((p for p in plans if p.fits(need)), None)
     if chosen is None:
-        usable = [p for p in plans if p.blocks > 0]
+        usable = [p for p in plans if p.fits(block_size)]
         if not usable:
             raise _refusal(arch, gpu, plans[-1], util=gpu_memory_utilization, gpus=tp_gpus,
                            pp=pipeline_parallel_size, task=task, block_size=block_size,
                            kv_given=kv_cache_memory_bytes is not None)
-        chosen = max(usable, key=lambda p: (p.tokens, -p.tp))
+        chosen = max(usable, key=lambda p: (p.longest(need), -p.tp))
 
     def length_for(plan: _Plan) -> int | None:
-        """max_model_len for a plan: the ceiling, capped to the KV tokens (and, when no length was asked for,
-        to room for MIN_CONCURRENCY full-length requests)."""
+        """max_model_len for a plan: the ceiling, capped to what one request may hold (and, when no length was
+        asked for, to room for MIN_CONCURRENCY full-length requests)."""
         if ceiling is None:
             return None
-        length = min(ceiling, plan.tokens)
-        if requested_len is None and target is not None and length * MIN_CONCURRENCY > plan.tokens:
-            room = _pow2_floor(plan.tokens // MIN_CONCURRENCY)
-            length = min(length, max(room, min(target, plan.tokens)))
+        length = plan.longest(ceiling)
+        if requested_len is None and target is not None and plan.concurrency(length) < MIN_CONCURRENCY:
+            room = _pow2_floor(length)
+            while room > target and plan.concurrency(room) < MIN_CONCURRENCY:
+                room //= 2
+            length = min(length, max(room, min(target, plan.longest(target))))
         return length
 
     final_len = length_for(chosen)
     typical = TYPICAL_EMBED_TOKENS if task == "embed" else TYPICAL_CHAT_TOKENS
-    seqs = chosen.tokens // min(final_len or typical, typical)
+    seqs = int(chosen.concurrency(min(final_len or typical, typical)))
     seqs = max_num_seqs or _round_down(max(1, min(chosen.max_num_seqs_cap, seqs)), 8)
     batched = chosen.max_num_batched_tokens
     if task == "embed" and max_num_batched_tokens is None:
@@ -253,22 +305,20 @@ def tune(
     if (seqs, batched) != (chosen.max_num_seqs_cap, chosen.max_num_batched_tokens):
         # vLLM profiles with the batch it is given: size the KV cache again with these args, so the numbers
         # reported are the ones vLLM will compute (a smaller batch only frees memory: the batch stays valid).
-        chosen = _plan(arch, total, chosen.tp, pp=pipeline_parallel_size, util=gpu_memory_utilization,
-                       kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, task=task,
-                       block_size=block_size, longest=ceiling, enforce_eager=enforce_eager, max_num_seqs=seqs,
-                       max_num_batched_tokens=batched)
+        chosen = plan(chosen.tp, seqs, batched)
         final_len = length_for(chosen)
         if task == "embed" and final_len is not None:
             final_len = min(final_len, batched)  # pooling takes a whole request in one step
     if ceiling is not None and final_len is not None and final_len < ceiling:
         if requested_len is not None:
             # vLLM refuses to start when one request of max_model_len does not fit the KV cache.
-            raise LengthRefused(f"max_model_len {requested_len} does not fit: the KV cache holds {chosen.tokens} "
-                                f"tokens at tensor_parallel_size={chosen.tp} on {gpu.product}, and vLLM refuses to "
-                                f"start below one full request; ask for at most {final_len}, fp8 KV or more GPUs")
-        notes.append(f"max_model_len {ceiling} capped to {final_len}: the KV cache holds {chosen.tokens} tokens at "
-                     f"tensor_parallel_size={chosen.tp}")
-    concurrency = chosen.tokens / final_len if final_len else None
+            raise LengthRefused(f"max_model_len {requested_len} does not fit: the KV cache holds "
+                                f"{chosen.reported_tokens(None)} tokens ({chosen.blocks} blocks) at "
+                                f"tensor_parallel_size={chosen.tp} on {gpu.product}, and vLLM refuses to start "
+                                f"below one full request; ask for at most {final_len}, fp8 KV or more GPUs")
+        notes.append(f"max_model_len {ceiling} capped to {final_len}: the KV cache holds "
+                     f"{chosen.reported_tokens(final_len)} tokens at tensor_parallel_size={chosen.tp}")
+    concurrency = chosen.concurrency(final_len) if final_len else None
 
     args: dict[str, Any] = {"tensor_parallel_size": chosen.tp}
     if pipeline_parallel_size > 1:
@@ -297,7 +347,8 @@ def tune(
         weights_bytes=weight_bytes(arch, task=task),
         kv_bytes_per_token=chosen.kv_per_token,
         kv_cache_blocks=chosen.blocks,
-        kv_cache_tokens=chosen.tokens,
+        kv_bytes_per_block=chosen.layout.bytes_per_block,
+        kv_cache_tokens=chosen.reported_tokens(final_len),
         block_size=block_size,
         max_model_len=final_len,
         max_concurrency=concurrency,
@@ -307,4 +358,6 @@ def tune(
         memory=chosen.budget,
         engine_args=args,
         notes=tuple(notes),
+        vllm_version=release.version,
+        combined_kv_line=release.kv_tokens_reported == "concurrency",
     )

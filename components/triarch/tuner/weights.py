@@ -19,11 +19,13 @@ class ParameterCount:
     router: int
     norms: int
     lm_head: int
+    towers: int = 0
+    """Vision/audio encoders and projector (multimodal checkpoints)."""
 
     @property
     def total(self) -> int:
         return (self.embedding + self.attention + self.dense_mlp + self.routed_experts + self.shared_experts
-                + self.router + self.norms + self.lm_head)
+                + self.router + self.norms + self.lm_head + self.towers)
 
     @property
     def linear(self) -> int:
@@ -62,7 +64,9 @@ def parameter_breakdown(arch: ModelArch, *, task: Task = "generate") -> Paramete
     h = a.hidden_size
     attn_linear, attn_norms = _attention_params(a)
     dense_layers = a.num_hidden_layers - a.num_moe_layers
-    mlp = 3 * h * a.intermediate_size  # gate_proj, up_proj, down_proj
+    # gate_proj, up_proj, down_proj; fc1 and fc2 (with biases) where the MLP is not gated (Phi-1/2)
+    gated = a.model_type != "phi"
+    mlp = 3 * h * a.intermediate_size if gated else 2 * h * a.intermediate_size + a.intermediate_size + h
     routed = a.num_moe_layers * a.num_experts * 3 * h * a.moe_intermediate_size
     shared = a.num_moe_layers * 3 * h * a.shared_expert_intermediate_size
     router = a.num_moe_layers * (a.num_experts * h + (h if a.shared_expert_gate else 0))
@@ -78,6 +82,7 @@ def parameter_breakdown(arch: ModelArch, *, task: Task = "generate") -> Paramete
         router=router,
         norms=norms,
         lm_head=lm_head,
+        towers=a.tower_parameters,
     )
 
 
@@ -87,8 +92,12 @@ def count_parameters(arch: ModelArch, *, task: Task = "generate") -> int:
 
 
 def weight_bytes(arch: ModelArch, *, task: Task = "generate") -> int:
-    """Bytes of weights as loaded: quantized linear layers at :attr:`ModelArch.quantized_bytes_per_weight`,
-    embeddings, LM head, norms and router in the serving dtype (quantizers leave those alone)."""
+    """Bytes of weights as loaded: quantized linear layers at :attr:`ModelArch.quantized_bytes_per_weight` (but the
+    parts the quantization config keeps, :attr:`ModelArch.quant_kept`), embeddings, LM head, norms, router and
+    multimodal towers in the serving dtype (quantizers leave those alone)."""
     p = parameter_breakdown(arch, task=task)
-    rest = p.total - p.linear
-    return int(p.linear * arch.quantized_bytes_per_weight + rest * arch.serving_dtype_bytes)
+    parts = {"attention": p.attention, "dense_mlp": p.dense_mlp, "shared_experts": p.shared_experts,
+             "routed_experts": p.routed_experts}
+    quantized = sum(n for part, n in parts.items() if part not in arch.quant_kept)
+    rest = p.total - quantized
+    return int(quantized * arch.quantized_bytes_per_weight + rest * arch.serving_dtype_bytes)
