@@ -37,9 +37,10 @@ PATTERNS: dict[str, str] = {
     "cuda_graph_gib": r"Graph capturing finished in \d+ secs, took ([0-9.]+) GiB",
     "available_kv_gib": r"Available KV cache memory: ([0-9.]+) GiB",
     "kv_tokens": r"GPU KV cache size: ([0-9,]+) tokens",
+    "kv_blocks": r"after num_gpu_blocks is: (\d+)",
     "max_concurrency": r"Maximum concurrency for [0-9,]+ tokens per request: ([0-9.]+)x",
 }
-INTS = {"max_num_seqs", "max_num_batched_tokens", "kv_tokens"}
+INTS = {"max_num_seqs", "max_num_batched_tokens", "kv_tokens", "kv_blocks"}
 FAILURE = re.compile(r"(ValueError|RuntimeError|AssertionError|OSError): (.*?)(?:', please check.*)?$", re.MULTILINE)
 
 

@@ -1,25 +1,24 @@
-"""How close the vLLM KV-cache tuner comes to public vLLM start-up logs.
+"""How close the tuner comes to vLLM's own start-up numbers, component by component.
 
-    uv run python bench/kv_calibration.py
+    uv run --extra test python bench/kv_calibration.py            # the table
+    uv run --extra test python bench/kv_calibration.py --cases    # and every case, logged vs predicted
 
-Reads ../shared/reference/vllm-kv-cases.yaml (when present) and bench/kv-cases.yaml. For each case it prints, for
-every number the log has, logged vs predicted and the signed relative error:
-
-(a) weights per GPU ("Model loading took");
-(b) paging: the logged "Available KV cache memory" given as ``kv_cache_memory_bytes``, predicted KV tokens vs the
-    logged "GPU KV cache size" (or "# GPU blocks" x block size) -- isolates the bytes-per-token arithmetic;
-(c) the full prediction from ``gpu_memory_utilization`` (weights, non-torch, activation peak, CUDA graphs): available
-    KV memory and KV tokens;
-(d) maximum concurrency (KV tokens / max_model_len), from the full prediction.
-
-The memory components the log prints (non-torch, activation peak) are set against the tuner's model too. A case the
-log shows failing must make the tuner refuse (TuneError) or cap max_model_len. A benchmark: prints, asserts nothing.
+Cases: llm-d-planner's committed vLLM 0.19.0 runs on H100 (bench/llmd-vllm-0.19.0.yaml, imported by
+bench/import_vllm_logs.py; models resolved to templates/models), our own collection of earlier public logs
+(bench/kv-cases.yaml) and the shared cases (../shared/reference/vllm-kv-cases.yaml, when present). Each case is
+sized with the rules of the release it was logged on (earlier logs with 0.19.0's: graphs captured after the KV
+cache, tokens reported as blocks) and the batch it ran with. Per component, the signed error (predicted - logged) /
+logged: weights per GPU, activation peak, non-torch memory, CUDA-graph estimate, available KV memory, KV tokens
+(from the full prediction, and paged from the logged available memory), maximum concurrency. Failing starts must be
+refused. A benchmark: it prints and asserts nothing.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,27 +27,35 @@ from typing import Any
 import yaml
 
 from triarch.catalog import Gpu, catalog
-from triarch.tuner import (
-    CUDA_RESERVED_BYTES,
-    GIB,
-    MIB,
-    ModelArch,
-    Sizing,
-    TuneError,
-    arch_from_hf_config,
-    kv_bytes_per_token,
-    kv_cache_capacity,
-    load_model_config,
-    tune,
-    weight_bytes,
-)
+from triarch.tuner import GIB, ModelArch, TuneError, arch_from_hf_config, load_model_config, tune
+from triarch.tuner.kv import kv_layout
 
 BENCH_DIR = Path(__file__).resolve().parent
 SHARED_CASES = BENCH_DIR.parents[1] / "shared" / "reference" / "vllm-kv-cases.yaml"
 OWN_CASES = BENCH_DIR / "kv-cases.yaml"
+LLMD_CASES = BENCH_DIR / "llmd-vllm-0.19.0.yaml"
 
-W8A8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 8}}}}
+W8A8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 8}}},
+        "ignore": ["lm_head"]}
+W4A16 = {"quant_method": "compressed-tensors", "ignore": ["lm_head"],
+         "config_groups": {"group_0": {"weights": {"num_bits": 4, "group_size": 128, "type": "int"}}}}
+FP8 = {"quant_method": "compressed-tensors", "ignore": ["lm_head"],
+       "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}}}}
 AWQ4 = {"quant_method": "awq", "bits": 4, "group_size": 128}
+
+LLMD_MODELS: dict[str, tuple[str, Mapping[str, Any] | None]] = {
+    "RedHatAI/Llama-3.3-70B-Instruct-fp8-dynamic": ("meta-llama/Llama-3.1-70B-Instruct", FP8),
+    "redhatai/Llama-3.3-70B-Instruct-quantized.w8a8": ("meta-llama/Llama-3.1-70B-Instruct", W8A8),
+    "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16": ("meta-llama/Llama-3.1-8B-Instruct", W4A16),
+    "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w8a8": ("meta-llama/Llama-3.1-8B-Instruct", W8A8),
+    "RedHatAI/Qwen2.5-7B-Instruct-fp8-dynamic": ("Qwen/Qwen2.5-7B-Instruct", FP8),
+    "RedHatAI/Qwen2.5-7B-Instruct-quantized.w8a8": ("Qwen/Qwen2.5-7B-Instruct", W8A8),
+    "moonshotai/Kimi-Dev-72B": ("Qwen/Qwen2.5-72B-Instruct", None),
+}
+"""llm-d models not in the catalog, read as the catalog model they are a quantization or fine-tune of. The
+quantization block is inferred from the checkpoint's name (llm-compressor's w8a8 / w4a16 / fp8-dynamic schemes);
+Kimi-Dev-72B is a Qwen2.5-72B fine-tune."""
+
 SHARED_HINTS: dict[str, dict[str, Any]] = {
     "vllm-project/vllm PR 12569": {"catalog_model": "meta-llama/Llama-3.1-70B-Instruct", "quantization_config": W8A8,
                                    "gpu": "h100-80gb"},
@@ -57,260 +64,205 @@ SHARED_HINTS: dict[str, dict[str, Any]] = {
 }
 """The shared file names models and GPUs in prose; these are the readings tests/test_tuner.py uses for them."""
 
-METRICS = ("weights", "paging tokens", "available KV", "KV tokens", "concurrency", "non-torch", "activation peak")
+COMPONENTS = ("weights", "activation", "non-torch", "CUDA graphs", "available KV", "KV tokens", "concurrency",
+              "KV tokens (given available)", "concurrency (given available)")
+SIZING_FAILURES = ("max_model_len", "warming up sampler", "not divisible")
+"""Failures a sizing tool should foresee (the rest: no network, an unsupported model, a DP bug, another process
+holding the GPU's memory)."""
 
 
 @dataclass
 class Case:
-    """One logged start-up, resolved to an architecture and a GPU."""
+    """One logged start-up, resolved."""
 
+    group: str
     label: str
-    source: str
-    model: str
     arch: ModelArch
-    gpu: Gpu | None
+    gpu: Gpu
+    version: str
     settings: dict[str, Any]
-    logged: dict[str, Any]
+    logged: dict[str, float]
+    failed: str | None = None
 
 
 @dataclass
 class Tally:
-    """Relative errors per metric (with the case they came from) and refusal matches."""
+    errors: dict[str, dict[str, list[tuple[float, str]]]] = field(default_factory=dict)
+    refusals: dict[str, list[tuple[bool, str]]] = field(default_factory=dict)
 
-    errors: dict[str, list[tuple[float, str]]] = field(default_factory=lambda: {m: [] for m in METRICS})
-    refusals: list[tuple[bool, str]] = field(default_factory=list)
+    def add(self, case: Case, component: str, logged: float, predicted: float, show: bool) -> None:
+        if logged == 0:
+            return
+        err = (predicted - logged) / abs(logged)
+        self.errors.setdefault(case.group, {}).setdefault(component, []).append((err, case.label))
+        if show:
+            print(f"    {component:<28} logged {logged:>14,.2f}  predicted {predicted:>14,.2f}  err {err:+7.1%}")
 
 
-def gib(value: Any) -> float:
-    """'14.9888 GB' / '3.81GiB' / '9.37 GiB (V0 ...)' / 1.5 -> GiB as a float (old vLLM logs say GB for GiB)."""
+def number(value: Any) -> float:
+    """'14.9888 GB' / '3.81GiB' / '175,856 tokens' / 1.5 -> float."""
     if isinstance(value, int | float):
         return float(value)
-    match = re.search(r"-?\d+(?:\.\d+)?", str(value))
+    match = re.search(r"-?[\d,]*\.?\d+", str(value))
     if not match:
         raise ValueError(f"no number in {value!r}")
-    return float(match.group(0))
+    return float(match.group(0).replace(",", ""))
 
 
-def count(value: Any) -> int:
-    """'175,856 tokens' / 1952 -> int."""
-    if isinstance(value, int):
-        return value
-    match = re.search(r"-?[\d,]+", str(value))
-    if not match:
-        raise ValueError(f"no count in {value!r}")
-    return int(match.group(0).replace(",", ""))
+def torch_gpu(total_gib: float) -> Gpu:
+    return Gpu(key=f"logged-{total_gib}", product=f"GPU of {total_gib:.2f} GiB (logged)", architecture="unknown",
+               compute_capability="0.0", memory_mib=round(total_gib * 1024), min_cuda="0", data_center=True,
+               ray_accelerator_type=None, torch_total_gib=total_gib)
 
 
-def rel(predicted: float, logged: float) -> float | None:
-    """Signed relative error (predicted - logged) / |logged|; None when the logged value is 0."""
-    return None if logged == 0 else (predicted - logged) / abs(logged)
+def llmd_cases() -> list[Case]:
+    raw = yaml.safe_load(LLMD_CASES.read_text(encoding="utf-8"))["cases"]
+    known = {m.lower(): m for m in _catalog_names()}
+    out = []
+    for entry in raw:
+        failed = entry.get("failed")
+        if failed and not any(reason in failed for reason in SIZING_FAILURES):
+            continue
+        model = str(entry["model"])
+        base, quant = LLMD_MODELS.get(model, (known.get(model.lower(), ""), None))
+        if not base:
+            continue
+        config = load_model_config(base)
+        if quant:
+            config = {**config, "quantization_config": quant}
+        settings = dict(entry["settings"])
+        if settings.get("dtype") == "float32":
+            continue  # explicit --dtype float32: the tuner sizes --dtype auto (float32 checkpoints served in 16 bits)
+        if settings.get("quantization") == "fp8" and not quant:  # vLLM's online fp8 (--quantization fp8)
+            config = {**config, "quantization_config": {"quant_method": "fp8"}}
+        if "dtype" in settings and settings["dtype"] in ("float16", "float32"):
+            config = {**config, "torch_dtype": settings["dtype"]}
+        logged = {k: float(v) for k, v in entry["logged"].items() if k != "vllm_version"}
+        gpu = torch_gpu(logged.get("total_gib", 79.19))
+        out.append(Case("vLLM 0.19.0 (llm-d-planner, H100)", entry["log"], arch_from_hf_config(config, name=model),
+                        gpu, str(entry["logged"].get("vllm_version", "0.19.0")), settings, logged, failed))
+    return out
 
 
-def load_cases(path: Path, hints: Mapping[str, Mapping[str, Any]]) -> list[Case]:
-    """The cases of one YAML file, each with its architecture and GPU resolved."""
+def _catalog_names() -> list[str]:
+    from triarch.tuner import catalog_models
+
+    return catalog_models()
+
+
+def earlier_cases(path: Path, hints: Mapping[str, Mapping[str, Any]]) -> list[Case]:
+    """bench/kv-cases.yaml and the shared file: older releases' logs, normalised to the llm-d shape."""
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or []
-    gpus = catalog().gpus
-    cases = []
+    out = []
     for i, entry in enumerate(raw, 1):
         d = {**hints.get(entry["source"], {}), **entry}
-        settings: dict[str, Any] = dict(d.get("settings") or {})
-        logged: dict[str, Any] = dict(d.get("logged") or {})
-        if "config" in d:
-            config: dict[str, Any] = dict(d["config"])
-        else:
-            config = load_model_config(d["catalog_model"])
+        config = dict(d["config"]) if "config" in d else load_model_config(d["catalog_model"])
         if d.get("quantization_config"):
             config = {**config, "quantization_config": d["quantization_config"]}
-        arch = arch_from_hf_config(config, name=str(d.get("catalog_model") or config.get("_name_or_path") or "model"))
-        total = d.get("gpu_total_gib") or settings.get("gpu_total") or logged.get("total_gpu_memory")
-        gpu: Gpu | None = None
-        if total is not None:
-            # A logged total is what torch sees; the catalog (and the tuner) count from nvidia-smi's total, which
-            # includes the CUDA context's reserve.
-            mib = round(gib(total) * 1024 + CUDA_RESERVED_BYTES / (1 << 20))
-            gpu = Gpu(key=f"logged-{mib}mib", product=f"GPU of {gib(total):.2f} GiB (logged)", architecture="unknown",
-                      compute_capability="0.0", memory_mib=mib, min_cuda="0", data_center=True,
-                      ray_accelerator_type=None)
-        elif d.get("gpu"):
-            gpu = gpus[d["gpu"]]
-        label = f"{path.name}#{i} {d['source']}"
-        cases.append(Case(label, d["source"], str(d["model"]), arch, gpu, settings, logged))
-    return cases
-
-
-def logged_kv_tokens(case: Case) -> int | None:
-    """'GPU KV cache size' tokens, or '# GPU blocks' x block size."""
-    if "kv_tokens" in case.logged:
-        return count(case.logged["kv_tokens"])
-    if "gpu_blocks" in case.logged:
-        return count(case.logged["gpu_blocks"]) * int(case.settings.get("block_size", 16))
-    return None
-
-
-def logged_available(case: Case) -> float | None:
-    """'Available KV cache memory' (V1) / 'kv_cache_size' or the rest reserved for KV (V0), GiB."""
-    for key in ("available_kv", "kv_cache_size"):
-        if key in case.logged:
-            return gib(case.logged[key])
-    return None
-
-
-def logged_concurrency(case: Case) -> tuple[float, int] | None:
-    """(logged maximum concurrency, the max_model_len it is for)."""
-    for key, value in case.logged.items():
-        match = re.fullmatch(r"max_concurrency(?:_at_(\d+))?", key)
-        if match:
-            length = int(match.group(1)) if match.group(1) else case.settings.get("max_model_len")
-            if length:
-                return gib(value), int(length)
-    return None
-
-
-def row(tally: Tally, case: Case, metric: str, logged: float, predicted: float, fmt: str = ".2f") -> None:
-    """Print one logged-vs-predicted line and record its error."""
-    err = rel(predicted, logged)
-    shown = "   n/a" if err is None else f"{err:+7.1%}"
-    print(f"    {metric:<26} logged {logged:>12{fmt}}  predicted {predicted:>12{fmt}}  err {shown}")
-    if err is not None:
-        tally.errors[metric].append((err, case.label))
-
-
-def refused_kv(message: str) -> float | None:
-    """The 'KV cache gets X GiB' figure of a TuneError message."""
-    match = re.search(r"the KV cache gets (-?\d+\.\d+) GiB", message)
-    return float(match.group(1)) if match else None
-
-
-def run_case(case: Case, tally: Tally) -> None:
-    """Print one case's comparison."""
-    s = case.settings
-    tp = int(s.get("tensor_parallel_size", 1))
-    block = int(s.get("block_size", 16))
-    kv_dtype = str(s.get("kv_cache_dtype", "auto"))
-    util = float(s.get("gpu_memory_utilization", 0.9))
-    max_len: int | None = s.get("max_model_len")
-    conc = logged_concurrency(case)
-    if max_len is None and conc is not None:
-        max_len = conc[1]
-    gpu_text = "GPU not given" if case.gpu is None else f"{case.gpu.product} ({case.gpu.memory_mib / 1024:.2f} GiB)"
-    print(f"\n{case.label}\n  {case.model}\n  on {gpu_text}; tp={tp} util={s.get('gpu_memory_utilization', '-')} "
-          f"max_model_len={max_len or '-'} block={block} kv_cache_dtype={kv_dtype}")
-
-    # (a) weights per GPU
-    if "model_weights" in case.logged:
-        row(tally, case, "weights", gib(case.logged["model_weights"]),
-            math.ceil(weight_bytes(case.arch) / tp) / GIB, ".4f")
-
-    # (b) paging from the logged available KV memory
-    available = logged_available(case)
-    tokens = logged_kv_tokens(case)
-    per_token = kv_bytes_per_token(case.arch, tensor_parallel_size=tp, kv_cache_dtype=kv_dtype)
-    if available is not None and tokens is not None and available > 0:
-        given = int(available * GIB)
-        _, paged = kv_cache_capacity(given, per_token, block)
-        how = "kv_bytes_per_token"
-        if case.gpu is not None:
-            try:
-                paged = tune(case.arch, case.gpu, tensor_parallel_size=tp, gpus_available=tp, max_model_len=max_len,
-                             kv_cache_memory_bytes=given, block_size=block, kv_cache_dtype=kv_dtype,
-                             **batch_settings(case.settings)).kv_cache_tokens
-                how = "tune(kv_cache_memory_bytes)"
-            except TuneError:
-                pass
-        half = kv_cache_capacity(int(0.005 * GIB), per_token, block)[1]
-        print(f"  (b) paging via {how}: {per_token:,} B/token, logged GiB rounding = +/-{half:,} tokens")
-        row(tally, case, "paging tokens", tokens, paged, ",.0f")
-
-    # (c) + (d) the full memory model
-    failing = (case.logged.get("gpu_blocks") == 0 or (available is not None and available < 0)
-               or "error" in case.logged)
-    if case.gpu is None or "gpu_memory_utilization" not in s:
-        print("  (c) full prediction: skipped (GPU total or gpu_memory_utilization not in the log)")
-        return
-    try:
-        sizing: Sizing | None = tune(case.arch, case.gpu, tensor_parallel_size=tp, gpus_available=tp,
-                                     gpu_memory_utilization=util, max_model_len=max_len, block_size=block,
-                                     kv_cache_dtype=kv_dtype, **batch_settings(case.settings))
-    except TuneError as refusal:
-        sizing = None
-        ok = failing
-        tally.refusals.append((ok, case.label))
-        print(f"  (c) tuner refuses (TuneError): {'match, vLLM failed too' if ok else 'MISMATCH, vLLM started'}")
-        gets = refused_kv(str(refusal))
-        if available is not None and gets is not None:
-            row(tally, case, "available KV", available, gets)
-    if sizing is not None:
-        m = sizing.memory
-        print(f"  (c) modelled: requested {m.requested / GIB:.2f} GiB = weights {m.weights / GIB:.2f} + non-torch "
-              f"{m.non_torch / GIB:.2f} + activation {m.activation_peak / GIB:.2f} + CUDA graphs "
-              f"{m.cuda_graphs / GIB:.2f} + KV {m.available_kv / GIB:.2f}")
-        if failing:
-            capped = max_len is not None and sizing.max_model_len is not None and sizing.max_model_len < max_len
-            ok = capped and "error" in case.logged and case.logged.get("gpu_blocks") != 0
-            tally.refusals.append((ok, case.label))
-            verdict = f"caps max_model_len to {sizing.max_model_len:,}" if capped else "promises the full length"
-            print(f"  (c) vLLM refused to start; tuner {verdict}: {'match' if ok else 'MISMATCH'}")
-        if "requested" in case.logged:
-            row(tally, case, "requested (info)", gib(case.logged["requested"]), m.requested / GIB)
-        if available is not None:
-            row(tally, case, "available KV", available, sizing.available_kv_bytes / GIB)
-        if tokens is not None:
-            row(tally, case, "KV tokens", tokens, sizing.kv_cache_tokens, ",.0f")
-        if conc is not None:
-            row(tally, case, "concurrency", conc[0], sizing.kv_cache_tokens / conc[1])
-        if "non_torch_memory" in case.logged:
-            row(tally, case, "non-torch", gib(case.logged["non_torch_memory"]), m.non_torch / GIB)
-        activation = None
-        if "activation_peak" in case.logged:
-            activation = gib(case.logged["activation_peak"])
-        elif "peak_torch_memory" in case.logged and "model_weights" in case.logged:
-            activation = gib(case.logged["peak_torch_memory"]) - gib(case.logged["model_weights"])
-        if activation is not None:
-            row(tally, case, "activation peak", activation, m.activation_peak / GIB)
-
-
-def summary(tally: Tally) -> None:
-    """One line per metric: mean absolute relative error and the worst case."""
-    print("\nSummary (signed error = predicted vs logged; + means the tuner predicts more)")
-    for metric in METRICS:
-        errs = tally.errors.get(metric, [])
-        if not errs:
-            print(f"  {metric:<16} n=0")
+        config.setdefault("model_type", "llama")
+        lg = dict(d.get("logged") or {})
+        total = d.get("gpu_total_gib") or (d.get("settings") or {}).get("gpu_total") or lg.get("total_gpu_memory")
+        gpu = torch_gpu(number(total)) if total is not None else catalog().gpus.get(str(d.get("gpu")))
+        if gpu is None:
             continue
-        mean = sum(abs(e) for e, _ in errs) / len(errs)
-        worst, where = max(errs, key=lambda x: abs(x[0]))
-        print(f"  {metric:<16} n={len(errs)}  mean |err| {mean:6.1%}  worst {worst:+7.1%}  ({where})")
-    matched = sum(ok for ok, _ in tally.refusals)
-    print(f"  {'failing starts':<16} {matched}/{len(tally.refusals)} matched by a tuner refusal or length cap")
+        logged: dict[str, float] = {}
+        for ours, theirs in (("weights_gib", "model_weights"), ("non_torch_gib", "non_torch_memory"),
+                             ("activation_gib", "activation_peak"), ("available_kv_gib", "available_kv"),
+                             ("available_kv_gib", "kv_cache_size"), ("kv_tokens", "kv_tokens")):
+            if theirs in lg:
+                logged[ours] = number(lg[theirs])
+        if "gpu_blocks" in lg:
+            logged["kv_tokens"] = number(lg["gpu_blocks"]) * int((d.get("settings") or {}).get("block_size", 16))
+        for key, value in lg.items():
+            match = re.fullmatch(r"max_concurrency(?:_at_(\d+))?", key)
+            if match:
+                logged["max_concurrency"] = number(value)
+        failed = lg.get("error") or ("did not start" if lg.get("gpu_blocks") == 0 else None)
+        out.append(Case("earlier releases (public issues)", f"{path.name}#{i} {d['source']}",
+                        arch_from_hf_config(config, name=str(d.get("catalog_model") or "model")), gpu, "0.19.0",
+                        dict(d.get("settings") or {}), logged, str(failed) if failed else None))
+    return out
 
 
-def batch_settings(settings: dict[str, Any]) -> dict[str, int]:
-    """The batch vLLM profiled with: as the log states it, else vLLM's default max_num_seqs of 256 (the tuner
-    would otherwise size the run with the smaller batch it recommends, which the logged vLLM did not use)."""
-    given = {key: int(settings[key]) for key in ("max_num_seqs", "max_num_batched_tokens") if key in settings}
-    given.setdefault("max_num_seqs", VLLM_DEFAULT_MAX_NUM_SEQS)
-    return given
+def run(case: Case, tally: Tally, show: bool) -> None:
+    s, lg = case.settings, case.logged
+    tp, pp = int(s.get("tensor_parallel_size", 1)), int(s.get("pipeline_parallel_size", 1))
+    args: dict[str, Any] = {
+        "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "gpus_available": tp * pp,
+        "max_model_len": s.get("max_model_len"), "block_size": int(s.get("block_size", 16)),
+        "kv_cache_dtype": str(s.get("kv_cache_dtype", "auto")), "vllm_version": case.version,
+        "max_num_seqs": int(s.get("max_num_seqs", 256)),
+    }
+    if "max_num_batched_tokens" in s:
+        args["max_num_batched_tokens"] = int(s["max_num_batched_tokens"])
+    if show:
+        print(f"\n  {case.label}: {case.arch.label} tp={tp} pp={pp} {args['kv_cache_dtype']}")
+    try:
+        sizing = tune(case.arch, case.gpu, gpu_memory_utilization=float(s.get("gpu_memory_utilization", 0.9)),
+                      **args)
+    except TuneError as refusal:
+        tally.refusals.setdefault(case.group, []).append((case.failed is not None, case.label))
+        if show:
+            print(f"    refused ({'as vLLM did' if case.failed else 'MISMATCH: vLLM started'}): {refusal}"[:240])
+        return
+    if case.failed:
+        tally.refusals.setdefault(case.group, []).append((False, case.label))
+        if show:
+            print(f"    MISMATCH: vLLM failed ({case.failed[:100]}), the tuner sized it")
+        return
+    m = sizing.memory
+    for component, key, predicted in (("weights", "weights_gib", m.weights / GIB),
+                                      ("activation", "activation_gib", m.activation_peak / GIB),
+                                      ("non-torch", "non_torch_gib", m.non_torch / GIB),
+                                      ("CUDA graphs", "cuda_graph_estimate_gib", m.cuda_graphs / GIB),
+                                      ("available KV", "available_kv_gib", sizing.available_kv_bytes / GIB),
+                                      ("KV tokens", "kv_tokens", sizing.kv_cache_tokens),
+                                      ("concurrency", "max_concurrency", sizing.max_concurrency or 0.0)):
+        if key in lg:
+            tally.add(case, component, lg[key], predicted, show)
+    if "available_kv_gib" in lg and "kv_tokens" in lg and lg["available_kv_gib"] > 0:
+        per_block = kv_layout(case.arch, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                              kv_cache_dtype=args["kv_cache_dtype"], block_size=args["block_size"]).bytes_per_block
+        # the memory vLLM paged: its own block count where the log has it (exact), else the logged GiB (rounded)
+        blocks = int(lg["kv_blocks"]) if "kv_blocks" in lg else math.floor(lg["available_kv_gib"] * GIB / per_block)
+        # paging alone: a GPU large enough that only the given KV memory decides
+        paged = tune(case.arch, torch_gpu(4096.0), kv_cache_memory_bytes=blocks * per_block, **args)
+        tally.add(case, "KV tokens (given available)", lg["kv_tokens"], paged.kv_cache_tokens, show)
+        if "max_concurrency" in lg and paged.max_concurrency is not None:
+            tally.add(case, "concurrency (given available)", lg["max_concurrency"], round(paged.max_concurrency, 2),
+                      show)
 
 
-VLLM_DEFAULT_MAX_NUM_SEQS = 256
+def table(tally: Tally) -> None:
+    print("\n| cases | component | n | median abs err | mean err | mean abs err | worst |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for group, components in tally.errors.items():
+        for component in COMPONENTS:
+            errs = components.get(component)
+            if not errs:
+                continue
+            values = [e for e, _ in errs]
+            worst = max(values, key=abs)
+            print(f"| {group} | {component} | {len(values)} | {statistics.median(abs(v) for v in values):.1%} | "
+                  f"{statistics.fmean(values):+.1%} | {statistics.fmean(abs(v) for v in values):.1%} | {worst:+.1%} |")
+    for group, refusals in tally.refusals.items():
+        print(f"\n{group}: failing starts foreseen {sum(ok for ok, _ in refusals)}/{len(refusals)}"
+              + "".join(f"\n  - {'ok' if ok else 'missed'}: {label}" for ok, label in refusals if not ok))
 
 
-def main() -> None:
-    """Load both case files and print the comparison."""
-    cases: list[Case] = []
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", action="store_true", help="print every case, logged vs predicted")
+    show = parser.parse_args(argv).cases
+    cases = llmd_cases() + earlier_cases(OWN_CASES, {})
     if SHARED_CASES.is_file():
-        print(f"shared cases: {SHARED_CASES}")
-        cases += load_cases(SHARED_CASES, SHARED_HINTS)
+        cases += earlier_cases(SHARED_CASES, SHARED_HINTS)
     else:
-        print(f"shared cases: {SHARED_CASES} is absent (the shared reference checkout); using bench cases only")
-    print(f"bench cases:  {OWN_CASES}")
-    cases += load_cases(OWN_CASES, {})
+        print(f"({SHARED_CASES} is absent: the shared cases are left out)")
     tally = Tally()
-    tally.errors["requested (info)"] = []
     for case in cases:
-        run_case(case, tally)
-    summary(tally)
-    print(f"\n({len(cases)} cases; 1 GiB = {GIB:,} B, 1 MiB = {MIB:,} B)")
+        run(case, tally, show)
+    table(tally)
 
 
 if __name__ == "__main__":

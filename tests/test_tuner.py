@@ -442,14 +442,14 @@ def test_never_needs_more_kv_than_available(
 
 def test_an_embedding_length_is_refused_with_the_kv_its_own_pooling_step_leaves() -> None:
     """A pooling step holds a whole request, so a 38,467-token request profiles a 38,467-token forward pass: on a
-    2.5 GiB GPU that leaves a few thousand KV tokens, and that is the number vLLM would refuse with (not the far
+    2.2 GiB GPU that leaves a few thousand KV tokens, and that is the number vLLM would refuse with (not the far
     larger KV cache an 8,192-token step would leave)."""
     arch = arch_from_hf_config({"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 2,
                                 "num_attention_heads": 16,
                                 "num_key_value_heads": 1, "head_dim": 128, "vocab_size": 1000,
                                 "intermediate_size": 256})
     with pytest.raises(LengthRefused) as refused:
-        tune(arch, custom_gpu(2200), gpu_memory_utilization=0.75, max_model_len=38467, task="embed", gpus_available=1)
+        tune(arch, custom_gpu(2290), gpu_memory_utilization=0.75, max_model_len=38467, task="embed", gpus_available=1)
     holds = re.match(r"max_model_len 38467 does not fit: the KV cache holds (\d+) tokens", str(refused.value))
     assert holds is not None, refused.value
     assert int(holds[1]) < 38467

@@ -177,6 +177,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     from triarch.catalog import Gpu, catalog
     from triarch.tuner import Task, load_arch, tune
+    from triarch.tuner.releases import DEFAULT_IMAGE
 
     arch = load_arch(args.model or args.model_config)
     if args.gpu is not None:
@@ -191,7 +192,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise TriarchError("--gpu: missing; allowed: a GPU from templates/compat/gpus.yaml, or pass "
                            "--kv-cache-memory-bytes to size the KV cache without one")
     task: Task = args.task or ("embed" if "embedding" in arch.label.lower() else "generate")
-    sizing = tune(arch, gpu, tensor_parallel_size=args.tensor_parallel_size,
+    sizing = tune(arch, gpu, tensor_parallel_size=args.tensor_parallel_size, vllm_version=args.vllm_version,
                   gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
                   kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory_bytes=args.kv_cache_memory_bytes, task=task,
                   gpus_available=args.gpus, max_num_seqs=args.max_num_seqs,
@@ -201,8 +202,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         document["memory"] = dataclasses.asdict(sizing.memory)
         print(json.dumps(document, indent=2, sort_keys=True))
         return 0
+    pinned = "" if args.vllm_version else f", the version in {DEFAULT_IMAGE}"
     print(f"{sizing.model} on {gpu.product} ({task}): {sizing.num_parameters / 1e9:.2f}B parameters, "
-          f"tensor_parallel_size={sizing.tensor_parallel_size}")
+          f"tensor_parallel_size={sizing.tensor_parallel_size}; as vLLM {sizing.vllm_version} sizes it{pinned}")
+    if sizing.context_limit is not None:
+        print(f"  longest context vLLM {sizing.vllm_version} derives: {sizing.context_limit:,} tokens "
+              f"({sizing.context_derivation})")
     for line in sizing.log_lines():
         print(f"  {line}")
     for note in sizing.notes:
@@ -266,7 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--gpu", help="a GPU of templates/compat/gpus.yaml (e.g. l4, a100-80gb)")
     tune.add_argument("--gpus", type=int, default=8, help="GPUs per node the tensor-parallel search may use")
     tune.add_argument("--tensor-parallel-size", type=int)
-    tune.add_argument("--gpu-memory-utilization", type=float, default=0.92)
+    tune.add_argument("--gpu-memory-utilization", type=float, help="default: the vLLM release's own default")
+    tune.add_argument("--vllm-version", help="size as this vLLM release does (templates/compat/vllm-releases.yaml; "
+                                             "default: the vLLM of the pinned vllm/vllm-openai image)")
     tune.add_argument("--max-model-len", type=int)
     tune.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
     tune.add_argument("--max-num-seqs", type=int, help="fix vLLM's batch size (default: sized from the KV cache)")

@@ -142,7 +142,7 @@ def derive_context(fields: ContextFields, release: VllmRelease, *, model_type: s
     default = int(derived)
     if any(b.rope_type == "longrope" for b in fields.rope):
         default = fields.original_max_position_embeddings or default
-    return ContextLimit(derived, key, default, f"{' '.join(steps)} (vLLM {release.version})")
+    return ContextLimit(derived, key, default, " ".join(steps))
 
 
 def refuse_longer(requested: int, limit: ContextLimit | None, fields: ContextFields, release: VllmRelease,

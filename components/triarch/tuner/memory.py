@@ -10,7 +10,7 @@ from triarch.tuner.arch import ModelArch, Task
 from triarch.tuner.kv import kv_heads_per_gpu, layers_per_gpu
 from triarch.tuner.releases import VllmRelease
 from triarch.tuner.units import MIB
-from triarch.tuner.weights import weight_bytes
+from triarch.tuner.weights import parameter_breakdown, weight_bytes
 
 NON_TORCH_BYTES_TP1 = 256 * MIB
 """Non-torch memory the profile adds on one GPU (cuBLAS workspaces, attention-backend buffers): vLLM 0.19.0 logs
@@ -22,21 +22,23 @@ NON_TORCH_BYTES_PER_TP_GROUP = 1900 * MIB
 GiB in all at TP=2/4 on H100 in the same 0.19.0 logs (pipeline parallelism alone adds none: 0.07 GiB at PP=2/4).
 Earlier V1 releases logged 0.54 GiB at TP=2 (llm-d-benchmark empirical results): the newer, larger figure is kept."""
 
-CUDA_GRAPH_BASE_BYTES = 256 * MIB
-CUDA_GRAPH_BYTES_PER_LAYER = 8 * MIB
-"""CUDA-graph estimate: vLLM logs "Graph capturing finished in N secs, took X GiB" with X around 0.2-1 GiB for
-7B-70B models (one graph per capture size, memory pool shared, growing with the layer count). Modelled as
-256 MiB + 8 MiB per layer on the GPU; zero with ``enforce_eager``. An estimate, not a measurement."""
+CUDA_GRAPH_BASE_BYTES = 300 * MIB
+CUDA_GRAPH_BYTES_PER_LAYER = 17 * MIB
+"""CUDA-graph estimate per GPU: vLLM 0.19.0 logs "Estimated CUDA graph memory: X GiB total" (51 piecewise and 51
+full graphs up to 512 tokens) of 0.84 GiB at 32 layers, 1.02-1.24 at 48, 1.63-1.82 at 80 and 0.52-0.76 at 26-28 on
+H100 (bench/llmd-vllm-0.19.0.yaml); 300 MiB + 17 MiB per layer on the GPU follows them within about 0.2 GiB.
+Zero with ``enforce_eager``. 0.29+ takes its estimate by capturing the graphs once (same order of size)."""
 
 ACTIVATION_SLACK = 1.1
 """Factor on the modelled forward-pass tensors for allocator fragmentation and temporaries not modelled (the
 modelled forward of a 16k-token LLaVA-7B profile was 2.13 GiB against 1.97 GiB logged: little slack needed)."""
 
-SAMPLER_BYTES_PER_LOGIT = 38.5
-"""Peak bytes of vLLM's dummy sampler run per (sequence, vocabulary entry): float32 logits, their softmax and
-sort/top-k/top-p working copies. V1 logs put the activation peak at 38.4-39.6 x max_num_seqs x vocab bytes on
-H100 whatever the hidden size or TP (llm-d empirical results: Llama-3.1-8B 4.76 GiB, Qwen3-32B 5.64 GiB,
-Qwen3-0.6B 5.56 GiB at 1024 sequences). vLLM 0.29+'s model runner may need less: conservative for it."""
+SAMPLER_BYTES_PER_LOGIT = 16
+"""Peak bytes of vLLM's dummy sampler run per (sequence, vocabulary entry): the float32 logits and a few working
+copies. vLLM 0.19.0 logs a "torch peak memory increase" of 15.2-15.8 x max_num_seqs x vocab bytes wherever the
+sampler dominates (Llama-3.1-8B 1.89 GiB, Qwen3-8B 2.21 GiB, gemma-3-12b 3.94 GiB at 1024 sequences;
+bench/llmd-vllm-0.19.0.yaml). Releases before it logged 38.4-39.6 (llm-d-benchmark empirical results, V1 of early
+2025); 0.29+'s V2 runner is not measured and is taken as 0.19.0."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,20 @@ def cuda_graph_bytes(arch: ModelArch, *, pipeline_parallel_size: int = 1, enforc
     return CUDA_GRAPH_BASE_BYTES + CUDA_GRAPH_BYTES_PER_LAYER * layers_per_gpu(arch, pipeline_parallel_size)
 
 
+def weights_per_gpu(arch: ModelArch, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1, *,
+                    task: Task = "generate") -> int:
+    """One GPU's share of the weights: the decoder layers split over the pipeline stages, plus the embedding (first
+    stage) or the LM head (last stage), whichever is larger, all split over the TP ranks. vLLM 0.19.0 logs 7.51 and
+    4.26 GiB on the first stage of Llama-3.1-8B at PP=2 and 4 (an even split would be 7.50 and 3.75)."""
+    total = weight_bytes(arch, task=task)
+    if pipeline_parallel_size == 1:
+        return math.ceil(total / tensor_parallel_size)
+    p = parameter_breakdown(arch, task=task)
+    ends = max(p.embedding, p.lm_head) * arch.serving_dtype_bytes
+    decoder = total - (p.embedding + p.lm_head) * arch.serving_dtype_bytes
+    return math.ceil((decoder / pipeline_parallel_size + ends) / tensor_parallel_size)
+
+
 def memory_budget(
     arch: ModelArch,
     gpu_memory_bytes: int,
@@ -139,7 +155,7 @@ def memory_budget(
     """``available = ceil(total x gpu_memory_utilization) - (weights/(tp x pp) + non-torch + activation peak)``,
     minus the CUDA-graph estimate where ``release`` takes it out before the KV cache; ``total`` is torch's device
     total. Or ``kv_cache_memory_bytes`` as given (vLLM then ignores the utilization)."""
-    weights = math.ceil(weight_bytes(arch, task=task) / (tensor_parallel_size * pipeline_parallel_size))
+    weights = weights_per_gpu(arch, tensor_parallel_size, pipeline_parallel_size, task=task)
     non_torch = non_torch_bytes(tensor_parallel_size, pipeline_parallel_size)
     activation = activation_peak_bytes(
         arch,

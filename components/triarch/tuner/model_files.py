@@ -13,6 +13,11 @@ MODELS_DIR = TEMPLATES_DIR / "models"
 """The model catalog: one ``<org>--<name>.json`` per Hugging Face repo (architecture fields of its config.json)."""
 
 
+SIDE_FILES = {"tokenizer_config.json": "_tokenizer_config", "sentence_bert_config.json": "_sentence_bert_config"}
+"""Files beside a config.json that bound the context vLLM derives (the tokenizer's model_max_length, a
+sentence-transformers max_seq_length), read into the keys a catalog entry uses for them."""
+
+
 def _catalog_file(name: str) -> Path:
     return MODELS_DIR / (name.replace("/", "--") + ".json")
 
@@ -48,6 +53,13 @@ def load_model_config(name_or_path: str | Path) -> dict[str, Any]:
         raise TuneError(f"{path} cannot be read ({error.strerror})") from None
     if not isinstance(data, dict):
         raise TuneError(f"{path}: expected a JSON object")
+    for name, key in SIDE_FILES.items():
+        side = path.parent / name
+        if key not in data and path.name == "config.json" and side.is_file():
+            try:
+                data[key] = json.loads(side.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                raise TuneError(f"{side} is not JSON ({error})") from None
     return data
 
 

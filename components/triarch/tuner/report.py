@@ -39,6 +39,10 @@ class Sizing:
     """vLLM ``EngineArgs`` names (0.33) -> values."""
     notes: tuple[str, ...] = field(default=())
     """Adjustments the tuner made (capped lengths, ...), one sentence each."""
+    context_limit: int | None = None
+    """The longest context the release derives from the model's files (None: the config names none)."""
+    context_derivation: str = ""
+    """How: the key, and the rope or sentence-transformers step that changed it."""
     vllm_version: str = ""
     """The vLLM release whose start-up rules sized this (see :mod:`triarch.tuner.releases`)."""
     combined_kv_line: bool = True

@@ -359,5 +359,7 @@ def tune(
         engine_args=args,
         notes=tuple(notes),
         vllm_version=release.version,
+        context_limit=limit.tokens if limit is not None else None,
+        context_derivation=limit.derivation if limit is not None else "",
         combined_kv_line=release.kv_tokens_reported == "concurrency",
     )
