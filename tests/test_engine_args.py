@@ -138,3 +138,16 @@ def test_every_serving_container_drops_all_capabilities(mutated_config: MutatedC
         context = container["securityContext"]
         assert context["capabilities"] == {"drop": ["ALL"]}, container["name"]
         assert context["allowPrivilegeEscalation"] is False and context["privileged"] is False
+
+
+# --- which vLLM sizes each model ---------------------------------------------------------------------------------
+
+def test_each_model_is_sized_by_the_vllm_of_its_engines_image(mutated_config: MutatedConfig) -> None:
+    """prod runs vllm/vllm-openai:v0.33.0 for the plain vLLM model and rayproject/ray-llm:2.60.0 (ray[llm] pins
+    vllm 0.29.0) for the Ray Serve models; a stack that pins another image is sized by its release."""
+    stack = from_pulumi_config(mutated_config("prod", lambda c: None))
+    assert {m.name: (m.config.engine, m.sizing.vllm_version) for m in plan_models(stack, catalog())} == {
+        "embed": ("vllm", "0.33.0"), "chat": ("ray-serve", "0.29.0"), "qwen": ("ray-serve", "0.29.0")}
+    older = from_pulumi_config(mutated_config("prod", lambda c: c.setdefault("triarch:images", {}).update(
+        vllm="vllm/vllm-openai:v0.29.0")))
+    assert [m.sizing.vllm_version for m in plan_models(older, catalog()) if m.config.engine == "vllm"] == ["0.29.0"]

@@ -218,3 +218,38 @@ def test_release_defaults_and_the_nearest_release() -> None:
     assert release_for(None)[0].version == "0.33.0"
     with pytest.raises(TuneError, match="not a release number"):
         release_for("latest")
+
+
+def test_near_equal_buckets_share_one_group_size() -> None:
+    """vLLM groups by the smallest bucket of layers, or by the largest when it is under 1.5 times the smallest
+    (kv_cache_utils.py, 0.19.0 ``_get_kv_cache_groups_uniform_page_size``): 10 full and 14 sliding layers make two
+    groups of 14 (the full one padded), not one of 10 and two of sliding layers."""
+    config = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 8,
+              "num_key_value_heads": 8, "vocab_size": 1000, "sliding_window": 512,
+              "layer_types": ["full_attention"] * 10 + ["sliding_attention"] * 14}
+    layout = kv_layout(arch_from_hf_config(config))
+    assert layout.group_size == 14
+    assert [(g.kind, g.layers) for g in layout.groups] == [("full", 10), ("sliding", 14)]
+    assert layout.bytes_per_block == 14 * 16 * 2 * 8 * 128 * 2
+
+
+def test_the_first_pipeline_stage_holds_the_embedding() -> None:
+    """vLLM 0.19.0 logs "Model loading took 7.51 GiB" and "4.26 GiB" on the first stage of Llama-3.1-8B at PP=2 and
+    PP=4 (an even split would be 7.50 and 3.75)."""
+    arch = load_arch("meta-llama/Llama-3.1-8B-Instruct")
+    for pp, logged in ((2, 7.51), (4, 4.26)):
+        sizing = tune(arch, H100, pipeline_parallel_size=pp, tensor_parallel_size=1, gpus_available=pp,
+                      vllm_version="0.19.0", max_model_len=8192)
+        assert sizing.memory.weights / GIB == pytest.approx(logged, rel=0.01)
+
+
+def test_0_29_on_reports_tokens_as_concurrency_times_length() -> None:
+    """0.29+ prints int(max concurrency x max_model_len) (kv_cache_utils.py get_kv_cache_capacity): for the same
+    48,867 blocks of gemma-3-12b, 48867 / 3077 x 8192 = 130,100 tokens where 0.19.0 printed 130,304."""
+    arch = load_arch("google/gemma-3-12b-it")
+    sizing = tune(arch, H100, tensor_parallel_size=1, max_model_len=8192, vllm_version="0.33.0",
+                  kv_cache_memory_bytes=48867 * kv_layout(arch).bytes_per_block, max_num_batched_tokens=8192,
+                  max_num_seqs=1024)
+    assert sizing.kv_cache_blocks == 48867 and sizing.kv_cache_tokens == 130100
+    assert sizing.log_lines()[-1] == ("GPU KV cache size: 130,100 tokens, Maximum concurrency for 8,192 tokens per "
+                                      "request: 15.88x")

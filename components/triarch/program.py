@@ -54,5 +54,6 @@ def main() -> Platform:
     platform = Platform("triarch", stack, catalog(), models, objects, secrets)
     pulumi.export("pools", [p.name for p in platform.pools])
     pulumi.export("models", {p.name: {"engine": p.config.engine, "tensorParallelSize": p.sizing.tensor_parallel_size,
-                                      "kvCacheTokens": p.sizing.kv_cache_tokens} for p in models})
+                                      "kvCacheTokens": p.sizing.kv_cache_tokens,
+                                      "sizedForVllm": p.sizing.vllm_version} for p in models})
     return platform
