@@ -46,12 +46,9 @@ from triarch.tuner.memory import (
     non_torch_bytes,
 )
 from triarch.tuner.model_files import MODELS_DIR, catalog_models, load_arch, load_model_config
+from triarch.tuner.plan import DEFAULT_CONTEXT_TARGET, EMBED_MAX_NUM_SEQS, GENERATE_MAX_NUM_SEQS, LARGE_GPU_BYTES
 from triarch.tuner.report import Sizing
 from triarch.tuner.search import (
-    DEFAULT_CONTEXT_TARGET,
-    EMBED_MAX_NUM_SEQS,
-    GENERATE_MAX_NUM_SEQS,
-    LARGE_GPU_BYTES,
     MIN_CONCURRENCY,
     TYPICAL_CHAT_TOKENS,
     TYPICAL_EMBED_TOKENS,

@@ -3,28 +3,18 @@ supports, and ``max_model_len`` capped to what fits (or refused where vLLM would
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from triarch.catalog import Gpu
 from triarch.tuner.arch import TASKS, LengthRefused, ModelArch, Task, TuneError
 from triarch.tuner.context import derive_context, refuse_longer
-from triarch.tuner.kv import DEFAULT_BLOCK_SIZE, KvLayout, kv_bytes_per_token, kv_dtype_bytes, kv_layout
-from triarch.tuner.memory import MemoryBudget, memory_budget
-from triarch.tuner.releases import VllmRelease, release_for
+from triarch.tuner.kv import DEFAULT_BLOCK_SIZE, kv_dtype_bytes
+from triarch.tuner.plan import DEFAULT_CONTEXT_TARGET, Plan, plan_for
+from triarch.tuner.releases import release_for
 from triarch.tuner.report import Sizing
 from triarch.tuner.units import GIB, MIB
 from triarch.tuner.weights import count_parameters, weight_bytes
 
-DEFAULT_CONTEXT_TARGET = 8192
-"""When ``max_model_len`` is not given: the TP choice asks for room for one sequence of
-min(model max, this) tokens; ``max_model_len`` is then raised to the most that fits, up to the model's maximum."""
-
-
-GENERATE_MAX_NUM_SEQS = 256
-"""vLLM's default ``max_num_seqs`` for online serving; the tuner lowers it when the KV cache holds fewer."""
-
-EMBED_MAX_NUM_SEQS = 256
 TYPICAL_CHAT_TOKENS = 2048
 """Tokens (prompt + output) of a typical chat request, to translate KV tokens into a useful ``max_num_seqs``."""
 
@@ -35,11 +25,6 @@ MIN_CONCURRENCY = 4
 """When ``max_model_len`` is not given and the model's maximum does not fit this many times over, the tuner
 lowers ``max_model_len`` to the largest power of two that does (never below min(model max, 8192) when that fits),
 so one long request cannot take the whole KV cache."""
-
-LARGE_GPU_BYTES = 40 * GIB
-"""GPUs at least this big get 8192 batched tokens per step for generation, smaller ones 2048 (vLLM's defaults
-for the OpenAI server by GPU class are of the same order)."""
-
 
 def _tp_candidates(arch: ModelArch, gpus: int) -> list[int]:
     """Powers of two up to ``gpus`` that vLLM accepts: dividing the attention heads, and dividing the KV heads or
@@ -64,102 +49,11 @@ def _round_down(value: int, multiple: int) -> int:
     return value - value % multiple if value >= multiple else value
 
 
-@dataclass(frozen=True)
-class _Plan:
-    tp: int
-    budget: MemoryBudget
-    kv_per_token: int
-    layout: KvLayout
-    blocks: int
-    max_num_batched_tokens: int
-    max_num_seqs_cap: int
-    release: VllmRelease
-
-    @property
-    def in_flight(self) -> int:
-        """Tokens a sliding/chunked layer keeps beyond its window: one step's batch (0.19.0), two with the async
-        scheduling 0.29+ counts (vllm/config/vllm.py max_in_flight_tokens)."""
-        return self.max_num_batched_tokens * (2 if self.release.null_block_reserved else 1)
-
-    def usable_blocks(self) -> int:
-        """Blocks a request may take: all, less the null block where the release reserves it."""
-        return max(0, self.blocks - (1 if self.release.null_block_reserved else 0))
-
-    def fits(self, length: int) -> bool:
-        """vLLM's start-up check: one request of ``length`` tokens fits the block pool."""
-        return self.blocks > 0 and self.layout.blocks_per_request(length, self.in_flight) <= self.usable_blocks()
-
-    def concurrency(self, length: int) -> float:
-        """vLLM's "Maximum concurrency": blocks over the pages one request of ``length`` holds in every group."""
-        return self.blocks / self.layout.blocks_per_request(length, self.in_flight)
-
-    def longest(self, ceiling: int) -> int:
-        """The longest request (at most ``ceiling``) that fits; 0 if not even one block does."""
-        if self.fits(ceiling):
-            return ceiling
-        low, high = 0, ceiling  # fits(low) (or low == 0), not fits(high)
-        while high - low > 1:
-            mid = (low + high) // 2
-            if self.fits(mid):
-                low = mid
-            else:
-                high = mid
-        return low
-
-    def reported_tokens(self, length: int | None) -> int:
-        """"GPU KV cache size: N tokens" as the release computes it."""
-        if self.release.kv_tokens_reported == "concurrency" and length:
-            return int(self.concurrency(length) * length)
-        return self.blocks // len(self.layout.groups) * self.layout.block_size
-
-
-def _plan(
-    arch: ModelArch,
-    total: int,
-    tp: int,
-    *,
-    release: VllmRelease,
-    pp: int,
-    util: float,
-    kv_cache_dtype: str,
-    kv_cache_memory_bytes: int | None,
-    task: Task,
-    block_size: int,
-    longest: int | None,
-    enforce_eager: bool,
-    max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None,
-) -> _Plan:
-    if task == "embed":
-        # Pooling runs without chunked prefill: a whole request (up to the longest max_model_len this plan may
-        # choose) must fit in one step, and the activation estimate must cover that.
-        batched = max(DEFAULT_CONTEXT_TARGET, longest or 0)
-        seqs_cap = EMBED_MAX_NUM_SEQS
-    else:
-        batched = 8192 if total >= LARGE_GPU_BYTES else 2048
-        seqs_cap = GENERATE_MAX_NUM_SEQS
-    batched = max_num_batched_tokens or batched
-    seqs_cap = max_num_seqs or seqs_cap
-    budget = memory_budget(
-        arch, total, release=release, tensor_parallel_size=tp, pipeline_parallel_size=pp,
-        gpu_memory_utilization=util, max_num_batched_tokens=batched, max_num_seqs=seqs_cap, task=task,
-        kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
-    )
-    per_token = kv_bytes_per_token(arch, tensor_parallel_size=tp, pipeline_parallel_size=pp,
-                                   kv_cache_dtype=kv_cache_dtype)
-    layout = kv_layout(arch, tensor_parallel_size=tp, pipeline_parallel_size=pp, kv_cache_dtype=kv_cache_dtype,
-                       block_size=block_size)
-    blocks = layout.blocks(budget.available_kv)
-    if kv_cache_memory_bytes is not None and budget.spare < 0:
-        blocks = 0  # the given KV cache does not fit next to the weights
-    return _Plan(tp, budget, per_token, layout, blocks, batched, seqs_cap, release)
-
-
 def _gib(value: int) -> str:
     return f"{value / GIB:.1f} GiB"
 
 
-def _refusal(arch: ModelArch, gpu: Gpu, plan: _Plan, *, util: float, gpus: int, pp: int, task: Task,
+def _refusal(arch: ModelArch, gpu: Gpu, plan: Plan, *, util: float, gpus: int, pp: int, task: Task,
              block_size: int, kv_given: bool) -> TuneError:
     b = plan.budget
     total = b.total
@@ -262,8 +156,8 @@ def tune(
 
     total = gpu.torch_total_bytes
 
-    def plan(tp: int, seqs: int | None = max_num_seqs, batched: int | None = max_num_batched_tokens) -> _Plan:
-        return _plan(arch, total, tp, release=release, pp=pipeline_parallel_size, util=gpu_memory_utilization,
+    def plan(tp: int, seqs: int | None = max_num_seqs, batched: int | None = max_num_batched_tokens) -> Plan:
+        return plan_for(arch, total, tp, release=release, pp=pipeline_parallel_size, util=gpu_memory_utilization,
                      kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, task=task,
                      block_size=block_size, longest=ceiling, enforce_eager=enforce_eager, max_num_seqs=seqs,
                      max_num_batched_tokens=batched)
@@ -279,7 +173,7 @@ def tune(
                            kv_given=kv_cache_memory_bytes is not None)
         chosen = max(usable, key=lambda p: (p.longest(need), -p.tp))
 
-    def length_for(plan: _Plan) -> int | None:
+    def length_for(plan: Plan) -> int | None:
         """max_model_len for a plan: the ceiling, capped to what one request may hold (and, when no length was
         asked for, to room for MIN_CONCURRENCY full-length requests)."""
         if ceiling is None:
