@@ -182,6 +182,8 @@ class ModelConfig(_Model):
     """Ray Serve route prefix (ray-serve engine); default /<name>."""
     startup_minutes: int = Field(30, ge=5, le=240)
     """How long the startup probe waits for the weights to download and load before restarting the pod."""
+    ttft_slo_seconds: float | None = Field(None, gt=0, le=600, alias="timeToFirstTokenSloSeconds")
+    """Alert when the p90 time to first token stays above this (with observability.prometheus)."""
     cache_gib: int | None = Field(None, ge=1, le=4096, alias="cacheGiB")
     """Size of the Hugging Face cache volume; default twice the weights, at least 20 GiB."""
 
@@ -210,6 +212,22 @@ class ServingConfig(_Model):
     """Default: ReadWriteMany on a created cluster (EFS), ReadWriteOnce on an adopted one."""
 
 
+class ObservabilityConfig(_Model):
+    """What the stack gives a Prometheus Operator (kube-prometheus-stack or alike) already in the cluster."""
+
+    prometheus: Literal["none", "existing"] = "none"
+    """existing: PodMonitors for the vLLM and Ray pods, ServiceMonitors for the KubeRay operator and Karpenter, and
+    the layer alerts (a PrometheusRule); the Prometheus namespace may scrape the serving namespace."""
+    namespace: DnsLabel = "monitoring"
+    """Where that Prometheus runs."""
+    monitor_labels: dict[str, str] = {"release": "kube-prometheus-stack"}
+    """Labels the Prometheus selects monitors and rules by (kube-prometheus-stack: release=<its release name>)."""
+    prometheus_url: str = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
+    """Where KEDA queries (kube-prometheus-stack's Prometheus Service for a release of that name)."""
+    keda: bool = False
+    """KEDA runs in the cluster: `engine: vllm` models with `autoscaling` get a ScaledObject."""
+
+
 class ImagesConfig(_Model):
     """Serving images, pinned; each must be in templates/compat/images.yaml so its CUDA is known."""
 
@@ -230,6 +248,7 @@ class StackConfig(_Model):
     images: ImagesConfig = ImagesConfig()
     device_plugin: DevicePluginConfig = DevicePluginConfig()
     serving: ServingConfig = ServingConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> StackConfig:
@@ -349,10 +368,16 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                 raise ConfigError(f"{path}.replicas", model.replicas,
                                   "would be ignored beside autoscaling (Ray Serve keeps the replicas between "
                                   "autoscaling.min and max)", "remove replicas, or remove autoscaling")
-            if model.engine != "ray-serve":
+            if model.engine == "vllm" and not (stack.observability.keda and stack.observability.prometheus != "none"):
                 raise ConfigError(f"{path}.autoscaling", model.autoscaling.model_dump(by_alias=True),
-                                  "needs engine ray-serve (Ray decides replica counts; a CPU HPA on a GPU server "
-                                  "fights it)", "remove autoscaling, or set engine: ray-serve")
+                                  "scales a vllm model with KEDA on vLLM's own metrics, which needs KEDA and a "
+                                  "Prometheus in the cluster (a CPU HPA on a GPU server scales at the wrong time)",
+                                  "observability: {prometheus: existing, keda: true}, or engine: ray-serve")
+            if model.engine == "vllm" and model.autoscaling.min < 1:
+                raise ConfigError(f"{path}.autoscaling.min", model.autoscaling.min,
+                                  "leaves no vLLM server to queue the request that should wake one (KEDA's "
+                                  "Prometheus trigger sees no waiting requests without a server)",
+                                  f"1..{model.autoscaling.max} (scale to zero: engine ray-serve)")
             if model.autoscaling.min > model.autoscaling.max:
                 raise ConfigError(f"{path}.autoscaling.min", model.autoscaling.min,
                                   f"is greater than autoscaling.max ({model.autoscaling.max})",

@@ -21,7 +21,8 @@ from triarch.planners.iam import pod_identity_trust
 
 class Karpenter(pulumi.ComponentResource):
     def __init__(self, name: str, eks: EksCluster, cluster: str, region: str, charts: tuple[Chart, Chart],
-                 provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None) -> None:
+                 provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None,
+                 monitor_labels: dict[str, str] | None = None) -> None:
         super().__init__("triarch:karpenter:Karpenter", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         # Its own node role: EKS already holds an access entry for the managed node groups' role, and a second
@@ -69,7 +70,7 @@ class Karpenter(pulumi.ComponentResource):
         self.crds = helm_release(f"{plan.RELEASE}-crd", crd_chart, plan.NAMESPACE, {},
                                  pulumi.ResourceOptions(parent=self, provider=provider))
         self.release = helm_release(
-            plan.RELEASE, chart, plan.NAMESPACE, plan.controller_values(cluster),
+            plan.RELEASE, chart, plan.NAMESPACE, plan.controller_values(cluster, monitor_labels),
             pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[
                 self.crds, self.pod_identity, self.controller_policy, self.queue_policy, self.access_entry,
                 eks.addons["coredns"]]),

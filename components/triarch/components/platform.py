@@ -9,7 +9,7 @@ from triarch.components.cluster import AdoptedCluster, EksCluster
 from triarch.components.device_plugin import DevicePlugin
 from triarch.components.karpenter import Karpenter, KarpenterPool
 from triarch.components.nodegroups import ExistingGpuPool, ManagedNodeGroup, gpu_node_group
-from triarch.components.serving import KubeRayOperator, RayServing, ServingNamespace, VllmServer
+from triarch.components.serving import KubeRayOperator, Observability, RayServing, ServingNamespace, VllmServer
 from triarch.components.storage import SharedModelStore
 from triarch.config import SYSTEM_RELEASE_TABLE, StackConfig
 from triarch.planners.device_plugin import device_plugin_values
@@ -24,6 +24,11 @@ def system_release_version(stack: StackConfig, facts: Catalog) -> str:
     release = stack.cluster.system_node_group.ami_release
     assert release is not None
     return facts.amis[SYSTEM_RELEASE_TABLE][release].release_versions[stack.cluster.kubernetes_version]
+
+
+def monitors(stack: StackConfig) -> dict[str, str] | None:
+    """The labels a chart's ServiceMonitor carries, or None where no Prometheus Operator runs."""
+    return None if stack.observability.prometheus == "none" else dict(stack.observability.monitor_labels)
 
 
 class Platform(pulumi.ComponentResource):
@@ -47,7 +52,7 @@ class Platform(pulumi.ComponentResource):
             if any(plan.provisioner == "karpenter" for plan in plans):
                 self.karpenter = Karpenter("karpenter", eks, stack.cluster.name, stack.aws_region,
                                            (charts()["karpenter-crd"], charts()["karpenter"]), eks.provider,
-                                           opts=child)
+                                           opts=child, monitor_labels=monitors(stack))
             for plan in plans:
                 if self.karpenter is not None and plan.provisioner == "karpenter":
                     self.karpenter_pools.append(KarpenterPool(f"pool-{plan.pool.name}",
@@ -107,6 +112,12 @@ class Platform(pulumi.ComponentResource):
             system_pool = SYSTEM_POOL if stack.cluster.create else None
             [namespace] = objects.kuberay
             self.kuberay = KubeRayOperator("kuberay-operator", charts()["kuberay-operator"], system_pool, namespace,
-                                           self.provider, opts=pulumi.ResourceOptions(parent=self))
+                                           self.provider, opts=pulumi.ResourceOptions(parent=self),
+                                           monitor_labels=monitors(stack))
             served = [plan.name for plan in models if plan.config.engine == "ray-serve"]
             self.ray = RayServing("ray-serve", objects.ray, served, self.kuberay, self.provider, opts=after)
+        self.observability: Observability | None = None
+        if objects.observability:
+            self.observability = Observability("observability", objects.observability, self.provider,
+                                               opts=pulumi.ResourceOptions(parent=self, depends_on=[
+                                                   self.serving_namespace, *self.vllm_servers]))

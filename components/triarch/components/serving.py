@@ -15,14 +15,18 @@ from triarch.planners import pods
 from triarch.scheduling import POOL_LABEL
 
 
-def kuberay_values(system_pool: str | None) -> dict[str, Any]:
-    """Operator on CPU nodes with its resources fixed; every key exists in the chart's values.yaml (1.7.0).
+def kuberay_values(system_pool: str | None, monitor_labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """Operator on CPU nodes with its resources fixed, and a ServiceMonitor for its kuberay_* metrics where a
+    Prometheus runs; every key exists in the chart's values.yaml (1.7.0).
 
     Only limits: the chart's values declare no `requests`, and Kubernetes sets requests equal to limits.
     """
     values: dict[str, Any] = {"resources": {"limits": {"cpu": "500m", "memory": "512Mi"}}}
     if system_pool is not None:
         values["nodeSelector"] = {POOL_LABEL: system_pool}
+    if monitor_labels is not None:
+        values["metrics"] = {"enabled": True,
+                             "serviceMonitor": {"enabled": True, "additionalLabels": dict(monitor_labels)}}
     return values
 
 
@@ -54,11 +58,13 @@ class ServingNamespace(pulumi.ComponentResource):
 
 class KubeRayOperator(pulumi.ComponentResource):
     def __init__(self, name: str, chart: Chart, system_pool: str | None, namespace: dict[str, Any],
-                 provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None) -> None:
+                 provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None,
+                 monitor_labels: dict[str, str] | None = None) -> None:
         super().__init__("triarch:ray:KubeRayOperator", name, None, opts)
         self.namespace = register(namespace, pulumi.ResourceOptions(parent=self, provider=provider))
         # The chart installs the RayService/RayCluster CRDs; Ray resources depend on this release.
-        self.release = helm_release(name, chart, namespace["metadata"]["name"], kuberay_values(system_pool),
+        self.release = helm_release(name, chart, namespace["metadata"]["name"],
+                                    kuberay_values(system_pool, monitor_labels),
                                     pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.namespace]))
         self.register_outputs({"status": self.release.status})
 
@@ -84,3 +90,15 @@ class RayServing(pulumi.ComponentResource):
                                                               depends_on=[operator.release, *self.objects]))
                          for obj in objects if obj["kind"] == "RayService"]
         self.register_outputs({"models": models})
+
+
+class Observability(pulumi.ComponentResource):
+    """The PodMonitors, the layer alerts and the KEDA ScaledObjects, for the Prometheus Operator and KEDA the
+    cluster already runs (their CRDs must exist)."""
+
+    def __init__(self, name: str, objects: list[dict[str, Any]], provider: k8s.Provider,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("triarch:observability:Observability", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self, provider=provider)
+        self.objects = [register(obj, child) for obj in objects]
+        self.register_outputs({"kinds": sorted({obj["kind"] for obj in objects})})

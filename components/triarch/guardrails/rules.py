@@ -497,6 +497,17 @@ def no_cpu_hpa(resources: list[Resource], config: Config) -> list[tuple[Resource
             gpu_targets.add((namespace, kind.rsplit(":", 1)[-1], name_of(r.props, r.name)))
     found = []
     for r in resources:
+        if kind_of(r.type) == "keda.sh/v1alpha1:ScaledObject":
+            spec = r.props.get("spec") or {}
+            target = spec.get("scaleTargetRef") or {}
+            namespace = (r.props.get("metadata") or {}).get("namespace", "default")
+            key = (namespace, target.get("kind") or "Deployment", target.get("name"))
+            cpu = [t.get("type") for t in spec.get("triggers") or [] if t.get("type") in CPU_METRICS]
+            if key in gpu_targets and cpu:
+                found.append((r, f"ScaledObject {name_of(r.props, r.name)}: scales the GPU server {key[1]} "
+                                 f"{key[2]} on {', '.join(cpu)}; trigger on vllm:num_requests_waiting and "
+                                 "vllm:kv_cache_usage_perc (type prometheus) instead"))
+            continue
         if not kind_of(r.type).endswith(":HorizontalPodAutoscaler"):
             continue
         spec = r.props.get("spec") or {}

@@ -139,15 +139,19 @@ def queue_name(cluster: str) -> str:
     return f"{cluster}-karpenter"
 
 
-def controller_values(cluster: str) -> dict[str, Any]:
-    """The chart's values: this cluster and its interruption queue, on the system nodes, with fixed resources.
-    Every key exists in the chart's values.yaml (1.14.1); the image stays the one the chart release stamps."""
-    return {
+def controller_values(cluster: str, monitor_labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The chart's values: this cluster and its interruption queue, on the system nodes, with fixed resources, and
+    a ServiceMonitor (with the labels the cluster's Prometheus selects) where one runs. Every key exists in the
+    chart's values.yaml (1.14.1); the image stays the one the chart release stamps."""
+    values: dict[str, Any] = {
         "settings": {"clusterName": cluster, "interruptionQueue": queue_name(cluster)},
         "serviceAccount": {"create": True, "name": SERVICE_ACCOUNT},
         "nodeSelector": {POOL_LABEL: SYSTEM_POOL},
         "controller": {"resources": CONTROLLER_RESOURCES},
     }
+    if monitor_labels is not None:
+        values["serviceMonitor"] = {"enabled": True, "additionalLabels": dict(monitor_labels)}
+    return values
 
 
 def controller_policy(*, cluster: str, region: str, cluster_arn: str, node_role_arn: str, queue_arn: str,

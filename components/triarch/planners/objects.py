@@ -20,6 +20,7 @@ from triarch.planners.capacity import check_capacity
 from triarch.planners.device_plugin import NAMESPACE as DEVICE_PLUGIN_NAMESPACE
 from triarch.planners.models import ModelPlan
 from triarch.planners.nodegroups import plan_eks_pool
+from triarch.planners.observability import observability_manifests, scrape_policy
 from triarch.planners.ray import RAY_SERVICE, ray_manifests
 from triarch.planners.serving import KUBERAY_NAMESPACE, network_policies, serving_settings
 from triarch.planners.vllm import vllm_manifests
@@ -56,6 +57,8 @@ class KubernetesPlan:
     vllm: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     ray: list[dict[str, Any]] = field(default_factory=list)
     node_pools: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    observability: list[dict[str, Any]] = field(default_factory=list)
+    """PodMonitors, the PrometheusRule and KEDA ScaledObjects (triarch.planners.observability)."""
     owners: list[tuple[Owner, dict[str, Any]]] = field(default_factory=list)
     """Every object above with what decided it, plus those created apart (the token Secret) or by an operator
     from ours (KubeRay's Services), which can collide as well."""
@@ -107,7 +110,7 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
                           show_value=False)
     serving = [pods.namespace(settings.namespace, "restricted",
                               "inference pods run as non-root with no added capabilities"),
-               *network_policies(settings, with_ray)]
+               *network_policies(settings, with_ray), *scrape_policy(stack, settings.namespace, with_ray)]
     owners += [(Owner("triarch:serving.namespace", settings.namespace), o) for o in serving]
     for present, secret in ((settings.with_token, pods.HF_TOKEN_SECRET), (settings.with_api_key, pods.API_KEY_SECRET)):
         if present:
@@ -131,8 +134,11 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
                     {"apiVersion": "v1", "kind": "Service",
                      "metadata": {"name": f"{RAY_SERVICE}-{suffix}", "namespace": settings.namespace}})
                    for suffix in KUBERAY_SERVICES]
+    observability = observability_manifests(stack, models, settings)
+    owners += [(Owner("triarch:observability.prometheus", stack.observability.prometheus), o)
+               for o in observability]
     check_objects(owners)
-    return KubernetesPlan(device_plugin, kuberay, serving, vllm, ray, node_pools, owners)
+    return KubernetesPlan(device_plugin, kuberay, serving, vllm, ray, node_pools, observability, owners)
 
 
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str, str]:

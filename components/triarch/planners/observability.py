@@ -1,0 +1,225 @@
+"""What a stack gives a Prometheus Operator to look at, layer by layer, and how plain vLLM scales on its own signals.
+
+Where (Kubernetes): GPU errors from the DCGM exporter, GPUs a pool should advertise and does not, serving pods left
+Pending. How (Ray): a RayService that is not ready. When (vLLM): requests queued beyond the batch the tuner gave a
+model, a KV cache near full, preemptions, a slow first token. Thresholds come from the plan (each model's tuned
+max_num_seqs, each pool's GPUs per node); metric names from the pinned releases (templates/compat/metrics.yaml).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import yaml
+
+from triarch.config import StackConfig
+from triarch.paths import TEMPLATES_DIR
+from triarch.planners import pods
+from triarch.planners.models import ModelPlan
+from triarch.planners.nodegroups import PoolPlan
+from triarch.planners.ray import HEAD_PORTS, RAY_SERVICE
+from triarch.planners.serving import RAY_NODE_LABEL
+from triarch.planners.vllm import PORT, grace_period_seconds
+from triarch.scheduling import POOL_LABEL
+
+METRICS_FILE = TEMPLATES_DIR / "compat" / "metrics.yaml"
+RULE_NAME = "triarch-layers"
+QUEUE_MINUTES = 5
+"""How long requests must wait beyond a full batch (with the GPUs idle) before it is a finding, not a burst."""
+KV_FULL = 0.95
+"""vllm:kv_cache_usage_perc is a fraction (1 = every block in use)."""
+KV_SCALE_TARGET = 0.8
+"""KEDA adds a replica when the replicas' KV caches are on average this full."""
+GPU_IDLE_PERCENT = 50
+
+
+@cache
+def metric_names() -> dict[str, Any]:
+    with METRICS_FILE.open(encoding="utf-8") as handle:
+        return dict(yaml.safe_load(handle))
+
+
+def vllm_metric(plan: ModelPlan, name: str) -> str:
+    """A vLLM metric as the model's engine exports it: vllm:<name> from vLLM's server, ray_vllm_<name> from vLLM
+    inside Ray Serve (Ray's prefix, the colon replaced)."""
+    if plan.config.engine == "ray-serve":
+        return f"{metric_names()['ray']['rayVllmPrefix']}{name}"
+    return f"vllm:{name}"
+
+
+def _selector(plan: ModelPlan, namespace: str) -> str:
+    return f'{{namespace="{namespace}", model_name="{plan.name}"}}'
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    layer: str
+    expr: str
+    minutes: int
+    summary: str
+    severity: str = "warning"
+
+    def rule(self) -> dict[str, Any]:
+        return {"alert": self.name, "expr": self.expr, "for": f"{self.minutes}m",
+                "labels": {"severity": self.severity, "layer": self.layer},
+                "annotations": {"summary": self.summary, "runbook": f"README.md#{self.layer}-{self.name.lower()}"}}
+
+
+def model_alerts(plan: ModelPlan, namespace: str) -> list[Alert]:
+    """When (vLLM): the tuned batch overflowing while the GPUs idle, a full KV cache, preemptions, a slow first
+    token against the model's SLO."""
+    sel = _selector(plan, namespace)
+    seqs = plan.sizing.engine_args["max_num_seqs"]
+    name = "".join(part.capitalize() for part in plan.name.split("-"))
+    alerts = [
+        Alert(f"{name}RequestsQueuedGpusIdle", "when",
+              f"sum({vllm_metric(plan, 'num_requests_waiting')}{sel}) > {seqs} and on() "
+              f'avg(DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}", pod=~"{plan.name}-.*"}}) < {GPU_IDLE_PERCENT}',
+              QUEUE_MINUTES,
+              f"{plan.name}: more requests wait than its batch (max_num_seqs {seqs}) while its GPUs are under "
+              f"{GPU_IDLE_PERCENT}% busy: the scheduler, not the GPU, is the bottleneck"),
+        Alert(f"{name}KvCacheFull", "when", f"max({vllm_metric(plan, 'kv_cache_usage_perc')}{sel}) > {KV_FULL}", 10,
+              f"{plan.name}: the KV cache is over {KV_FULL:.0%} full ({plan.sizing.kv_cache_tokens} tokens per "
+              "replica): requests are preempted or wait; add replicas or lower max_model_len"),
+        Alert(f"{name}Preempting", "when",
+              f"sum(rate({vllm_metric(plan, 'num_preemptions')}_total{sel}[5m])) > 0", 10,
+              f"{plan.name}: vLLM preempts running requests (KV cache exhausted mid-generation)"),
+    ]
+    slo = plan.config.ttft_slo_seconds
+    if slo is not None:
+        alerts.append(Alert(
+            f"{name}SlowFirstToken", "when",
+            f"histogram_quantile(0.9, sum by (le) (rate({vllm_metric(plan, 'time_to_first_token_seconds')}_bucket"
+            f"{sel}[5m]))) > {slo}", 10,
+            f"{plan.name}: p90 time to first token is over its {slo}s SLO"))
+    return alerts
+
+
+def pool_alerts(pool: PoolPlan) -> list[Alert]:
+    """Where: the GPUs a pool's nodes should advertise (nodes x schedulable GPUs per node) against what they do."""
+    label = "label_" + POOL_LABEL.replace(".", "_").replace("/", "_").replace("-", "_")
+    nodes = f'kube_node_labels{{{label}="{pool.name}"}}'
+    name = "".join(part.capitalize() for part in pool.name.split("-"))
+    return [Alert(
+        f"{name}GpusMissing", "where",
+        f"count({nodes}) * {pool.schedulable_gpus_per_node} > sum(kube_node_status_allocatable"
+        f'{{resource="nvidia_com_gpu"}} * on(node) group_left() {nodes})', 10,
+        f"pool {pool.name}: its nodes advertise fewer GPUs than {pool.schedulable_gpus_per_node} each: the device "
+        "plugin is not running there, or a GPU fell off the bus (XID 79)")]
+
+
+def cluster_alerts(namespace: str, with_ray: bool) -> list[Alert]:
+    alerts = [
+        Alert("GpuXidError", "where", "max by (Hostname, gpu) (DCGM_FI_DEV_XID_ERRORS) > 0", 1,
+              "a GPU reported an XID error (the value is the XID: 79 fell off the bus, 48/63/64/94/95 memory)",
+              "critical"),
+        Alert("GpuMemoryRowRemapFailure", "where",
+              "max by (Hostname, gpu) (DCGM_FI_DEV_ROW_REMAP_FAILURE) > 0 or "
+              "max by (Hostname, gpu) (DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS) > 0", 1,
+              "a GPU has uncorrectable memory errors: drain the node and replace the GPU", "critical"),
+        Alert("ServingPodsPending", "where",
+              f'sum by (pod) (kube_pod_status_phase{{namespace="{namespace}", phase="Pending"}}) > 0', 15,
+              f"a pod in {namespace} waits for a node: no pool has a free GPU (see the pool's max, its instance "
+              "type's availability, and the placement the plan proved)"),
+    ]
+    if with_ray:
+        alerts.append(Alert(
+            "RayServiceNotReady", "how",
+            f'max(kuberay_service_condition_ready{{namespace="{namespace}", name="{RAY_SERVICE}", '
+            'condition="false"}) == 1', 10,
+            f"the RayService {RAY_SERVICE} has no ready serve endpoints: see its status and the head's Serve logs"))
+    return alerts
+
+
+def monitor_labels(stack: StackConfig) -> dict[str, str]:
+    return dict(stack.observability.monitor_labels)
+
+
+def observability_manifests(stack: StackConfig, models: list[ModelPlan], settings: pods.ServingSettings
+                            ) -> list[dict[str, Any]]:
+    """PodMonitors for the vLLM servers and the Ray pods, and the PrometheusRule; empty without a Prometheus."""
+    if stack.observability.prometheus == "none" or not models:
+        return []
+    namespace = settings.namespace
+    labels = {**monitor_labels(stack), **pods.MANAGED_BY}
+    objects: list[dict[str, Any]] = []
+    if any(m.config.engine == "vllm" for m in models):
+        objects.append({"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+                        "metadata": {"name": "vllm", "namespace": namespace, "labels": labels},
+                        "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "vllm", **pods.MANAGED_BY}},
+                                 "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}]}})
+    with_ray = any(m.config.engine == "ray-serve" for m in models)
+    if with_ray:
+        # Every Ray node (head and workers) runs a metrics agent on the same port; the head alone names it.
+        objects.append({"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+                        "metadata": {"name": "ray", "namespace": namespace, "labels": labels},
+                        "spec": {"selector": {"matchLabels": dict(RAY_NODE_LABEL)},
+                                 "podMetricsEndpoints": [{"portNumber": HEAD_PORTS["metrics"], "path": "/metrics",
+                                                          "interval": "15s"}]}})
+    alerts = cluster_alerts(namespace, with_ray)
+    pools = {m.pool.name: m.pool for m in models}
+    for pool in sorted(pools):
+        alerts += pool_alerts(pools[pool])
+    for plan in models:
+        alerts += model_alerts(plan, namespace)
+    groups = [{"name": f"triarch-{layer}", "rules": [a.rule() for a in alerts if a.layer == layer]}
+              for layer in ("where", "how", "when") if any(a.layer == layer for a in alerts)]
+    objects.append({"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+                    "metadata": {"name": RULE_NAME, "namespace": namespace, "labels": labels},
+                    "spec": {"groups": groups}})
+    objects += [scaled_object(stack, plan, namespace) for plan in models
+                if plan.config.engine == "vllm" and plan.config.autoscaling is not None]
+    return objects
+
+
+def scaled_object(stack: StackConfig, plan: ModelPlan, namespace: str) -> dict[str, Any]:
+    """KEDA scales a vLLM Deployment on what vLLM reports: requests waiting (a tenth of the tuned batch per replica
+    is worth another replica) and KV cache use (``KV_SCALE_TARGET`` on average). Scale-down waits longer than a
+    replica's drain, one replica at a time, so a scale-down never cuts the requests a pod still finishes."""
+    scaling = plan.config.autoscaling
+    assert scaling is not None
+    seqs = int(plan.sizing.engine_args["max_num_seqs"])
+    sel = _selector(plan, namespace)
+    server = stack.observability.prometheus_url
+    window = max(300, 2 * grace_period_seconds())
+    return {
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+        "metadata": {"name": plan.name, "namespace": namespace, "labels": dict(pods.MANAGED_BY)},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": plan.name},
+            "minReplicaCount": scaling.min,
+            "maxReplicaCount": scaling.max,
+            "pollingInterval": 15,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+                "scaleUp": {"stabilizationWindowSeconds": 60,
+                            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]},
+                "scaleDown": {"stabilizationWindowSeconds": window,
+                              "policies": [{"type": "Pods", "value": 1, "periodSeconds": window}]},
+            }}},
+            "triggers": [
+                {"type": "prometheus", "name": "requests-waiting", "metricType": "AverageValue",
+                 "metadata": {"serverAddress": server, "query": f"sum(vllm:num_requests_waiting{sel})",
+                              "threshold": str(max(1, seqs // 10))}},
+                {"type": "prometheus", "name": "kv-cache-usage", "metricType": "AverageValue",
+                 "metadata": {"serverAddress": server, "query": f"sum(vllm:kv_cache_usage_perc{sel})",
+                              "threshold": str(KV_SCALE_TARGET)}},
+            ],
+        },
+    }
+
+
+def scrape_policy(stack: StackConfig, namespace: str, with_ray: bool) -> list[dict[str, Any]]:
+    """The serving namespace denies ingress by default: let the Prometheus namespace reach the metrics ports."""
+    if stack.observability.prometheus == "none":
+        return []
+    ports = [{"protocol": "TCP", "port": PORT}] + ([{"protocol": "TCP", "port": HEAD_PORTS["metrics"]}]
+                                                   if with_ray else [])
+    source = {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": stack.observability.namespace}}}
+    return [{"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+             "metadata": {"name": "allow-prometheus-scrape", "namespace": namespace, "labels": dict(pods.MANAGED_BY)},
+             "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"from": [source], "ports": ports}]}}]
+

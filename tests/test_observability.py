@@ -1,0 +1,251 @@
+"""What a stack gives Prometheus and KEDA: monitors and alerts per layer, ScaledObjects for plain vLLM, every metric
+name in them exported by the pinned release, every object valid against the upstream CRDs."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import promql_parser
+import pytest
+import yaml
+
+from conftest import MutatedConfig, crd_schema, unknown_fields, unknown_paths
+from test_network_policy import Pod, connects
+from triarch.catalog import catalog
+from triarch.config import from_pulumi_config
+from triarch.errors import ConfigError
+from triarch.guardrails.rules import Resource, no_cpu_hpa
+from triarch.planners.karpenter import controller_values
+from triarch.planners.models import plan_models
+from triarch.planners.objects import plan_kubernetes
+from triarch.planners.observability import metric_names
+from triarch.planners.vllm import grace_period_seconds
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+OBSERVED = {"prometheus": "existing", "keda": True}
+
+
+def observed(config: dict[str, Any]) -> None:
+    config["triarch:observability"] = dict(OBSERVED)
+    config["triarch:nodeGroups"][0]["max"] = 8  # the placement proof counts the autoscaled vLLM model at its max
+    config["triarch:models"][0].pop("replicas", None)
+    config["triarch:models"][0].update(autoscaling={"min": 1, "max": 3}, timeToFirstTokenSloSeconds=2.5)
+
+
+@pytest.fixture(scope="module")
+def plan(mutated_config_module: MutatedConfig) -> tuple[Any, list[Any], list[dict[str, Any]]]:
+    stack = from_pulumi_config(mutated_config_module("prod", observed))
+    models = plan_models(stack, catalog())
+    objects = plan_kubernetes(stack, models, catalog())
+    return stack, models, objects.observability + objects.serving
+
+
+@pytest.fixture(scope="module")
+def mutated_config_module(tmp_path_factory: pytest.TempPathFactory) -> MutatedConfig:
+    from conftest import stack_document, write_stack_file
+    from triarch.offline import read_stack_config
+
+    def build(name: str, mutate: Any) -> dict[str, str]:
+        config = stack_document(name)
+        mutate(config)
+        path = write_stack_file(tmp_path_factory.mktemp("observed") / f"Pulumi.{name}.yaml", config)
+        return read_stack_config(path)[0]
+
+    return build
+
+
+def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def expressions(objects: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
+    """(where, PromQL) of every alert and every KEDA query."""
+    for rule in of_kind(objects, "PrometheusRule"):
+        for group in rule["spec"]["groups"]:
+            for alert in group["rules"]:
+                yield alert["alert"], alert["expr"]
+    for scaled in of_kind(objects, "ScaledObject"):
+        for trigger in scaled["spec"]["triggers"]:
+            yield f"{scaled['metadata']['name']}/{trigger['name']}", trigger["metadata"]["query"]
+
+
+def selectors(expr: str) -> list[str]:
+    """Metric names of every vector selector in a PromQL expression (parsed, not matched by pattern)."""
+    names: list[str] = []
+
+    def walk(node: Any) -> None:
+        if type(node).__name__ == "VectorSelector":
+            names.append(node.name)
+        for attr in ("lhs", "rhs", "expr", "vector_selector", "param"):
+            child = getattr(node, attr, None)
+            if child is not None and hasattr(child, "prettify"):
+                walk(child)
+        for child in getattr(node, "args", None) or []:
+            walk(child)
+
+    walk(promql_parser.parse(expr))
+    return names
+
+
+def reference_lines(*parts: str) -> set[str]:
+    path = REFERENCE.joinpath(*parts)
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: ../shared (the pinned releases' metric lists) is not checked out here")
+    return {line.split(",")[0].strip() for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")}
+
+
+def known(name: str) -> bool:
+    """Whether a pinned release exports ``name`` (histogram/counter suffixes taken off)."""
+    base = re.sub(r"_(total|bucket|sum|count)$", "", name)
+    data = metric_names()
+    if name.startswith("vllm:"):
+        return base in reference_lines("vllm-0.33.0", "metrics.txt")
+    prefix = data["ray"]["rayVllmPrefix"]
+    if name.startswith(prefix):  # vLLM inside ray[llm] 2.60.0, which pins vLLM 0.29.0
+        return "vllm:" + base.removeprefix(prefix) in reference_lines("vllm-0.29.0", "metrics.txt")
+    if name.startswith("DCGM_"):
+        return name in reference_lines("dcgm-exporter-4.8.2", "default-counters.csv")
+    return any(base in data[source]["names"] for source in ("ray", "kuberay", "kubeStateMetrics"))
+
+
+def test_every_metric_in_alerts_and_autoscalers_is_exported_by_a_pinned_release(plan: Any) -> None:
+    _, _, objects = plan
+    found = {(where, name) for where, expr in expressions(objects) for name in selectors(expr)}
+    assert len(found) > 10
+    assert [f for f in found if not known(f[1])] == []
+    # the checker itself refuses names the releases do not export
+    assert not known("vllm:gpu_cache_usage_ratio") and not known("ray_vllm_batch_size")
+    assert not known("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")  # commented out in the exporter's default counters
+
+
+def test_alerts_cover_every_layer_with_thresholds_from_the_plan(plan: Any) -> None:
+    _, models, objects = plan
+    [rule] = of_kind(objects, "PrometheusRule")
+    groups = {g["name"]: {r["alert"]: r for r in g["rules"]} for g in rule["spec"]["groups"]}
+    assert set(groups) == {"triarch-where", "triarch-how", "triarch-when"}
+    for model in models:
+        name = "".join(p.capitalize() for p in model.name.split("-"))
+        queued = groups["triarch-when"][f"{name}RequestsQueuedGpusIdle"]["expr"]
+        assert f"> {model.sizing.engine_args['max_num_seqs']} and" in queued
+        metric = "vllm:" if model.config.engine == "vllm" else "ray_vllm_"
+        assert f'{metric}num_requests_waiting{{namespace="llm", model_name="{model.name}"}}' in queued
+    assert "EmbedSlowFirstToken" in groups["triarch-when"] and "> 2.5" in groups["triarch-when"][
+        "EmbedSlowFirstToken"]["expr"]
+    assert "ChatSlowFirstToken" not in groups["triarch-when"]  # no SLO given for chat
+    pools = {m.pool.name: m.pool for m in models}
+    for pool in pools.values():
+        expr = groups["triarch-where"][f"{pool.name.capitalize()}GpusMissing"]["expr"]
+        assert f"* {pool.schedulable_gpus_per_node} > " in expr
+    assert "RayServiceNotReady" in groups["triarch-how"]
+    for group in groups.values():  # what promtool checks: a parsable expression, a duration, a severity
+        for alert in group.values():
+            promql_parser.parse(alert["expr"])
+            assert re.fullmatch(r"\d+m", alert["for"]) and alert["labels"]["severity"] in ("warning", "critical")
+
+
+@pytest.mark.parametrize(("kind", "crd"), [
+    ("PodMonitor", ("prometheus-operator-v0.93.1", "crds", "crd-podmonitors.yaml")),
+    ("PrometheusRule", ("prometheus-operator-v0.93.1", "crds", "crd-prometheusrules.yaml")),
+    ("ScaledObject", ("keda-2.20.2", "crds", "crd-scaledobjects.yaml")),
+])
+def test_objects_validate_against_the_upstream_crds(plan: Any, kind: str, crd: tuple[str, ...]) -> None:
+    _, _, objects = plan
+    found = of_kind(objects, kind)
+    assert found
+    version = "v1alpha1" if kind == "ScaledObject" else "v1"
+    schema = crd_schema(*crd, version=version)
+    # Not jsonschema.validate: it checks the schema first, and the CRD's Go patterns (`^(?i)(abort|warn)?$` on
+    # a field Triarch does not set) are not Python regexes. Every field Triarch sets is still validated.
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for obj in found:
+        validator.validate(obj)
+        assert unknown_fields(obj, schema) == []
+
+
+def test_keda_scales_plain_vllm_on_its_own_signals_and_drains_before_scaling_down(plan: Any) -> None:
+    _, models, objects = plan
+    [scaled] = of_kind(objects, "ScaledObject")
+    [embed] = [m for m in models if m.name == "embed"]
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "embed"}
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (1, 3)
+    assert {t["type"] for t in spec["triggers"]} == {"prometheus"}
+    waiting = next(t for t in spec["triggers"] if t["name"] == "requests-waiting")
+    assert waiting["metadata"]["threshold"] == str(max(1, embed.sizing.engine_args["max_num_seqs"] // 10))
+    down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    assert down["stabilizationWindowSeconds"] >= grace_period_seconds()
+    assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": down["stabilizationWindowSeconds"]}]
+
+
+def test_the_cpu_autoscaler_guardrail_accepts_keda_on_vllm_metrics_and_refuses_cpu_triggers(plan: Any) -> None:
+    _, _, objects = plan
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "embed", "namespace": "llm"},
+                  "spec": {"template": {"spec": {"containers": [
+                      {"name": "vllm", "image": "vllm/vllm-openai:v0.33.0",
+                       "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}}
+    [scaled] = of_kind(objects, "ScaledObject")
+    resources = [Resource("kubernetes:apps/v1:Deployment", "embed", deployment),
+                 Resource("kubernetes:keda.sh/v1alpha1:ScaledObject", "embed", scaled)]
+    assert no_cpu_hpa(resources, {}) == []
+    cpu = {**scaled, "spec": {**scaled["spec"], "triggers": [{"type": "cpu", "metricType": "Utilization",
+                                                              "metadata": {"value": "60"}}]}}
+    [(_, message)] = no_cpu_hpa([resources[0], Resource("kubernetes:keda.sh/v1alpha1:ScaledObject", "embed", cpu)],
+                                {})
+    assert "on cpu" in message
+
+
+def test_prometheus_scrapes_the_metrics_ports_and_nothing_else_does(plan: Any) -> None:
+    _, _, objects = plan
+    policies = of_kind(objects, "NetworkPolicy")
+    prometheus = Pod("monitoring", {"app.kubernetes.io/name": "prometheus"})
+    elsewhere = Pod("other", {"app": "curious"})
+    vllm = Pod("llm", {"app.kubernetes.io/name": "vllm"}, ip="10.0.200.9")
+    ray = Pod("llm", {"ray.io/is-ray-node": "yes", "ray.io/node-type": "worker"}, ip="10.0.200.10")
+    assert connects(policies, prometheus, vllm, 8000) and connects(policies, prometheus, ray, 8080)
+    assert not connects(policies, elsewhere, vllm, 8000) and not connects(policies, elsewhere, ray, 8080)
+    assert not connects(policies, prometheus, ray, 8265)  # the dashboard stays closed
+
+
+def test_nothing_for_prometheus_unless_the_stack_says_one_runs(mutated_config: MutatedConfig) -> None:
+    stack = from_pulumi_config(mutated_config("prod", lambda c: None))
+    objects = plan_kubernetes(stack, plan_models(stack, catalog()), catalog())
+    assert objects.observability == []
+    assert [p for p in objects.serving if p["metadata"]["name"] == "allow-prometheus-scrape"] == []
+
+
+@pytest.mark.parametrize(("observability", "autoscaling", "key", "words"), [
+    ({}, {"min": 1, "max": 3}, "autoscaling", "needs KEDA and a Prometheus"),
+    ({"prometheus": "existing"}, {"min": 1, "max": 3}, "autoscaling", "needs KEDA and a Prometheus"),
+    (OBSERVED, {"min": 0, "max": 3}, "autoscaling.min", "leaves no vLLM server"),
+])
+def test_vllm_autoscaling_needs_keda_prometheus_and_a_server(mutated_config: MutatedConfig,
+                                                            observability: dict[str, Any],
+                                                            autoscaling: dict[str, int], key: str, words: str) -> None:
+    def mutate(config: dict[str, Any]) -> None:
+        config["triarch:observability"] = dict(observability)
+        config["triarch:models"][0].pop("replicas", None)
+        config["triarch:models"][0]["autoscaling"] = autoscaling
+
+    with pytest.raises(ConfigError) as refused:
+        from_pulumi_config(mutated_config("prod", mutate))
+    assert str(refused.value).startswith(f"triarch:models[0].{key}") and words in str(refused.value)
+
+
+def test_chart_service_monitors_use_keys_the_charts_have() -> None:
+    from triarch.components.serving import kuberay_values
+
+    labels = {"release": "kube-prometheus-stack"}
+    for chart, values in (("kuberay-v1.7.0", kuberay_values("system", labels)),
+                          ("karpenter-v1.14.1", {"serviceMonitor": controller_values("c", labels)["serviceMonitor"]})):
+        path = REFERENCE / chart / "values.yaml"
+        if not path.is_file():
+            pytest.skip(f"{path} is absent: ../shared is not checked out here")
+        upstream = yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert unknown_paths(values, upstream) == []
+    assert kuberay_values("system", labels)["metrics"]["serviceMonitor"]["additionalLabels"] == labels
+    assert "serviceMonitor" not in controller_values("c")
