@@ -249,3 +249,36 @@ def test_chart_service_monitors_use_keys_the_charts_have() -> None:
         assert unknown_paths(values, upstream) == []
     assert kuberay_values("system", labels)["metrics"]["serviceMonitor"]["additionalLabels"] == labels
     assert "serviceMonitor" not in controller_values("c")
+
+
+def test_the_program_registers_them_and_the_guardrails_pass(tmp_path: Path) -> None:
+    """Through the whole program under Pulumi's mocks: the monitors, the rule and the ScaledObject are registered
+    (custom resources, with the chart ServiceMonitors switched on) and no mandatory guardrail objects."""
+    from conftest import plan_config, stack_document
+    from triarch.guardrails.check import evaluate
+
+    config = stack_document("prod")
+    observed(config)
+    plan = plan_config("prod", config, tmp_path)
+    kinds = {r.type for r in plan.resources}
+    for kind in ("PodMonitor", "PrometheusRule"):
+        assert f"kubernetes:monitoring.coreos.com/v1:{kind}" in kinds
+    assert "kubernetes:keda.sh/v1alpha1:ScaledObject" in kinds
+    releases = {r.inputs["name"]: r.inputs["values"] for r in plan.resources
+                if r.type == "kubernetes:helm.sh/v3:Release"}
+    assert releases["kuberay-operator"]["metrics"]["serviceMonitor"]["enabled"] is True
+    assert releases["karpenter"]["serviceMonitor"]["additionalLabels"] == {"release": "kube-prometheus-stack"}
+    resources = [Resource(r.type, r.name, r.inputs, r.urn) for r in plan.resources]
+    mandatory = [f for f in evaluate(resources) if f.enforcement == "mandatory"]
+    assert mandatory == []
+
+
+def test_every_metric_the_runbook_names_is_exported_by_a_pinned_release() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Runbook: which layer is failing", 1)[1].split("\n## ", 1)[0]
+    spans = re.findall(r"`([^`]+)`", section)
+    names = {re.match(r"[A-Za-z_:][A-Za-z0-9_:]*", span).group(0) for span in spans  # type: ignore[union-attr]
+             if re.match(r"(vllm:|ray_|DCGM_|kube_|kuberay_)[a-z_A-Z]", span)}
+    names = {n for n in names if not n.endswith("_")}  # "ray_vllm_*" as a family, not a metric
+    assert {"vllm:kv_cache_usage_perc", "DCGM_FI_DEV_XID_ERRORS", "kuberay_service_condition_ready"} <= names
+    assert sorted(n for n in names if not known(n)) == []

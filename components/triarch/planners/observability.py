@@ -33,6 +33,7 @@ KV_FULL = 0.95
 KV_SCALE_TARGET = 0.8
 """KEDA adds a replica when the replicas' KV caches are on average this full."""
 GPU_IDLE_PERCENT = 50
+RUNBOOK = "README.md#runbook-which-layer-is-failing"
 
 
 @cache
@@ -65,7 +66,7 @@ class Alert:
     def rule(self) -> dict[str, Any]:
         return {"alert": self.name, "expr": self.expr, "for": f"{self.minutes}m",
                 "labels": {"severity": self.severity, "layer": self.layer},
-                "annotations": {"summary": self.summary, "runbook": f"README.md#{self.layer}-{self.name.lower()}"}}
+                "annotations": {"summary": self.summary, "runbook": RUNBOOK}}
 
 
 def model_alerts(plan: ModelPlan, namespace: str) -> list[Alert]:
