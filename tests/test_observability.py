@@ -26,7 +26,7 @@ from triarch.planners.observability import metric_names
 from triarch.planners.vllm import grace_period_seconds
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
-OBSERVED = {"prometheus": "existing", "keda": True}
+OBSERVED = {"prometheus": "existing", "keda": "install"}
 
 
 def observed(config: dict[str, Any]) -> None:
@@ -268,6 +268,10 @@ def test_the_program_registers_them_and_the_guardrails_pass(tmp_path: Path) -> N
                 if r.type == "kubernetes:helm.sh/v3:Release"}
     assert releases["kuberay-operator"]["metrics"]["serviceMonitor"]["enabled"] is True
     assert releases["karpenter"]["serviceMonitor"]["additionalLabels"] == {"release": "kube-prometheus-stack"}
+    assert {"dcgm-exporter", "keda"} <= set(releases)
+    [keda] = [r.urn for r in plan.resources if r.type == "kubernetes:helm.sh/v3:Release" and r.inputs["name"] == "keda"]
+    [scaled] = [r for r in plan.resources if r.type == "kubernetes:keda.sh/v1alpha1:ScaledObject"]
+    assert keda in plan.dependencies[scaled.urn]  # its CRD comes with the chart
     resources = [Resource(r.type, r.name, r.inputs, r.urn) for r in plan.resources]
     mandatory = [f for f in evaluate(resources) if f.enforcement == "mandatory"]
     assert mandatory == []
@@ -282,3 +286,31 @@ def test_every_metric_the_runbook_names_is_exported_by_a_pinned_release() -> Non
     names = {n for n in names if not n.endswith("_")}  # "ray_vllm_*" as a family, not a metric
     assert {"vllm:kv_cache_usage_perc", "DCGM_FI_DEV_XID_ERRORS", "kuberay_service_condition_ready"} <= names
     assert sorted(n for n in names if not known(n)) == []
+
+
+def test_the_dcgm_exporter_runs_on_gpu_nodes_only_without_capabilities(plan: Any) -> None:
+    from triarch.planners.monitoring import dcgm_values, keda_values
+    from triarch.scheduling import GPU_TAINT_KEY
+
+    stack, _, _ = plan
+    values = dcgm_values(stack)
+    assert values["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert [t["key"] for t in values["tolerations"]] == [GPU_TAINT_KEY]
+    security = values["securityContext"]
+    assert security["runAsNonRoot"] is True and security["capabilities"] == {"drop": ["ALL"]}
+    assert "add" not in security["capabilities"]  # the chart's default adds SYS_ADMIN
+    for chart, ours in (("dcgm-exporter-4.8.2", values), ("keda-2.20.2", keda_values(stack))):
+        path = REFERENCE / chart / "values.yaml"
+        if not path.is_file():
+            pytest.skip(f"{path} is absent: ../shared is not checked out here")
+        assert unknown_paths(ours, yaml.safe_load(path.read_text(encoding="utf-8"))) == []
+
+
+def test_a_serving_namespace_named_like_an_add_on_is_refused(mutated_config: MutatedConfig) -> None:
+    def mutate(config: dict[str, Any]) -> None:
+        observed(config)
+        config["triarch:serving"]["namespace"] = "keda"
+
+    stack = from_pulumi_config(mutated_config("prod", mutate))
+    with pytest.raises(ConfigError, match="keda"):
+        plan_kubernetes(stack, plan_models(stack, catalog()), catalog())

@@ -224,8 +224,12 @@ class ObservabilityConfig(_Model):
     """Labels the Prometheus selects monitors and rules by (kube-prometheus-stack: release=<its release name>)."""
     prometheus_url: str = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
     """Where KEDA queries (kube-prometheus-stack's Prometheus Service for a release of that name)."""
-    keda: bool = False
-    """KEDA runs in the cluster: `engine: vllm` models with `autoscaling` get a ScaledObject."""
+    dcgm_exporter: bool = True
+    """With a Prometheus: install NVIDIA's DCGM exporter on the GPU nodes (GPU use, memory, XID and memory errors
+    per pod); false where the cluster already runs one (the GPU operator's, say)."""
+    keda: Literal["none", "existing", "install"] = "none"
+    """KEDA for `engine: vllm` models with `autoscaling` (a ScaledObject each): one the cluster runs, or the pinned
+    chart Triarch installs."""
 
 
 class ImagesConfig(_Model):
@@ -368,11 +372,12 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                 raise ConfigError(f"{path}.replicas", model.replicas,
                                   "would be ignored beside autoscaling (Ray Serve keeps the replicas between "
                                   "autoscaling.min and max)", "remove replicas, or remove autoscaling")
-            if model.engine == "vllm" and not (stack.observability.keda and stack.observability.prometheus != "none"):
+            if model.engine == "vllm" and not (stack.observability.keda != "none"
+                                               and stack.observability.prometheus != "none"):
                 raise ConfigError(f"{path}.autoscaling", model.autoscaling.model_dump(by_alias=True),
                                   "scales a vllm model with KEDA on vLLM's own metrics, which needs KEDA and a "
                                   "Prometheus in the cluster (a CPU HPA on a GPU server scales at the wrong time)",
-                                  "observability: {prometheus: existing, keda: true}, or engine: ray-serve")
+                                  "observability: {prometheus: existing, keda: install}, or engine: ray-serve")
             if model.engine == "vllm" and model.autoscaling.min < 1:
                 raise ConfigError(f"{path}.autoscaling.min", model.autoscaling.min,
                                   "leaves no vLLM server to queue the request that should wake one (KEDA's "

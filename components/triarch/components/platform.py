@@ -9,11 +9,20 @@ from triarch.components.cluster import AdoptedCluster, EksCluster
 from triarch.components.device_plugin import DevicePlugin
 from triarch.components.karpenter import Karpenter, KarpenterPool
 from triarch.components.nodegroups import ExistingGpuPool, ManagedNodeGroup, gpu_node_group
-from triarch.components.serving import KubeRayOperator, Observability, RayServing, ServingNamespace, VllmServer
+from triarch.components.observability import ChartAddOn, Observability
+from triarch.components.serving import KubeRayOperator, RayServing, ServingNamespace, VllmServer
 from triarch.components.storage import SharedModelStore
 from triarch.config import SYSTEM_RELEASE_TABLE, StackConfig
 from triarch.planners.device_plugin import device_plugin_values
 from triarch.planners.models import ModelPlan
+from triarch.planners.monitoring import (
+    DCGM_RELEASE,
+    KEDA_RELEASE,
+    dcgm_namespace,
+    dcgm_values,
+    keda_namespace,
+    keda_values,
+)
 from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
 from triarch.planners.objects import KubernetesPlan
 from triarch.scheduling import SYSTEM_POOL
@@ -116,8 +125,19 @@ class Platform(pulumi.ComponentResource):
                                            monitor_labels=monitors(stack))
             served = [plan.name for plan in models if plan.config.engine == "ray-serve"]
             self.ray = RayServing("ray-serve", objects.ray, served, self.kuberay, self.provider, opts=after)
+        self.dcgm_exporter: ChartAddOn | None = None
+        self.keda: ChartAddOn | None = None
+        observed = stack.observability
+        if observed.prometheus != "none" and observed.dcgm_exporter:
+            self.dcgm_exporter = ChartAddOn(DCGM_RELEASE, charts()["dcgm-exporter"], dcgm_namespace(),
+                                            dcgm_values(stack), self.provider, opts=pulumi.ResourceOptions(parent=self))
+        if observed.keda == "install":
+            self.keda = ChartAddOn(KEDA_RELEASE, charts()["keda"], keda_namespace(), keda_values(stack),
+                                   self.provider, opts=pulumi.ResourceOptions(parent=self))
         self.observability: Observability | None = None
         if objects.observability:
-            self.observability = Observability("observability", objects.observability, self.provider,
-                                               opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                                                   self.serving_namespace, *self.vllm_servers]))
+            waits: list[pulumi.Resource] = [self.serving_namespace, *self.vllm_servers]
+            if self.keda is not None:
+                waits.append(self.keda.release)  # the ScaledObject CRD comes with the chart
+            self.observability = Observability("observability", objects.observability, waits, self.provider,
+                                               opts=pulumi.ResourceOptions(parent=self))

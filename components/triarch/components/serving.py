@@ -91,14 +91,3 @@ class RayServing(pulumi.ComponentResource):
                          for obj in objects if obj["kind"] == "RayService"]
         self.register_outputs({"models": models})
 
-
-class Observability(pulumi.ComponentResource):
-    """The PodMonitors, the layer alerts and the KEDA ScaledObjects, for the Prometheus Operator and KEDA the
-    cluster already runs (their CRDs must exist)."""
-
-    def __init__(self, name: str, objects: list[dict[str, Any]], provider: k8s.Provider,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("triarch:observability:Observability", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self, provider=provider)
-        self.objects = [register(obj, child) for obj in objects]
-        self.register_outputs({"kinds": sorted({obj["kind"] for obj in objects})})

@@ -15,7 +15,7 @@ from typing import Any
 from triarch.catalog import Catalog
 from triarch.config import StackConfig
 from triarch.errors import ConfigError
-from triarch.planners import karpenter, pods
+from triarch.planners import karpenter, monitoring, pods
 from triarch.planners.capacity import check_capacity
 from triarch.planners.device_plugin import NAMESPACE as DEVICE_PLUGIN_NAMESPACE
 from triarch.planners.models import ModelPlan
@@ -134,6 +134,11 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
                     {"apiVersion": "v1", "kind": "Service",
                      "metadata": {"name": f"{RAY_SERVICE}-{suffix}", "namespace": settings.namespace}})
                    for suffix in KUBERAY_SERVICES]
+    observed = stack.observability
+    if observed.prometheus != "none" and observed.dcgm_exporter:
+        owners.append((Owner("triarch:observability.dcgmExporter", "true"), monitoring.dcgm_namespace()))
+    if observed.keda == "install":
+        owners.append((Owner("triarch:observability.keda", "install"), monitoring.keda_namespace()))
     observability = observability_manifests(stack, models, settings)
     owners += [(Owner("triarch:observability.prometheus", stack.observability.prometheus), o)
                for o in observability]

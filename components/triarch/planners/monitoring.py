@@ -1,0 +1,50 @@
+"""The add-ons Triarch installs for monitoring and autoscaling, as chart values: the DCGM exporter on GPU nodes
+only (GPU health and use, per pod), and KEDA (autoscaling plain vLLM on its own metrics)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from triarch.config import StackConfig
+from triarch.planners import pods
+from triarch.scheduling import GPU_PRESENT_LABEL, POOL_LABEL, SYSTEM_POOL, gpu_toleration
+
+DCGM_NAMESPACE = "gpu-monitoring"
+DCGM_RELEASE = "dcgm-exporter"
+KEDA_NAMESPACE = "keda"
+KEDA_RELEASE = "keda"
+
+
+def dcgm_namespace() -> dict[str, Any]:
+    return pods.namespace(
+        DCGM_NAMESPACE, "privileged",
+        "the DCGM exporter reads the kubelet's pod-resources socket (hostPath) to name the pod holding each GPU; "
+        "it runs non-root with no capabilities, and nothing else runs here")
+
+
+def dcgm_values(stack: StackConfig) -> dict[str, Any]:
+    """On GPU nodes only, tolerating their taint; non-root with every capability dropped (the chart's default adds
+    SYS_ADMIN for the DCP profiling fields, DCGM_FI_PROF_*, which no Triarch alert reads: the exporter collects the
+    rest without them); a ServiceMonitor with the labels the cluster's Prometheus selects. Every key exists in the
+    chart's values.yaml (4.8.2)."""
+    return {
+        "nodeSelector": {GPU_PRESENT_LABEL: "true"},
+        "tolerations": [gpu_toleration()],
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]}},
+        "serviceMonitor": {"enabled": True, "additionalLabels": dict(stack.observability.monitor_labels)},
+    }
+
+
+def keda_namespace() -> dict[str, Any]:
+    return pods.namespace(KEDA_NAMESPACE, "restricted",
+                          "the KEDA operator and metrics server run non-root, read-only, with no capabilities")
+
+
+def keda_values(stack: StackConfig) -> dict[str, Any]:
+    """CRDs from the chart's templates (upgraded with it); on the system nodes of a created cluster. Every key
+    exists in the chart's values.yaml (2.20.2)."""
+    values: dict[str, Any] = {"crds": {"install": True}}
+    if stack.cluster.create:
+        values["nodeSelector"] = {POOL_LABEL: SYSTEM_POOL}
+    return values
