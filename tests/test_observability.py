@@ -3,6 +3,7 @@ name in them exported by the pinned release, every object valid against the upst
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -314,3 +315,20 @@ def test_a_serving_namespace_named_like_an_add_on_is_refused(mutated_config: Mut
     stack = from_pulumi_config(mutated_config("prod", mutate))
     with pytest.raises(ConfigError, match="keda"):
         plan_kubernetes(stack, plan_models(stack, catalog()), catalog())
+
+
+def test_the_dashboard_is_laid_out_by_layer_with_real_metrics(plan: Any) -> None:
+    _, models, objects = plan
+    [config_map] = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert config_map["metadata"]["namespace"] == "monitoring"
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    [body] = config_map["data"].values()
+    board = json.loads(body)
+    rows = [p["title"].split(":")[0] for p in board["panels"] if p["type"] == "row"]
+    assert rows == ["Where", "How", "When"]
+    queries = [t["expr"] for p in board["panels"] if p["type"] == "timeseries" for t in p["targets"]]
+    names = {name for expr in queries for name in selectors(expr)}
+    assert sorted(n for n in names if not known(n)) == []
+    for model in models:  # each model's own panels, on its engine's names
+        metric = "vllm:" if model.config.engine == "vllm" else "ray_vllm_"
+        assert any(f'{metric}kv_cache_usage_perc{{namespace="llm", model_name="{model.name}"}}' in q for q in queries)

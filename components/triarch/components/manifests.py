@@ -13,6 +13,7 @@ from triarch.catalog import Chart
 KINDS: dict[tuple[str, str], Any] = {
     ("v1", "Namespace"): k8s.core.v1.Namespace,
     ("v1", "Secret"): k8s.core.v1.Secret,
+    ("v1", "ConfigMap"): k8s.core.v1.ConfigMap,
     ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
     ("v1", "Service"): k8s.core.v1.Service,
     ("v1", "PersistentVolumeClaim"): k8s.core.v1.PersistentVolumeClaim,

@@ -17,6 +17,7 @@ from triarch.config import StackConfig
 from triarch.errors import ConfigError
 from triarch.planners import karpenter, monitoring, pods
 from triarch.planners.capacity import check_capacity
+from triarch.planners.dashboard import dashboard_config_map
 from triarch.planners.device_plugin import NAMESPACE as DEVICE_PLUGIN_NAMESPACE
 from triarch.planners.models import ModelPlan
 from triarch.planners.nodegroups import plan_eks_pool
@@ -140,6 +141,8 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
     if observed.keda == "install":
         owners.append((Owner("triarch:observability.keda", "install"), monitoring.keda_namespace()))
     observability = observability_manifests(stack, models, settings)
+    if observability:
+        observability.append(dashboard_config_map(stack, models, settings.namespace))
     owners += [(Owner("triarch:observability.prometheus", stack.observability.prometheus), o)
                for o in observability]
     check_objects(owners)

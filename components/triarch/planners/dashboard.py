@@ -1,0 +1,115 @@
+"""A Grafana dashboard laid out by layer, built with grafana-foundation-sdk and shipped as a ConfigMap that Grafana's
+dashboard sidecar loads (kube-prometheus-stack's Grafana watches ConfigMaps labelled grafana_dashboard=1).
+
+Where: GPUs each pool advertises and the pods request, GPU use and memory per pod. How: Ray Serve replicas,
+queued and ongoing requests. When: running and waiting requests, KV cache use, time to first token and between
+tokens, tokens per second and preemptions, per model (vLLM's own names, or Ray's ray_vllm_ ones)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.builders.timeseries import Panel
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+
+from triarch.config import StackConfig
+from triarch.planners import pods
+from triarch.planners.models import ModelPlan
+from triarch.planners.observability import vllm_metric
+from triarch.scheduling import POOL_LABEL
+
+DASHBOARD_UID = "triarch-layers"
+SIDECAR_LABEL = {"grafana_dashboard": "1"}
+"""The label kube-prometheus-stack's Grafana sidecar looks for (its default `sidecar.dashboards.label`)."""
+POOL = "label_" + POOL_LABEL.replace(".", "_").replace("/", "_").replace("-", "_")
+
+
+def _panel(title: str, unit: str, *queries: tuple[str, str]) -> Panel:
+    panel = Panel().title(title).unit(unit)
+    for expr, legend in queries:
+        panel = panel.with_target(Dataquery().expr(expr).legend_format(legend))
+    return panel
+
+
+def _where(namespace: str) -> list[Panel]:
+    pool_nodes = f"kube_node_labels{{{POOL}!=\"\"}}"
+    return [
+        _panel("GPUs advertised per pool", "short",
+               (f'sum by ({POOL}) (kube_node_status_allocatable{{resource="nvidia_com_gpu"}} * on(node) '
+                f"group_left({POOL}) {pool_nodes})", f"{{{{{POOL}}}}}")),
+        _panel("GPUs requested by serving pods", "short",
+               (f'sum(kube_pod_container_resource_requests{{namespace="{namespace}", resource="nvidia_com_gpu"}})',
+                "requested")),
+        _panel("GPU utilisation per pod", "percent",
+               (f'avg by (pod) (DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}"}})', "{{pod}}")),
+        _panel("GPU memory used per pod", "decmbytes",
+               (f'sum by (pod) (DCGM_FI_DEV_FB_USED{{namespace="{namespace}"}})', "{{pod}}")),
+    ]
+
+
+def _how() -> list[Panel]:
+    return [
+        _panel("Ray Serve replicas: healthy and target", "short",
+               ("sum by (deployment) (ray_serve_deployment_replica_healthy)", "{{deployment}} healthy"),
+               ("max by (deployment) (ray_serve_autoscaling_target_replicas)", "{{deployment}} target")),
+        _panel("Ray Serve requests: queued and ongoing", "short",
+               ("sum by (deployment) (ray_serve_deployment_queued_queries)", "{{deployment}} queued"),
+               ("sum by (deployment) (ray_serve_num_ongoing_requests_at_replicas)", "{{deployment}} ongoing")),
+    ]
+
+
+def _when(plan: ModelPlan, namespace: str) -> list[Panel]:
+    sel = f'{{namespace="{namespace}", model_name="{plan.name}"}}'
+
+    def metric(name: str) -> str:
+        return vllm_metric(plan, name)
+
+    def quantile(q: float, name: str) -> str:
+        return f"histogram_quantile({q}, sum by (le) (rate({metric(name)}_bucket{sel}[5m])))"
+
+    seqs = plan.sizing.engine_args["max_num_seqs"]
+    return [
+        _panel(f"{plan.name}: requests running and waiting (batch {seqs})", "short",
+               (f"sum({metric('num_requests_running')}{sel})", "running"),
+               (f"sum({metric('num_requests_waiting')}{sel})", "waiting")),
+        _panel(f"{plan.name}: KV cache use", "percentunit",
+               (f"max by (pod) ({metric('kv_cache_usage_perc')}{sel})", "{{pod}}")),
+        _panel(f"{plan.name}: time to first token and between tokens", "s",
+               (quantile(0.5, "time_to_first_token_seconds"), "TTFT p50"),
+               (quantile(0.9, "time_to_first_token_seconds"), "TTFT p90"),
+               (quantile(0.9, "inter_token_latency_seconds"), "ITL p90")),
+        _panel(f"{plan.name}: tokens per second and preemptions", "short",
+               (f"sum(rate({metric('generation_tokens')}_total{sel}[5m]))", "generated tokens/s"),
+               (f"sum(rate({metric('num_preemptions')}_total{sel}[5m]))", "preemptions/s")),
+    ]
+
+
+def dashboard(stack: StackConfig, models: list[ModelPlan], namespace: str) -> dict[str, Any]:
+    """The dashboard model (Grafana's JSON) for this stack's pools and models."""
+    board = (Dashboard("Triarch: where, how, when").uid(DASHBOARD_UID).tags(["triarch", stack.cluster.name])
+             .refresh("30s").time("now-6h", "now"))
+    board = board.with_row(Row("Where: Kubernetes places replicas on GPUs"))
+    for panel in _where(namespace):
+        board = board.with_panel(panel)
+    if any(m.config.engine == "ray-serve" for m in models):
+        board = board.with_row(Row("How: Ray Serve splits the work"))
+        for panel in _how():
+            board = board.with_panel(panel)
+    board = board.with_row(Row("When: vLLM schedules each request"))
+    for plan in models:
+        for panel in _when(plan, namespace):
+            board = board.with_panel(panel)
+    built: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    return built
+
+
+def dashboard_config_map(stack: StackConfig, models: list[ModelPlan], namespace: str) -> dict[str, Any]:
+    """The dashboard as a ConfigMap in the Prometheus namespace, for Grafana's sidecar."""
+    body = json.dumps(dashboard(stack, models, namespace), sort_keys=True, indent=1)
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": DASHBOARD_UID, "namespace": stack.observability.namespace,
+                         "labels": {**SIDECAR_LABEL, **pods.MANAGED_BY}},
+            "data": {f"{DASHBOARD_UID}.json": body}}
