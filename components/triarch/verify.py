@@ -1,0 +1,288 @@
+"""`triarch verify`: a live cluster against the plan, layer by layer.
+
+Where: every GPU node of a pool carries the planned labels and taint and advertises the planned nvidia.com/gpu, and
+the driver GPU feature discovery reports satisfies the driver/CUDA matrix for every image placed there; the device
+plugin, the DCGM exporter and Karpenter are ready. How: the KubeRay operator is ready and every Ray Serve application
+is RUNNING. When: every vLLM server answers /health, lists its model on /v1/models and exports the metrics the
+alerts read. The checks are pure functions of what `kubectl get -o json` and the servers return; `Cluster` fetches
+that through testinfra's local host (kubectl and a port-forward per server).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from triarch.catalog import Catalog
+from triarch.config import StackConfig
+from triarch.matrix import Node, check_image_on_node, images_by_engine
+from triarch.planners import device_plugin, karpenter, monitoring
+from triarch.planners.models import ModelPlan
+from triarch.planners.nodegroups import PoolPlan
+from triarch.planners.ray import RAY_SERVICE
+from triarch.planners.serving import KUBERAY_NAMESPACE
+from triarch.planners.vllm import PORT
+from triarch.scheduling import POOL_LABEL
+
+DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
+"""The node's driver as GPU feature discovery labels it."""
+GPU_RESOURCE = "nvidia.com/gpu"
+ALERT_METRICS = ("num_requests_waiting", "num_requests_running", "kv_cache_usage_perc", "num_preemptions",
+                 "time_to_first_token_seconds")
+"""The vLLM metrics the alerts and the autoscaler read (base names; counters and histograms carry suffixes)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    layer: str
+    subject: str
+    ok: bool
+    message: str
+    fix: str = ""
+
+
+def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("labels") or {})
+
+
+def check_nodes(nodes: list[dict[str, Any]], pools: Iterable[PoolPlan]) -> Iterator[Finding]:
+    """Where: each pool's nodes carry its labels and taints and advertise its GPUs."""
+    for pool in pools:
+        members = [n for n in nodes if _labels(n).get(POOL_LABEL) == pool.name]
+        if not members:
+            yield Finding("where", f"pool {pool.name}", True, "no nodes up (the pool may be scaled to zero)")
+            continue
+        for node in members:
+            name = f"node {node['metadata']['name']} (pool {pool.name})"
+            labels = _labels(node)
+            wrong = {k: labels.get(k) for k, v in pool.labels.items() if labels.get(k) != v}
+            if wrong:
+                yield Finding("where", name, False, f"labels {wrong} where the plan has "
+                              f"{ {k: pool.labels[k] for k in wrong} }",
+                              "the node group's labels (pulumi up) or, for existing nodes, kubectl label")
+            taints = [{k: t.get(k) for k in ("key", "value", "effect")} for t in (node.get("spec") or {}).get(
+                "taints") or []]
+            missing = [t for t in pool.taints if t not in taints]
+            if missing:
+                yield Finding("where", name, False, f"lacks the taint(s) {missing}: other pods can take its GPUs",
+                              "the node group's taints (pulumi up) or kubectl taint")
+            advertised = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)
+            if str(advertised) != str(pool.schedulable_gpus_per_node):
+                yield Finding("where", name, False, f"advertises {advertised or 'no'} {GPU_RESOURCE}, the plan "
+                              f"{pool.schedulable_gpus_per_node}",
+                              "the device plugin is not running on it (taint, node selector) or a GPU failed "
+                              "(see DCGM_FI_DEV_XID_ERRORS)")
+            if not wrong and not missing and str(advertised) == str(pool.schedulable_gpus_per_node):
+                yield Finding("where", name, True, f"labels, taints and {advertised} {GPU_RESOURCE} as planned")
+
+
+def check_drivers(nodes: list[dict[str, Any]], stack: StackConfig, models: list[ModelPlan],
+                  facts: Catalog) -> Iterator[Finding]:
+    """Where: the driver each node reports against the CUDA of every image placed on its pool."""
+    images = images_by_engine(stack)
+    placed = sorted({(m.pool.name, images[m.config.engine]) for m in models})
+    pools = {m.pool.name: m.pool for m in models}
+    for pool_name, ref in placed:
+        image = facts.image(ref)
+        if image is None:
+            continue
+        for node in (n for n in nodes if _labels(n).get(POOL_LABEL) == pool_name):
+            name = f"node {node['metadata']['name']} (pool {pool_name})"
+            driver = _labels(node).get(DRIVER_LABEL)
+            if driver is None:
+                yield Finding("where", name, False, f"has no {DRIVER_LABEL} label",
+                              "GPU feature discovery is not running there (devicePlugin.gpuFeatureDiscovery)")
+                continue
+            verdict = check_image_on_node(image, Node(pool_name, pools[pool_name].gpu, driver, "reports"), facts)
+            yield Finding("where", name, verdict.level != "error",
+                          f"driver {driver} for {ref}: {verdict.message}",
+                          "" if verdict.level != "error" else "pin an AMI release whose driver the matrix accepts")
+
+
+def check_ready(workloads: list[dict[str, Any]], release: str, layer: str, what: str) -> Finding:
+    """A Helm release's DaemonSets and Deployments all ready (matched by app.kubernetes.io/instance)."""
+    mine = [w for w in workloads if _labels(w).get("app.kubernetes.io/instance") == release]
+    if not mine:
+        return Finding(layer, what, False, f"no DaemonSet or Deployment of release {release}",
+                       "pulumi up (the release is in the plan)")
+    for w in mine:
+        status = w.get("status") or {}
+        if w["kind"] == "DaemonSet":
+            want, have = status.get("desiredNumberScheduled", 0), status.get("numberReady", 0)
+        else:
+            want, have = (w.get("spec") or {}).get("replicas", 1), status.get("readyReplicas", 0)
+        if have < want:
+            return Finding(layer, what, False, f"{w['kind']} {w['metadata']['name']}: {have} of {want} ready",
+                           f"kubectl -n {w['metadata']['namespace']} describe {w['kind'].lower()} "
+                           f"{w['metadata']['name']}")
+    return Finding(layer, what, True, f"{len(mine)} workload(s) ready")
+
+
+def check_ray_service(service: dict[str, Any] | None, served: list[str]) -> Iterator[Finding]:
+    """How: each Ray Serve application of the RayService RUNNING."""
+    if service is None:
+        yield Finding("how", f"RayService {RAY_SERVICE}", False, "not found", "pulumi up")
+        return
+    apps = ((service.get("status") or {}).get("activeServiceStatus") or {}).get("applicationStatuses") or {}
+    for name in served:
+        status = (apps.get(name) or {}).get("status", "absent")
+        yield Finding("how", f"Ray Serve application {name}", status == "RUNNING", f"status {status}",
+                      "" if status == "RUNNING" else
+                      f"kubectl describe rayservice {RAY_SERVICE}; the head's logs (serve status)")
+
+
+def metric_names(exposition: str) -> set[str]:
+    """Metric names of a Prometheus text exposition (comments and blank lines skipped)."""
+    names = set()
+    for line in exposition.splitlines():
+        match = re.match(r"([A-Za-z_:][A-Za-z0-9_:]*)", line)
+        if match and not line.startswith("#"):
+            names.add(match.group(1))
+    return names
+
+
+def check_vllm(plan: ModelPlan, base_url: str, timeout: float = 5.0) -> Iterator[Finding]:
+    """When: /health answers, /v1/models lists the served model, /metrics has what the alerts read."""
+    subject = f"vLLM server {plan.name}"
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(base_url.rstrip("/") + path, timeout=timeout) as response:
+                return response.status, response.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as error:
+            return error.code, ""
+        except OSError as error:
+            return 0, str(error)
+
+    status, _ = get("/health")
+    yield Finding("when", subject, status == 200, f"/health answered {status or 'nothing'}",
+                  "" if status == 200 else f"kubectl -n <namespace> logs deploy/{plan.name} (weights, OOM, CUDA)")
+    status, body = get("/v1/models")
+    try:
+        ids = [m.get("id") for m in json.loads(body).get("data", [])] if status == 200 else []
+    except (json.JSONDecodeError, AttributeError):
+        ids = []
+    yield Finding("when", subject, plan.name in ids, f"/v1/models lists {ids or 'nothing'}",
+                  "" if plan.name in ids else "--served-model-name must be the stack's model name (pulumi up)")
+    status, body = get("/metrics")
+    exported = metric_names(body) if status == 200 else set()
+    missing = [m for m in ALERT_METRICS
+               if not any(n == f"vllm:{m}" or n.startswith(f"vllm:{m}_") for n in exported)]
+    yield Finding("when", subject, not missing, "exports every metric the alerts read" if not missing else
+                  f"does not export {', '.join('vllm:' + m for m in missing)}",
+                  "" if not missing else "the image's vLLM must be the pinned one (templates/compat/images.yaml)")
+
+
+class Unreachable(Exception):
+    """No cluster answers (no kubectl, no context, or the API server does not): verify is skipped."""
+
+
+class KubectlFailed(Exception):
+    """The cluster answered, but a kubectl call failed (RBAC, a missing namespace): verify fails."""
+
+
+class Cluster:
+    """kubectl through testinfra's local host."""
+
+    def __init__(self, context: str | None = None) -> None:
+        import testinfra  # type: ignore[import-untyped]
+
+        self.host = testinfra.get_host("local://")
+        self.context = ["--context", context] if context else []
+
+    def kubectl(self, *args: str) -> str:
+        result = self.host.run(" ".join(["kubectl", *self.context, *args]))
+        if result.rc != 0:
+            raise KubectlFailed(f"kubectl {' '.join(args)}: " + (result.stderr.strip().splitlines()[-1]
+                                                                  if result.stderr.strip() else f"exit {result.rc}"))
+        return str(result.stdout)
+
+    def reachable(self) -> None:
+        if not self.host.exists("kubectl"):
+            raise Unreachable("kubectl is not on the PATH")
+        try:
+            self.kubectl("get", "--raw", "/readyz")
+        except KubectlFailed as why:
+            raise Unreachable(str(why)) from None
+
+    def items(self, *args: str) -> list[dict[str, Any]]:
+        return list(json.loads(self.kubectl("get", *args, "-o", "json")).get("items", []))
+
+    def get(self, *args: str) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads(self.kubectl("get", *args, "-o", "json")))
+        except KubectlFailed:
+            return None
+
+    @contextmanager
+    def forward(self, namespace: str, service: str) -> Iterator[str]:
+        """A local address for the service's OpenAI port, through kubectl port-forward."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            local = probe.getsockname()[1]
+        process = subprocess.Popen(["kubectl", *self.context, "-n", namespace, "port-forward", f"svc/{service}",
+                                    f"{local}:{PORT}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(50):
+                with socket.socket() as attempt:
+                    if attempt.connect_ex(("127.0.0.1", local)) == 0:
+                        break
+                time.sleep(0.1)
+            yield f"http://127.0.0.1:{local}"
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+
+def verify(cluster: Cluster, stack: StackConfig, models: list[ModelPlan], pools: list[PoolPlan], facts: Catalog,
+           endpoints: Mapping[str, str]) -> list[Finding]:
+    """Every check, where first (a failure there explains those above it)."""
+    nodes = cluster.items("nodes")
+    findings = [*check_nodes(nodes, pools), *check_drivers(nodes, stack, models, facts)]
+    if stack.device_plugin.enabled:
+        findings.append(check_ready(cluster.items("daemonsets", "-n", device_plugin.NAMESPACE),
+                                    device_plugin.RELEASE, "where", "NVIDIA device plugin"))
+    if stack.observability.prometheus != "none" and stack.observability.dcgm_exporter:
+        findings.append(check_ready(cluster.items("daemonsets", "-n", monitoring.DCGM_NAMESPACE),
+                                    monitoring.DCGM_RELEASE, "where", "DCGM exporter"))
+    if stack.cluster.create and stack.cluster.provisioner == "karpenter":
+        findings.append(check_ready(cluster.items("deployments", "-n", karpenter.NAMESPACE), karpenter.RELEASE,
+                                    "where", "Karpenter"))
+    namespace = stack.serving.namespace
+    served = [m.name for m in models if m.config.engine == "ray-serve"]
+    if served:
+        findings.append(check_ready(cluster.items("deployments", "-n", KUBERAY_NAMESPACE), "kuberay-operator",
+                                    "how", "KubeRay operator"))
+        findings += check_ray_service(cluster.get("rayservice", RAY_SERVICE, "-n", namespace), served)
+    for plan in models:
+        if plan.config.engine != "vllm":
+            continue
+        if plan.name in endpoints:
+            findings += check_vllm(plan, endpoints[plan.name])
+        else:
+            with cluster.forward(namespace, plan.name) as url:
+                findings += check_vllm(plan, url)
+    return findings
+
+
+def report(findings: list[Finding]) -> str:
+    lines = []
+    for layer, title in (("where", "Where (Kubernetes)"), ("how", "How (Ray)"), ("when", "When (vLLM)")):
+        mine = [f for f in findings if f.layer == layer]
+        if not mine:
+            continue
+        lines.append(title)
+        for f in mine:
+            lines.append(f"  {'ok  ' if f.ok else 'FAIL'} {f.subject}: {f.message}" + (f" -> {f.fix}" if f.fix else ""))
+    failed = sum(not f.ok for f in findings)
+    lines.append(f"{len(findings) - failed} ok, {failed} failing")
+    return "\n".join(lines)

@@ -1,0 +1,254 @@
+"""`triarch verify`: the checks on the formats a live cluster returns (`kubectl get -o json` lists, checked against
+the Kubernetes schemas here; the RayService status against KubeRay's CRD), vLLM's endpoints served by a loopback
+HTTP server, and the command end to end with a kubectl stand-in that answers from those files. Nothing fakes a
+success: each check is shown failing on a broken input too."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import stat
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from conftest import crd_schema
+from triarch.catalog import catalog
+from triarch.cli import main
+from triarch.config import from_pulumi_config
+from triarch.offline import read_stack_config
+from triarch.planners.models import plan_models
+from triarch.planners.nodegroups import plan_pool
+from triarch.verify import check_drivers, check_nodes, check_ray_service, check_ready, check_vllm, metric_names
+
+HERE = Path(__file__).resolve().parent
+RECORDED = HERE / "verify"
+ROOT = HERE.parent
+
+
+def recorded(name: str) -> Any:
+    return json.loads((RECORDED / name).read_text(encoding="utf-8"))
+
+
+def local_stack() -> tuple[Any, list[Any], list[Any]]:
+    config, _ = read_stack_config(ROOT / "stacks" / "Pulumi.local.yaml")
+    stack = from_pulumi_config(config)
+    pools = [plan_pool(stack, group, catalog()) for group in stack.node_groups]
+    return stack, plan_models(stack, catalog()), pools
+
+
+@pytest.mark.parametrize("name", ["nodes.json", "daemonsets-nvidia-device-plugin.json"])
+def test_the_recorded_shapes_are_what_the_api_server_returns(name: str) -> None:
+    for item in recorded(name)["items"]:
+        kubernetes_validate.validate(item, "1.34", strict=True)
+
+
+def test_the_recorded_ray_service_status_is_kuberays() -> None:
+    status = crd_schema("kuberay-v1.7.0", "ray.io_rayservices.yaml")["properties"]["status"]
+    jsonschema.validators.validator_for(status)(status).validate(recorded("rayservice.json")["status"])
+
+
+def test_nodes_as_planned_pass_and_each_drift_fails_with_its_fix() -> None:
+    _, _, pools = local_stack()
+    nodes = recorded("nodes.json")["items"]
+    assert [f.ok for f in check_nodes(nodes, pools)] == [True]
+    unlabeled = copy.deepcopy(nodes)
+    del unlabeled[0]["metadata"]["labels"]["triarch.dev/gpu"]
+    assert check_nodes(unlabeled, pools)  # the node still belongs to the pool by its pool label
+    [finding] = [f for f in check_nodes(unlabeled, pools) if not f.ok]
+    assert "triarch.dev/gpu" in finding.message and finding.fix
+    no_gpus = copy.deepcopy(nodes)
+    no_gpus[0]["status"]["allocatable"].pop("nvidia.com/gpu")
+    [finding] = [f for f in check_nodes(no_gpus, pools) if not f.ok]
+    assert "advertises no nvidia.com/gpu, the plan 1" in finding.message and "device plugin" in finding.fix
+
+
+def test_a_tainted_pool_needs_its_taint() -> None:
+    config, _ = read_stack_config(ROOT / "stacks" / "Pulumi.prod.yaml")
+    stack = from_pulumi_config(config)
+    [l4] = [plan_pool(stack, g, catalog()) for g in stack.node_groups if g.name == "l4"]
+    node = copy.deepcopy(recorded("nodes.json")["items"][0])
+    node["metadata"]["labels"].update(l4.labels)
+    failing = [f for f in check_nodes([node], [l4]) if not f.ok]
+    assert [f.message for f in failing if "taint" in f.message]
+    node["spec"]["taints"] = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    assert all(f.ok for f in check_nodes([node], [l4]))
+
+
+def test_the_reported_driver_is_checked_against_the_images_cuda() -> None:
+    stack, models, _ = local_stack()
+    nodes = recorded("nodes.json")["items"]
+    [finding] = list(check_drivers(nodes, stack, models, catalog()))
+    assert finding.ok and "580.95.05" in finding.message
+    old = copy.deepcopy(nodes)
+    old[0]["metadata"]["labels"]["nvidia.com/cuda.driver-version.full"] = "535.104.05"  # CUDA 12.2's driver
+    [finding] = list(check_drivers(old, stack, models, catalog()))
+    assert not finding.ok and "AMI release" in finding.fix
+
+
+def test_add_ons_ready_or_not() -> None:
+    [ds] = recorded("daemonsets-nvidia-device-plugin.json")["items"]
+    assert check_ready([ds], "nvidia-device-plugin", "where", "device plugin").ok
+    stuck = copy.deepcopy(ds)
+    stuck["status"]["numberReady"] = 0
+    finding = check_ready([stuck], "nvidia-device-plugin", "where", "device plugin")
+    assert not finding.ok and "0 of 1 ready" in finding.message
+    assert not check_ready([], "nvidia-device-plugin", "where", "device plugin").ok
+
+
+def test_ray_serve_applications_must_be_running() -> None:
+    findings = {f.subject: f for f in check_ray_service(recorded("rayservice.json"), ["chat", "qwen", "gone"])}
+    assert findings["Ray Serve application chat"].ok
+    assert not findings["Ray Serve application qwen"].ok and "DEPLOY_FAILED" in findings[
+        "Ray Serve application qwen"].message
+    assert "absent" in findings["Ray Serve application gone"].message
+    assert not next(iter(check_ray_service(None, ["chat"]))).ok
+
+
+EXPOSITION = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="embed"} 0.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="embed"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="embed"} 0.0
+# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="embed"} 0.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="embed"} 0.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="embed"} 0.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="embed"} 0.0
+"""
+
+
+class Server:
+    """What vLLM's OpenAI server answers on /health, /v1/models and /metrics (a loopback HTTP server)."""
+
+    def __init__(self, health: int = 200, models: tuple[str, ...] = ("embed",), metrics: str = EXPOSITION) -> None:
+        self.health, self.models, self.metrics = health, models, metrics
+
+    @property
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path == "/health":
+                    self._send(server.health, b"")
+                elif self.path == "/v1/models":
+                    body = {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "vllm"}
+                                                       for m in server.models]}
+                    self._send(200, json.dumps(body).encode(), "application/json")
+                elif self.path == "/metrics":
+                    self._send(200, server.metrics.encode(), "text/plain; version=0.0.4")
+                else:
+                    self._send(404, b"")
+
+            def _send(self, code: int, body: bytes, kind: str = "text/plain") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        return Handler
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(server: Server) -> str:
+        http = ThreadingHTTPServer(("127.0.0.1", 0), server.handler)
+        threading.Thread(target=http.serve_forever, daemon=True).start()
+        servers.append(http)
+        return f"http://127.0.0.1:{http.server_address[1]}"
+
+    yield start
+    for http in servers:
+        http.shutdown()
+
+
+def test_a_healthy_vllm_server_passes_and_each_fault_fails(serve: Any) -> None:
+    _, models, _ = local_stack()
+    [embed] = models
+    assert all(f.ok for f in check_vllm(embed, serve(Server())))
+    sick = [f for f in check_vllm(embed, serve(Server(health=503))) if not f.ok]
+    assert [f.message for f in sick] == ["/health answered 503"]
+    renamed = [f for f in check_vllm(embed, serve(Server(models=("Qwen/Qwen3-Embedding-0.6B",)))) if not f.ok]
+    assert len(renamed) == 1 and "served-model-name" in renamed[0].fix
+    thin = EXPOSITION.replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    [missing] = [f for f in check_vllm(embed, serve(Server(metrics=thin))) if not f.ok]
+    assert "vllm:kv_cache_usage_perc" in missing.message
+    [down] = [f for f in check_vllm(embed, "http://127.0.0.1:9", timeout=1) if not f.ok][:1]
+    assert "answered nothing" in down.message
+    assert "vllm:num_preemptions_total" in metric_names(EXPOSITION)
+
+
+KUBECTL = """#!{python}
+import json, pathlib, sys
+args = [a for a in sys.argv[1:]]
+if "--context" in args:
+    i = args.index("--context"); del args[i:i + 2]
+recorded = pathlib.Path({recorded!r})
+if args[:2] == ["get", "--raw"]:
+    print("ok"); sys.exit(0)
+if args[:2] == ["get", "nodes"]:
+    print((recorded / "nodes.json").read_text()); sys.exit(0)
+if args[:2] == ["get", "daemonsets"] and args[3] == "nvidia-device-plugin":
+    print((recorded / "daemonsets-nvidia-device-plugin.json").read_text()); sys.exit(0)
+print("error: the server doesn't have a resource type", file=sys.stderr); sys.exit(1)
+"""
+
+
+def test_verify_end_to_end_against_recorded_answers(tmp_path: Path, serve: Any, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(KUBECTL.format(python=sys.executable, recorded=str(RECORDED)))
+    kubectl.chmod(kubectl.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    url = serve(Server())
+    assert main(["verify", "--stack", "local", "--context", "triarch-local", "--endpoint", f"embed={url}"]) == 0
+    out = capsys.readouterr().out
+    assert "Where (Kubernetes)" in out and "When (vLLM)" in out and "0 failing" in out
+    sick = serve(Server(health=503))
+    assert main(["verify", "--stack", "local", "--endpoint", f"embed={sick}"]) == 1
+    assert "FAIL vLLM server embed: /health answered 503 -> kubectl" in capsys.readouterr().out
+
+
+def test_verify_skips_with_the_reason_when_no_cluster_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no kubectl at all
+    assert main(["verify", "--stack", "local"]) == 0
+    assert "skipped, no cluster reachable (kubectl is not on the PATH)" in capsys.readouterr().err
+
+
+def test_a_bad_endpoint_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", "--stack", "local", "--endpoint", "embed"]) == 2
+    assert "--endpoint: 'embed' is not NAME=URL" in capsys.readouterr().err
+
+
+def test_a_cluster_that_answers_but_refuses_a_query_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(KUBECTL.format(python=sys.executable, recorded=str(tmp_path / "nothing-recorded")))
+    kubectl.chmod(kubectl.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert main(["verify", "--stack", "local"]) == 1  # /readyz answers, the node list does not
+    assert "the cluster answered but kubectl get nodes" in capsys.readouterr().err
