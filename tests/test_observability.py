@@ -213,10 +213,16 @@ def test_prometheus_scrapes_the_metrics_ports_and_nothing_else_does(plan: Any) -
 
 
 def test_nothing_for_prometheus_unless_the_stack_says_one_runs(mutated_config: MutatedConfig) -> None:
-    stack = from_pulumi_config(mutated_config("prod", lambda c: None))
-    objects = plan_kubernetes(stack, plan_models(stack, catalog()), catalog())
-    assert objects.observability == []
-    assert [p for p in objects.serving if p["metadata"]["name"] == "allow-prometheus-scrape"] == []
+    """An adopted cluster gets none by default, a created one gets kube-prometheus-stack unless it says none."""
+    adopted = from_pulumi_config(mutated_config("local", lambda c: None))
+    created = from_pulumi_config(mutated_config("prod", lambda c: c.update(
+        {"triarch:observability": {"prometheus": "none"}})))
+    assert (adopted.prometheus, created.prometheus) == ("none", "none")
+    assert from_pulumi_config(mutated_config("prod", lambda c: None)).prometheus == "install"
+    for stack in (adopted, created):
+        objects = plan_kubernetes(stack, plan_models(stack, catalog()), catalog())
+        assert objects.observability == []
+        assert [p for p in objects.serving if p["metadata"]["name"] == "allow-prometheus-scrape"] == []
 
 
 @pytest.mark.parametrize(("observability", "autoscaling", "key", "words"), [

@@ -215,11 +215,14 @@ class ServingConfig(_Model):
 class ObservabilityConfig(_Model):
     """What the stack gives a Prometheus Operator (kube-prometheus-stack or alike) already in the cluster."""
 
-    prometheus: Literal["none", "existing"] = "none"
-    """existing: PodMonitors for the vLLM and Ray pods, ServiceMonitors for the KubeRay operator and Karpenter, and
-    the layer alerts (a PrometheusRule); the Prometheus namespace may scrape the serving namespace."""
+    prometheus: Literal["none", "existing", "install"] | None = None
+    """install: kube-prometheus-stack (pinned; the Prometheus Operator's CRDs as their own release) in `namespace`;
+    existing: a Prometheus Operator the cluster runs. Either way: PodMonitors for the vLLM and Ray pods,
+    ServiceMonitors for the KubeRay operator, Karpenter and the DCGM exporter, the layer alerts (a PrometheusRule),
+    a Grafana dashboard, and the Prometheus namespace may scrape the serving namespace. Default: install on a created
+    cluster, none on an adopted one."""
     namespace: DnsLabel = "monitoring"
-    """Where that Prometheus runs."""
+    """Where that Prometheus runs (created by Triarch with install)."""
     monitor_labels: dict[str, str] = {"release": "kube-prometheus-stack"}
     """Labels the Prometheus selects monitors and rules by (kube-prometheus-stack: release=<its release name>)."""
     prometheus_url: str = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
@@ -261,6 +264,14 @@ class StackConfig(_Model):
 
     def node_group(self, name: str) -> NodeGroupConfig:
         return next(group for group in self.node_groups if group.name == name)
+
+    @property
+    def prometheus(self) -> Literal["none", "existing", "install"]:
+        """observability.prometheus with its default resolved: install on a created cluster, none on an adopted."""
+        given = self.observability.prometheus
+        if given is not None:
+            return given
+        return "install" if self.cluster.create else "none"
 
 
 def _path(*parts: str | int) -> str:
@@ -373,7 +384,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                                   "would be ignored beside autoscaling (Ray Serve keeps the replicas between "
                                   "autoscaling.min and max)", "remove replicas, or remove autoscaling")
             if model.engine == "vllm" and not (stack.observability.keda != "none"
-                                               and stack.observability.prometheus != "none"):
+                                               and stack.prometheus != "none"):
                 raise ConfigError(f"{path}.autoscaling", model.autoscaling.model_dump(by_alias=True),
                                   "scales a vllm model with KEDA on vLLM's own metrics, which needs KEDA and a "
                                   "Prometheus in the cluster (a CPU HPA on a GPU server scales at the wrong time)",

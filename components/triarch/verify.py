@@ -251,7 +251,7 @@ def verify(cluster: Cluster, stack: StackConfig, models: list[ModelPlan], pools:
     if stack.device_plugin.enabled:
         findings.append(check_ready(cluster.items("daemonsets", "-n", device_plugin.NAMESPACE),
                                     device_plugin.RELEASE, "where", "NVIDIA device plugin"))
-    if stack.observability.prometheus != "none" and stack.observability.dcgm_exporter:
+    if stack.prometheus != "none" and stack.observability.dcgm_exporter:
         findings.append(check_ready(cluster.items("daemonsets", "-n", monitoring.DCGM_NAMESPACE),
                                     monitoring.DCGM_RELEASE, "where", "DCGM exporter"))
     if stack.cluster.create and stack.cluster.provisioner == "karpenter":

@@ -22,7 +22,7 @@ from triarch.planners.iam import pod_identity_trust
 class Karpenter(pulumi.ComponentResource):
     def __init__(self, name: str, eks: EksCluster, cluster: str, region: str, charts: tuple[Chart, Chart],
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None,
-                 monitor_labels: dict[str, str] | None = None) -> None:
+                 monitor_labels: dict[str, str] | None = None, after: list[pulumi.Resource] | None = None) -> None:
         super().__init__("triarch:karpenter:Karpenter", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         # Its own node role: EKS already holds an access entry for the managed node groups' role, and a second
@@ -73,7 +73,7 @@ class Karpenter(pulumi.ComponentResource):
             plan.RELEASE, chart, plan.NAMESPACE, plan.controller_values(cluster, monitor_labels),
             pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[
                 self.crds, self.pod_identity, self.controller_policy, self.queue_policy, self.access_entry,
-                eks.addons["coredns"]]),
+                eks.addons["coredns"], *(after or [])]),
             skip_crds=True)
         self.register_outputs({"interruptionQueue": self.queue.name})
 

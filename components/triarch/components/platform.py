@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pulumi
+import pulumi_kubernetes as k8s
 
 from triarch.catalog import Catalog, charts
 from triarch.components.cluster import AdoptedCluster, EksCluster
 from triarch.components.device_plugin import DevicePlugin
 from triarch.components.karpenter import Karpenter, KarpenterPool
 from triarch.components.nodegroups import ExistingGpuPool, ManagedNodeGroup, gpu_node_group
-from triarch.components.observability import ChartAddOn, Observability
+from triarch.components.observability import ChartAddOn, Observability, PrometheusStack
 from triarch.components.serving import KubeRayOperator, RayServing, ServingNamespace, VllmServer
 from triarch.components.storage import SharedModelStore
 from triarch.config import SYSTEM_RELEASE_TABLE, StackConfig
@@ -18,10 +19,14 @@ from triarch.planners.models import ModelPlan
 from triarch.planners.monitoring import (
     DCGM_RELEASE,
     KEDA_RELEASE,
+    PROMETHEUS_CRDS_RELEASE,
+    PROMETHEUS_RELEASE,
     dcgm_namespace,
     dcgm_values,
     keda_namespace,
     keda_values,
+    prometheus_namespace,
+    prometheus_values,
 )
 from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
 from triarch.planners.objects import KubernetesPlan
@@ -37,7 +42,7 @@ def system_release_version(stack: StackConfig, facts: Catalog) -> str:
 
 def monitors(stack: StackConfig) -> dict[str, str] | None:
     """The labels a chart's ServiceMonitor carries, or None where no Prometheus Operator runs."""
-    return None if stack.observability.prometheus == "none" else dict(stack.observability.monitor_labels)
+    return None if stack.prometheus == "none" else dict(stack.observability.monitor_labels)
 
 
 class Platform(pulumi.ComponentResource):
@@ -50,18 +55,23 @@ class Platform(pulumi.ComponentResource):
         self.gpu_node_groups: list[ManagedNodeGroup] = []
         self.existing_pools: list[ExistingGpuPool] = []
         self.karpenter: Karpenter | None = None
+        self.prometheus_stack: PrometheusStack | None = None
+        self.monitor_crds: list[pulumi.Resource] = []
+        """What a ServiceMonitor, PodMonitor or PrometheusRule waits for: the CRDs' release when Triarch installs
+        them (an existing Prometheus Operator's are there already)."""
         self.karpenter_pools: list[KarpenterPool] = []
         if stack.cluster.create:
             assert stack.aws_region is not None
             self.cluster: EksCluster | AdoptedCluster = EksCluster(
                 stack.cluster.name, stack, facts, system_release_version(stack, facts), opts=child)
             eks = self.cluster
+            self._prometheus(stack, eks.provider)
             plans = [plan_eks_pool(stack, group, facts) for group in stack.node_groups]
             self.pools = [plan.pool for plan in plans]
             if any(plan.provisioner == "karpenter" for plan in plans):
                 self.karpenter = Karpenter("karpenter", eks, stack.cluster.name, stack.aws_region,
                                            (charts()["karpenter-crd"], charts()["karpenter"]), eks.provider,
-                                           opts=child, monitor_labels=monitors(stack))
+                                           opts=child, monitor_labels=monitors(stack), after=self.monitor_crds)
             for plan in plans:
                 if self.karpenter is not None and plan.provisioner == "karpenter":
                     self.karpenter_pools.append(KarpenterPool(f"pool-{plan.pool.name}",
@@ -75,6 +85,7 @@ class Platform(pulumi.ComponentResource):
                         opts=pulumi.ResourceOptions(parent=self, depends_on=eks.node_prerequisites)))
         else:
             self.cluster = AdoptedCluster(stack.cluster.name, stack.cluster, opts=child)
+            self._prometheus(stack, self.cluster.provider)
             for group in stack.node_groups:
                 pool = plan_pool(stack, group, facts)
                 self.pools.append(pool)
@@ -92,6 +103,15 @@ class Platform(pulumi.ComponentResource):
                                                                           depends_on=self.gpu_node_groups))
         self._serve(stack, models, objects, secrets)
         self.register_outputs({"pools": [p.name for p in self.pools]})
+
+    def _prometheus(self, stack: StackConfig, provider: k8s.Provider) -> None:
+        if stack.prometheus != "install":
+            return
+        self.prometheus_stack = PrometheusStack(
+            PROMETHEUS_RELEASE, (charts()["prometheus-operator-crds"], charts()["kube-prometheus-stack"]),
+            prometheus_namespace(stack), prometheus_values(stack), (PROMETHEUS_CRDS_RELEASE, PROMETHEUS_RELEASE),
+            provider, opts=pulumi.ResourceOptions(parent=self))
+        self.monitor_crds = [self.prometheus_stack.crds]
 
     def _serve(self, stack: StackConfig, models: list[ModelPlan], objects: KubernetesPlan,
                secrets: dict[str, pulumi.Output[str]]) -> None:
@@ -122,21 +142,22 @@ class Platform(pulumi.ComponentResource):
             [namespace] = objects.kuberay
             self.kuberay = KubeRayOperator("kuberay-operator", charts()["kuberay-operator"], system_pool, namespace,
                                            self.provider, opts=pulumi.ResourceOptions(parent=self),
-                                           monitor_labels=monitors(stack))
+                                           monitor_labels=monitors(stack), after=self.monitor_crds)
             served = [plan.name for plan in models if plan.config.engine == "ray-serve"]
             self.ray = RayServing("ray-serve", objects.ray, served, self.kuberay, self.provider, opts=after)
         self.dcgm_exporter: ChartAddOn | None = None
         self.keda: ChartAddOn | None = None
         observed = stack.observability
-        if observed.prometheus != "none" and observed.dcgm_exporter:
+        if stack.prometheus != "none" and observed.dcgm_exporter:
             self.dcgm_exporter = ChartAddOn(DCGM_RELEASE, charts()["dcgm-exporter"], dcgm_namespace(),
-                                            dcgm_values(stack), self.provider, opts=pulumi.ResourceOptions(parent=self))
+                                            dcgm_values(stack), self.provider, opts=pulumi.ResourceOptions(parent=self),
+                                            after=self.monitor_crds)
         if observed.keda == "install":
             self.keda = ChartAddOn(KEDA_RELEASE, charts()["keda"], keda_namespace(), keda_values(stack),
                                    self.provider, opts=pulumi.ResourceOptions(parent=self))
         self.observability: Observability | None = None
         if objects.observability:
-            waits: list[pulumi.Resource] = [self.serving_namespace, *self.vllm_servers]
+            waits: list[pulumi.Resource] = [self.serving_namespace, *self.vllm_servers, *self.monitor_crds]
             if self.keda is not None:
                 waits.append(self.keda.release)  # the ScaledObject CRD comes with the chart
             self.observability = Observability("observability", objects.observability, waits, self.provider,

@@ -59,13 +59,14 @@ class ServingNamespace(pulumi.ComponentResource):
 class KubeRayOperator(pulumi.ComponentResource):
     def __init__(self, name: str, chart: Chart, system_pool: str | None, namespace: dict[str, Any],
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None,
-                 monitor_labels: dict[str, str] | None = None) -> None:
+                 monitor_labels: dict[str, str] | None = None, after: list[pulumi.Resource] | None = None) -> None:
         super().__init__("triarch:ray:KubeRayOperator", name, None, opts)
         self.namespace = register(namespace, pulumi.ResourceOptions(parent=self, provider=provider))
         # The chart installs the RayService/RayCluster CRDs; Ray resources depend on this release.
         self.release = helm_release(name, chart, namespace["metadata"]["name"],
                                     kuberay_values(system_pool, monitor_labels),
-                                    pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.namespace]))
+                                    pulumi.ResourceOptions(parent=self, provider=provider,
+                                                           depends_on=[self.namespace, *(after or [])]))
         self.register_outputs({"status": self.release.status})
 
 

@@ -70,9 +70,10 @@ def _when(plan: ModelPlan, namespace: str) -> list[Panel]:
     def quantile(q: float, name: str) -> str:
         return f"histogram_quantile({q}, sum by (le) (rate({metric(name)}_bucket{sel}[5m])))"
 
-    seqs = plan.sizing.engine_args["max_num_seqs"]
+    # No tuned number in the dashboard: a ConfigMap's data cannot change in place (the provider replaces it), so the
+    # dashboard changes only when models or pools come and go. The batch is in the alerts (a PrometheusRule).
     return [
-        _panel(f"{plan.name}: requests running and waiting (batch {seqs})", "short",
+        _panel(f"{plan.name}: requests running and waiting", "short",
                (f"sum({metric('num_requests_running')}{sel})", "running"),
                (f"sum({metric('num_requests_waiting')}{sel})", "waiting")),
         _panel(f"{plan.name}: KV cache use", "percentunit",
@@ -99,7 +100,7 @@ def dashboard(stack: StackConfig, models: list[ModelPlan], namespace: str) -> di
         for panel in _how():
             board = board.with_panel(panel)
     board = board.with_row(Row("When: vLLM schedules each request"))
-    for plan in models:
+    for plan in sorted(models, key=lambda m: m.name):  # by name: reordering the stack's models changes nothing
         for panel in _when(plan, namespace):
             board = board.with_panel(panel)
     built: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))

@@ -48,3 +48,35 @@ def keda_values(stack: StackConfig) -> dict[str, Any]:
     if stack.cluster.create:
         values["nodeSelector"] = {POOL_LABEL: SYSTEM_POOL}
     return values
+
+
+PROMETHEUS_RELEASE = "kube-prometheus-stack"
+"""Its name shapes the Services (kube-prometheus-stack-prometheus, the URL KEDA queries by default) and the
+`release` label its Prometheus selects monitors and rules by (observability.monitorLabels' default)."""
+PROMETHEUS_CRDS_RELEASE = "prometheus-operator-crds"
+
+
+def prometheus_namespace(stack: StackConfig) -> dict[str, Any]:
+    return pods.namespace(
+        stack.observability.namespace, "privileged",
+        "the node exporter reads each node's /proc and /sys through hostPath with the host's network and PID "
+        "namespaces, as kube-prometheus-stack ships it; Prometheus, Grafana and the operator run beside it")
+
+
+def prometheus_values(stack: StackConfig) -> dict[str, Any]:
+    """kube-prometheus-stack 88.5.3: its CRDs left to their own release; kube-state-metrics exports the pool label
+    of nodes (the GPUs-missing alert and the dashboard group by it); operator, Prometheus, Alertmanager and
+    kube-state-metrics on the system nodes of a created cluster (the GPU nodes' taint keeps the rest off them).
+    Every key exists in the chart's values.yaml at 88.5.3 (or in kube-state-metrics 8.4.0's), read at
+    prometheus-community/helm-charts cf408a290; ../shared has no copy to test against."""
+    values: dict[str, Any] = {
+        "crds": {"enabled": False},
+        "kube-state-metrics": {"metricLabelsAllowlist": [f"nodes=[{POOL_LABEL}]"]},
+    }
+    if stack.cluster.create:
+        system = {POOL_LABEL: SYSTEM_POOL}
+        values["prometheusOperator"] = {"nodeSelector": system}
+        values["prometheus"] = {"prometheusSpec": {"nodeSelector": system}}
+        values["alertmanager"] = {"alertmanagerSpec": {"nodeSelector": system}}
+        values["kube-state-metrics"]["nodeSelector"] = system
+    return values

@@ -136,14 +136,16 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
                      "metadata": {"name": f"{RAY_SERVICE}-{suffix}", "namespace": settings.namespace}})
                    for suffix in KUBERAY_SERVICES]
     observed = stack.observability
-    if observed.prometheus != "none" and observed.dcgm_exporter:
+    if stack.prometheus == "install":
+        owners.append((Owner("triarch:observability.prometheus", "install"), monitoring.prometheus_namespace(stack)))
+    if stack.prometheus != "none" and observed.dcgm_exporter:
         owners.append((Owner("triarch:observability.dcgmExporter", "true"), monitoring.dcgm_namespace()))
     if observed.keda == "install":
         owners.append((Owner("triarch:observability.keda", "install"), monitoring.keda_namespace()))
     observability = observability_manifests(stack, models, settings)
     if observability:
         observability.append(dashboard_config_map(stack, models, settings.namespace))
-    owners += [(Owner("triarch:observability.prometheus", stack.observability.prometheus), o)
+    owners += [(Owner("triarch:observability.prometheus", stack.prometheus), o)
                for o in observability]
     check_objects(owners)
     return KubernetesPlan(device_plugin, kuberay, serving, vllm, ray, node_pools, observability, owners)

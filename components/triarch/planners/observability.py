@@ -142,7 +142,7 @@ def monitor_labels(stack: StackConfig) -> dict[str, str]:
 def observability_manifests(stack: StackConfig, models: list[ModelPlan], settings: pods.ServingSettings
                             ) -> list[dict[str, Any]]:
     """PodMonitors for the vLLM servers and the Ray pods, and the PrometheusRule; empty without a Prometheus."""
-    if stack.observability.prometheus == "none" or not models:
+    if stack.prometheus == "none" or not models:
         return []
     namespace = settings.namespace
     labels = {**monitor_labels(stack), **pods.MANAGED_BY}
@@ -164,7 +164,7 @@ def observability_manifests(stack: StackConfig, models: list[ModelPlan], setting
     pools = {m.pool.name: m.pool for m in models}
     for pool in sorted(pools):
         alerts += pool_alerts(pools[pool])
-    for plan in models:
+    for plan in sorted(models, key=lambda m: m.name):  # by name: reordering the stack's models changes nothing
         alerts += model_alerts(plan, namespace)
     groups = [{"name": f"triarch-{layer}", "rules": [a.rule() for a in alerts if a.layer == layer]}
               for layer in ("where", "how", "when") if any(a.layer == layer for a in alerts)]
@@ -214,7 +214,7 @@ def scaled_object(stack: StackConfig, plan: ModelPlan, namespace: str) -> dict[s
 
 def scrape_policy(stack: StackConfig, namespace: str, with_ray: bool) -> list[dict[str, Any]]:
     """The serving namespace denies ingress by default: let the Prometheus namespace reach the metrics ports."""
-    if stack.observability.prometheus == "none":
+    if stack.prometheus == "none":
         return []
     ports = [{"protocol": "TCP", "port": PORT}] + ([{"protocol": "TCP", "port": HEAD_PORTS["metrics"]}]
                                                    if with_ray else [])
