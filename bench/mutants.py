@@ -22,7 +22,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path("components/triarch")
-COPIED = ("components", "tests", "templates", "policies", "stacks", "Pulumi.yaml", "__main__.py", "pyproject.toml")
+COPIED = ("components", "tests", "templates", "policies", "stacks", "bench", "Pulumi.yaml", "__main__.py",
+          "pyproject.toml", "README.md")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,12 @@ def load(path: Path) -> list[Mutant]:
 
 
 def copy_project(into: Path) -> Path:
+    """The project at `into`/triarch, beside a link to the reference data (../shared), as in the working tree."""
+    shared = ROOT.parent / "shared"
+    if shared.is_dir():
+        (into / "shared").symlink_to(shared, target_is_directory=True)
+    into = into / "triarch"
+    into.mkdir()
     for name in COPIED:
         source = ROOT / name
         if source.is_dir():

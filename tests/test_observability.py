@@ -338,3 +338,16 @@ def test_the_dashboard_is_laid_out_by_layer_with_real_metrics(plan: Any) -> None
     for model in models:  # each model's own panels, on its engine's names
         metric = "vllm:" if model.config.engine == "vllm" else "ray_vllm_"
         assert any(f'{metric}kv_cache_usage_perc{{namespace="llm", model_name="{model.name}"}}' in q for q in queries)
+
+
+def test_a_created_cluster_installs_prometheus_and_monitors_wait_for_its_crds(shipped: dict[str, Any]) -> None:
+    prod = shipped["prod"]
+    releases = {r.inputs["name"]: r for r in prod.resources if r.type == "kubernetes:helm.sh/v3:Release"}
+    assert (releases["kube-prometheus-stack"].inputs["version"], releases["prometheus-operator-crds"].inputs[
+        "version"]) == ("88.5.3", "31.0.1")
+    assert releases["kube-prometheus-stack"].inputs["skipCrds"] is True
+    crds = releases["prometheus-operator-crds"].urn
+    monitors = [r for r in prod.resources if r.type.startswith("kubernetes:monitoring.coreos.com/v1:")]
+    assert monitors and all(crds in prod.dependencies[r.urn] for r in monitors)
+    for chart in ("karpenter", "kuberay-operator", "dcgm-exporter"):  # they ship ServiceMonitors
+        assert crds in prod.dependencies[releases[chart].urn], chart
