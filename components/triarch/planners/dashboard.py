@@ -1,7 +1,7 @@
 """A Grafana dashboard laid out by layer, built with grafana-foundation-sdk and shipped as a ConfigMap that Grafana's
 dashboard sidecar loads (kube-prometheus-stack's Grafana watches ConfigMaps labelled grafana_dashboard=1).
 
-Where: GPUs each pool advertises and the pods request, GPU use and memory per pod. How: Ray Serve replicas,
+Where: GPUs each pool advertises and the pods request, GPU nodes per pool, GPU use and memory per pod. How: Ray Serve replicas,
 queued and ongoing requests. When: running and waiting requests, KV cache use, time to first token and between
 tokens, tokens per second and preemptions, per model (vLLM's own names, or Ray's ray_vllm_ ones)."""
 
@@ -40,6 +40,8 @@ def _where(namespace: str) -> list[Panel]:
         _panel("GPUs advertised per pool", "short",
                (f'sum by ({POOL}) (kube_node_status_allocatable{{resource="nvidia_com_gpu"}} * on(node) '
                 f"group_left({POOL}) {pool_nodes})", f"{{{{{POOL}}}}}")),
+        _panel("GPU nodes per pool (nodes coming and going)", "short",
+               (f"count by ({POOL}) ({pool_nodes})", f"{{{{{POOL}}}}}")),
         _panel("GPUs requested by serving pods", "short",
                (f'sum(kube_pod_container_resource_requests{{namespace="{namespace}", resource="nvidia_com_gpu"}})',
                 "requested")),
