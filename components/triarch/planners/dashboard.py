@@ -1,9 +1,10 @@
 """A Grafana dashboard laid out by layer, built with grafana-foundation-sdk and shipped as a ConfigMap that Grafana's
 dashboard sidecar loads (kube-prometheus-stack's Grafana watches ConfigMaps labelled grafana_dashboard=1).
 
-Where: GPUs each pool advertises and the pods request, GPU nodes per pool, GPU use and memory per pod. How: Ray Serve replicas,
-queued and ongoing requests. When: running and waiting requests, KV cache use, time to first token and between
-tokens, tokens per second and preemptions, per model (vLLM's own names, or Ray's ray_vllm_ ones)."""
+Where: GPUs each pool advertises and the pods request, GPU nodes per pool, GPU use and memory per pod.
+How: Ray Serve replicas, queued and ongoing requests. When: running and waiting requests, KV cache use, time to
+first token and between tokens, tokens per second and preemptions, per model (vLLM's own names, or Ray's
+ray_vllm_ ones)."""
 
 from __future__ import annotations
 
