@@ -95,6 +95,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     from triarch.report import plan_stack, validate_stack_file
 
     policy_config = load_policy_config(Path(args.policy_config) if args.policy_config else None)
+    if args.manifests:
+        from triarch.guardrails.manifests import read_manifests
+
+        resources = read_manifests(args.manifests)
+        findings = evaluate(resources, policy_config)
+        name = "manifests"
+        if args.format == "json":
+            print(report_json(findings, name))
+        elif args.format == "markdown":
+            print(report_markdown(findings, name))
+        else:
+            print(report_text(findings))
+        return 1 if any(f.enforcement == "mandatory" for f in findings) else 0
     if args.plan:
         document = load_plan(Path(args.plan), option="--plan")
         name = str(document.get("stack") or Path(args.plan).name)
@@ -247,12 +260,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if any(not f.ok for f in findings) else 0
 
 
-def _add_stack_source(parser: argparse.ArgumentParser, plan: bool = False) -> None:
+def _add_stack_source(parser: argparse.ArgumentParser, plan: bool = False, manifests: bool = False) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--stack", help="a stack of this project (stacks/Pulumi.<stack>.yaml)")
     source.add_argument("--stack-file", help="any Pulumi stack file")
     if plan:
         source.add_argument("--plan", help="a plan directory written by `triarch plan` (nothing is planned again)")
+    if manifests:
+        source.add_argument("--manifests", nargs="+", metavar="PATH",
+                            help="Kubernetes YAML files or directories, or - for standard input (e.g. helm template "
+                                 "... | triarch check --manifests -); the same rules, no stack needed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -265,8 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "temporary worktree), e.g. a pull request's base")
     plan.set_defaults(handler=cmd_plan)
 
-    check = commands.add_parser("check", help="plan a stack offline and evaluate the triarch-guardrails policies")
-    _add_stack_source(check, plan=True)
+    check = commands.add_parser("check", help="plan a stack offline and evaluate the triarch-guardrails policies, "
+                                              "or evaluate them on any Kubernetes YAML (--manifests)")
+    _add_stack_source(check, plan=True, manifests=True)
     check.add_argument("--policy-config", help="policy pack config JSON (as for pulumi --policy-pack-config)")
     check.add_argument("--format", choices=["text", "json", "markdown"], default="text")
     check.add_argument("--out", help="also write the plan here (default: a temporary directory)")

@@ -429,12 +429,18 @@ def prove(resources: list[Any]) -> Proof:
     proof = Proof(pools)
     if not pools:
         return proof
+    # With the EKS cluster in view every node group is too (Triarch creates them all); otherwise (an adopted
+    # cluster, bare manifests) nodes outside the pools may run pods that need no accelerator.
+    every_node_known = any(r.type == "aws:eks/cluster:Cluster" for r in resources)
     by_name = {p.name: p for p in pools}
     load: dict[str, list[tuple[Workload, int]]] = {}
     for w in workloads:
         candidates = [p for p in pools if selects(w.spec, p) and tolerates(w.spec, p)]
         if w.daemon:
             proof.placements.append(Placement(w, [p.name for p in candidates]))
+            continue
+        if not candidates and not every_node_known and not w.requests.gpus:
+            proof.placements.append(Placement(w, []))  # on nodes the plan does not see
             continue
         if not candidates:
             proof.findings.append(Finding("pod-placement", w.resource_type, w.resource_name, w.urn,
