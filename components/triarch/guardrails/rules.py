@@ -22,6 +22,7 @@ from triarch.guardrails.workloads import (
     kind_of,
     llm_configs,
     name_of,
+    nvidia_gpu_count,
     pod_templates,
     prestop_seconds,
     ray_cluster_spec,
@@ -118,18 +119,19 @@ def zone_spread(resource: Resource, config: Config) -> list[str]:
 
 
 @rule("gpu-limits", "Kubernetes",
-      "GPUs are only scheduled through limits (nvidia.com/gpu), and a request different from the limit is "
-      "rejected or misleading: the device plugin cannot overcommit.")
+      "Accelerators (nvidia.com/gpu, amd.com/gpu, aws.amazon.com/neuron*, google.com/tpu) are only scheduled "
+      "through limits, and a request different from the limit is rejected or misleading: a device plugin cannot "
+      "overcommit.")
 def gpu_limits(resource: Resource, config: Config) -> list[str]:
     messages = []
     for template in pod_templates(resource.type, resource.props, resource.name):
         for c in containers(template.spec):
             limit, request = gpu_count(c, "limits"), gpu_count(c, "requests")
             if request is not None and limit is None:
-                messages.append(f"{template.where} container {c.get('name')}: nvidia.com/gpu requested but not "
-                                "limited; set resources.limits['nvidia.com/gpu']")
+                messages.append(f"{template.where} container {c.get('name')}: an accelerator requested but not "
+                                "limited; set it under resources.limits (nvidia.com/gpu, amd.com/gpu, ...)")
             elif request is not None and limit is not None and request != limit:
-                messages.append(f"{template.where} container {c.get('name')}: nvidia.com/gpu request {request} != "
+                messages.append(f"{template.where} container {c.get('name')}: accelerator request {request} != "
                                 f"limit {limit}; make them equal")
             elif limit == 0 and is_vllm(c):
                 messages.append(f"{template.where} container {c.get('name')}: a vLLM server without GPUs; set "
@@ -146,51 +148,99 @@ def _tolerates_gpu_taint(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-def _selects_gpu_nodes(pod: Mapping[str, Any]) -> bool:
-    keys = {POOL_LABEL, GPU_LABEL, GPU_PRESENT_LABEL}
-    if keys & set(pod.get("nodeSelector") or {}):
+GPU_NODE_LABELS = [
+    POOL_LABEL, GPU_LABEL, GPU_PRESENT_LABEL,                               # Triarch's pools
+    "nvidia.com/gpu.product", "nvidia.com/gpu.family", "nvidia.com/gpu.count", "nvidia.com/gpu.machine",  # GFD
+    "karpenter.sh/nodepool", "karpenter.k8s.aws/instance-gpu-name", "karpenter.k8s.aws/instance-gpu-count",
+    "karpenter.k8s.aws/instance-family", "eks.amazonaws.com/nodegroup", "node.kubernetes.io/instance-type",
+    "cloud.google.com/gke-accelerator", "cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-nodepool",
+    "kubernetes.azure.com/accelerator", "kubernetes.azure.com/agentpool", "agentpool",
+]
+"""Node labels that pick GPU nodes: Triarch's, GPU feature discovery's, EKS and Karpenter's, GKE's and AKS's."""
+
+
+def _selects_gpu_nodes(pod: Mapping[str, Any], labels: set[str]) -> bool:
+    if labels & set(pod.get("nodeSelector") or {}):
         return True
     terms = ((((pod.get("affinity") or {}).get("nodeAffinity") or {})
               .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
-    return bool(terms) and all(any(e.get("key") in keys for e in t.get("matchExpressions") or []) for t in terms)
+    return bool(terms) and all(any(e.get("key") in labels for e in t.get("matchExpressions") or []) for t in terms)
 
 
 @rule("gpu-scheduling", "Kubernetes",
-      "GPU pods must tolerate the GPU nodes' taint (else they stay Pending) and select GPU nodes by the labels "
-      "Triarch's node groups set (else they land on the wrong GPU, or wait for one that never comes).")
+      "NVIDIA GPU pods must tolerate the GPU nodes' nvidia.com/gpu taint, else they stay Pending. Platforms that "
+      "add the toleration themselves (GKE, or clusters with the ExtendedResourceToleration admission plugin) set "
+      "requireToleration false.",
+      config={"requireToleration": {"type": "boolean", "default": True}})
 def gpu_scheduling(resource: Resource, config: Config) -> list[str]:
-    messages = []
-    for template in _gpu_templates(resource):
-        if not _tolerates_gpu_taint(template.spec):
-            messages.append(f"{template.where}: requests GPUs but does not tolerate the {GPU_TAINT_KEY}:"
-                            f"{GPU_TAINT_EFFECT} taint; add a toleration for key {GPU_TAINT_KEY}")
-        if not _selects_gpu_nodes(template.spec):
-            messages.append(f"{template.where}: requests GPUs without selecting GPU nodes; add a nodeSelector on "
-                            f"{POOL_LABEL} (or {GPU_LABEL})")
-    return messages
+    if not config["requireToleration"]:
+        return []
+    return [f"{template.where}: requests NVIDIA GPUs but does not tolerate the {GPU_TAINT_KEY}:{GPU_TAINT_EFFECT} "
+            f"taint; add a toleration for key {GPU_TAINT_KEY}"
+            for template in _gpu_templates(resource) if any((nvidia_gpu_count(c) or 0) > 0 for c in containers(
+                template.spec)) and not _tolerates_gpu_taint(template.spec)]
 
 
-DANGEROUS_CAPABILITIES = {"SYS_ADMIN", "ALL", "CAP_SYS_ADMIN"}
+@rule("gpu-node-selection", "Kubernetes",
+      "Accelerator pods should select the nodes they need by a label that identifies them (a pool, a GPU product, "
+      "an instance type), else they may land on another GPU model than the one their engine args were sized "
+      "for. Advisory: a cluster with one kind of GPU node needs no selector. `labels` lists the accepted keys.",
+      enforcement="advisory", config={"labels": {"type": "array", "items": {"type": "string"},
+                                                 "default": GPU_NODE_LABELS}})
+def gpu_node_selection(resource: Resource, config: Config) -> list[str]:
+    labels = {str(label) for label in config["labels"]}
+    return [f"{template.where}: requests accelerators without selecting their nodes; add a nodeSelector or a "
+            f"required node affinity on one of {', '.join(sorted(labels)[:4])}, ..."
+            for template in _gpu_templates(resource) if not _selects_gpu_nodes(template.spec, labels)]
+
+
+
+EXEMPTION = {"type": "object", "required": ["name", "reason"],
+             "properties": {"namespace": {"type": "string"}, "name": {"type": "string"},
+                            "reason": {"type": "string", "minLength": 1}}}
+
+
+def _exempt(resource: Resource, exemptions: list[Mapping[str, Any]]) -> bool:
+    """Whether the config exempts the resource (by name, and namespace when given; each exemption has a reason)."""
+    metadata = resource.props.get("metadata") or {}
+    name, namespace = name_of(resource.props, resource.name), metadata.get("namespace")
+    return any(e.get("name") == name and e.get("namespace") in (None, namespace) for e in exemptions)
 
 
 @rule("no-privileged-pods", "Kubernetes",
-      "GPUs reach containers through the device plugin and the container toolkit: no workload needs privileged, "
-      "SYS_ADMIN or the host's PID namespace, and each hands the node to anyone who compromises the pod.")
+      "GPUs reach containers through the device plugin and the container toolkit: a serving workload needs no "
+      "privileged mode, no host PID, IPC or network namespace, no Unconfined seccomp profile and no capability "
+      "beyond `allowedCapabilities`; each hands the node to anyone who compromises the pod. Node agents that need one "
+      "(a DCGM exporter collecting profiling metrics) are listed in `exempt` with the reason.",
+      config={"allowedCapabilities": {"type": "array", "items": {"type": "string"}, "default": ["NET_BIND_SERVICE"]},
+              "exempt": {"type": "array", "items": EXEMPTION, "default": []}})
 def no_privileged(resource: Resource, config: Config) -> list[str]:
+    if _exempt(resource, list(config["exempt"])):
+        return []
+    allowed = {str(c).upper().removeprefix("CAP_") for c in config["allowedCapabilities"]}
     messages = []
     for template in pod_templates(resource.type, resource.props, resource.name):
-        if template.spec.get("hostPID"):
-            messages.append(f"{template.where}: hostPID is true; remove it")
+        for host in ("hostPID", "hostIPC", "hostNetwork"):
+            if template.spec.get(host):
+                messages.append(f"{template.where}: {host} is true; remove it (or exempt this node agent with its "
+                                "reason)")
+        pod_seccomp = ((template.spec.get("securityContext") or {}).get("seccompProfile") or {}).get("type")
+        if pod_seccomp == "Unconfined":
+            messages.append(f"{template.where}: seccompProfile Unconfined; use RuntimeDefault")
         for c in containers(template.spec):
             security = c.get("securityContext") or {}
             if security.get("privileged"):
                 messages.append(f"{template.where} container {c.get('name')}: privileged; remove it (GPUs come "
-                                "from nvidia.com/gpu limits)")
-            added = set((security.get("capabilities") or {}).get("add") or [])
-            dangerous = sorted(added & DANGEROUS_CAPABILITIES)
-            if dangerous:
-                messages.append(f"{template.where} container {c.get('name')}: adds {dangerous}; drop it (the device "
-                                "plugin, not SYS_ADMIN, gives access to the GPU)")
+                                "from the device plugin's resource limits)")
+            if (security.get("seccompProfile") or {}).get("type") == "Unconfined":
+                messages.append(f"{template.where} container {c.get('name')}: seccompProfile Unconfined; use "
+                                "RuntimeDefault")
+            added = {str(cap).upper().removeprefix("CAP_") for cap in (security.get("capabilities") or {}).get(
+                "add") or []}
+            extra = sorted(added - allowed)
+            if extra:
+                messages.append(f"{template.where} container {c.get('name')}: adds {extra}; drop them (the device "
+                                "plugin, not a capability, gives access to the GPU), or exempt this node agent")
     return messages
 
 

@@ -16,7 +16,15 @@ UNKNOWN = "<known after apply>"
 """How an offline plan marks a value only the cloud knows; policies skip what they cannot see."""
 
 POD_TEMPLATE_KINDS = ("apps/v1:Deployment", "apps/v1:StatefulSet", "apps/v1:DaemonSet", "batch/v1:Job")
-RAY_KINDS = ("ray.io/v1:RayService", "ray.io/v1:RayCluster")
+RAY_KINDS = tuple(f"ray.io/{version}:{kind}" for version in ("v1", "v1alpha1")
+                  for kind in ("RayService", "RayCluster", "RayJob"))
+LWS_KIND = "leaderworkerset.x-k8s.io/v1:LeaderWorkerSet"
+KSERVE_KINDS = ("serving.kserve.io/v1beta1:InferenceService", "serving.kserve.io/v1alpha1:LLMInferenceService")
+
+ACCELERATORS = ("nvidia.com/gpu", "amd.com/gpu", "google.com/tpu")
+ACCELERATOR_PREFIXES = ("aws.amazon.com/neuron",)
+"""Extended resources that are accelerators: NVIDIA and AMD GPUs, TPUs, and AWS Neuron (neuron, neuroncore,
+neurondevice) devices."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,32 @@ def name_of(props: Mapping[str, Any], fallback: str = "") -> str:
 
 def ray_cluster_spec(kind: str, props: Mapping[str, Any]) -> Mapping[str, Any]:
     spec = props.get("spec") or {}
-    return (spec.get("rayClusterConfig") or {}) if kind.endswith("RayService") else spec
+    if kind.endswith("RayService"):
+        return spec.get("rayClusterConfig") or {}
+    if kind.endswith("RayJob"):
+        return spec.get("rayClusterSpec") or {}
+    return spec
+
+
+def _kserve_templates(kind: str, spec: Mapping[str, Any], label: str) -> Iterator[PodTemplate]:
+    """KServe's pod specs: an InferenceService predictor (its containers, or the model/runtime container KServe
+    builds from `model`), an LLMInferenceService's template, worker and prefill templates."""
+    if kind.endswith("InferenceService") and not kind.endswith("LLMInferenceService"):
+        predictor = spec.get("predictor") or {}
+        pod = dict(predictor)
+        model = predictor.get("model")
+        if isinstance(model, Mapping) and not pod.get("containers"):
+            pod["containers"] = [{"name": "kserve-container", **{k: v for k, v in model.items()
+                                                                 if k in ("image", "args", "command", "env",
+                                                                          "resources", "ports")}}]
+        replicas = max(_int(predictor.get("minReplicas"), 1), _int(predictor.get("maxReplicas"), 1))
+        yield PodTemplate(f"{label} predictor", pod, replicas)
+        return
+    replicas = _int(spec.get("replicas"), 1)
+    for part, where in ((spec, ""), (spec.get("prefill") or {}, " prefill")):
+        for key in ("template", "worker"):
+            if isinstance(part.get(key), Mapping):
+                yield PodTemplate(f"{label}{where} {key}", part[key], _int(part.get("replicas"), replicas))
 
 
 def pod_templates(resource_type: str, props: Mapping[str, Any], name: str = "") -> Iterator[PodTemplate]:
@@ -61,6 +94,19 @@ def pod_templates(resource_type: str, props: Mapping[str, Any], name: str = "") 
     if kind in POD_TEMPLATE_KINDS:
         replicas = 1 if kind.endswith(("DaemonSet", "Job")) else _int(spec.get("replicas", 1), 1)
         yield PodTemplate(label, (spec.get("template") or {}).get("spec") or {}, replicas)
+    elif kind == "core/v1:Pod":
+        yield PodTemplate(label, spec, 1)
+    elif kind == LWS_KIND:
+        groups = _int(spec.get("replicas"), 1)
+        template = spec.get("leaderWorkerTemplate") or {}
+        size = _int(template.get("size"), 1)
+        leader = template.get("leaderTemplate") or template.get("workerTemplate") or {}
+        yield PodTemplate(f"{label} leader", leader.get("spec") or {}, groups)
+        if size > 1:
+            yield PodTemplate(f"{label} workers", (template.get("workerTemplate") or {}).get("spec") or {},
+                              groups * (size - 1))
+    elif kind in KSERVE_KINDS:
+        yield from _kserve_templates(kind, spec, label)
     elif kind in RAY_KINDS:
         cluster = ray_cluster_spec(kind, props)
         head = cluster.get("headGroupSpec") or {}
@@ -75,7 +121,19 @@ def containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
 
 
+def is_accelerator(resource: str) -> bool:
+    return resource in ACCELERATORS or resource.startswith(ACCELERATOR_PREFIXES)
+
+
 def gpu_count(container: Mapping[str, Any], section: str = "limits") -> int | None:
+    """Accelerators the container asks for in `section` (every kind of :data:`ACCELERATORS` summed); None when it
+    names none."""
+    amounts = (container.get("resources") or {}).get(section) or {}
+    values = [_int(v, 0) for k, v in amounts.items() if is_accelerator(str(k))]
+    return sum(values) if values else None
+
+
+def nvidia_gpu_count(container: Mapping[str, Any], section: str = "limits") -> int | None:
     value = ((container.get("resources") or {}).get(section) or {}).get(GPU_RESOURCE)
     return None if value is None else _int(value, 0)
 
@@ -85,9 +143,19 @@ def requests_gpus(pod: Mapping[str, Any]) -> bool:
                for c in containers(pod))
 
 
+VAR_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
 def command_line(container: Mapping[str, Any]) -> list[str]:
-    """The container's command and args as one argv; a `sh -c` script is split into words."""
-    words = [str(w) for w in [*(container.get("command") or []), *(container.get("args") or [])]]
+    """The container's command and args as one argv, `$(VAR)` expanded from its env as the kubelet does; a `sh -c`
+    script is split into words."""
+    env = {str(e.get("name")): str(e["value"]) for e in container.get("env") or []
+           if isinstance(e, Mapping) and e.get("value") is not None}
+
+    def expand(word: str) -> str:
+        return VAR_REFERENCE.sub(lambda m: env.get(m.group(1), m.group(0)), word)
+
+    words = [expand(str(w)) for w in [*(container.get("command") or []), *(container.get("args") or [])]]
     if len(words) >= 3 and words[0].endswith("sh") and words[1] == "-c":
         try:
             return [*words[:2], *shlex.split(words[2])]
