@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeGuard
 from triarch.catalog import catalog
 from triarch.guardrails.placement import prove
 from triarch.guardrails.workloads import (
+    LWS_KIND,
     UNKNOWN,
     PodTemplate,
     command_line,
@@ -94,17 +95,32 @@ def _known(value: object) -> TypeGuard[int | float | str]:
 ZONE = "topology.kubernetes.io/zone"
 
 
+def _largest_ray_replica(resource: Resource) -> int:
+    """GPUs of the largest Ray Serve model replica of a RayService (tensor x pipeline parallel), 0 without one."""
+    sizes = [int((llm.get("engine_kwargs") or {}).get("tensor_parallel_size", 1) or 1)
+             * int((llm.get("engine_kwargs") or {}).get("pipeline_parallel_size", 1) or 1)
+             for _, llm in llm_configs(resource.props)]
+    return max(sizes, default=0)
+
+
 @rule("gpu-zone-spread", "Kubernetes",
       "Replicated GPU workloads spread over zones with DoNotSchedule, so one zone's outage or GPU shortage leaves "
       "replicas serving. ScheduleAnyway is not enough: when a pool scales from zero the scheduler sees only the "
-      "first node's zone, and every replica lands there. (A one-zone cluster sets this rule to advisory.)",
+      "first node's zone, and every replica lands there. Per model replica: the workers of one LeaderWorkerSet group "
+      "or the pipeline stages of one Ray Serve replica stay together. (A one-zone cluster sets this advisory.)",
       config={"maxSkew": {"type": "integer", "minimum": 1, "default": 1}})
 def zone_spread(resource: Resource, config: Config) -> list[str]:
     limit = int(config["maxSkew"])
     messages = []
+    largest = _largest_ray_replica(resource)
     for template in _gpu_templates(resource):
         if template.replicas < 2 or template.ray_head:
             continue
+        if kind_of(resource.type) == LWS_KIND and template.where.endswith(" workers"):
+            continue  # a group's workers are stages of one replica, placed together; the leaders spread
+        pod_gpus = max((gpu_count(c) or 0 for c in containers(template.spec)), default=0)
+        if template.ray and largest > pod_gpus:
+            continue  # these workers are pipeline stages of one replica: spreading them splits the replica
         spreads = [c for c in template.spec.get("topologySpreadConstraints") or [] if c.get("topologyKey") == ZONE]
         if not spreads:
             messages.append(f"{template.where}: {template.replicas} GPU replicas with no topologySpreadConstraint on "
@@ -636,25 +652,53 @@ def inference_probes(resource: Resource, config: Config) -> list[str]:
     return messages
 
 
-def _vllm_settings(resource: Resource) -> list[tuple[str, dict[str, Any], int | None]]:
-    """(where, engine settings, GPUs the replica holds) for each vLLM server or Ray Serve model."""
-    found: list[tuple[str, dict[str, Any], int | None]] = []
-    for template in pod_templates(resource.type, resource.props, resource.name):
+@dataclass(frozen=True)
+class ServerSettings:
+    """One vLLM server (or Ray Serve model) and the GPUs its engine may use."""
+
+    where: str
+    settings: dict[str, Any]
+    gpus: int | None
+    """GPUs of one model replica (a container; a LeaderWorkerSet group; a multi-node engine's pods)."""
+    ray_worker_gpus: tuple[int, ...] = ()
+    """For Ray Serve: the GPUs of each worker group's pods, which replicas pack into or span."""
+
+
+def _multi_node(argv: list[str]) -> bool:
+    return flag(argv, "distributed_executor_backend") == "ray"
+
+
+def _vllm_settings(resource: Resource) -> list[ServerSettings]:
+    """Each vLLM server or Ray Serve model with its engine settings and the GPUs one replica holds."""
+    found: list[ServerSettings] = []
+    templates = list(pod_templates(resource.type, resource.props, resource.name))
+    lws = kind_of(resource.type) == LWS_KIND
+    for template in templates:
+        if lws and template.where.endswith(" workers"):
+            continue  # the leader's engine holds the group; its workers are the rest of one replica
         for c in template.spec.get("containers") or []:
             if not is_vllm(c) or template.ray:
                 continue
             argv = command_line(c)
             settings = {key: flag(argv, key) for key in
                         ("gpu_memory_utilization", "tensor_parallel_size", "pipeline_parallel_size")}
-            found.append((f"{template.where} container {c.get('name')}", settings, gpu_count(c)))
-    if kind_of(resource.type) == "ray.io/v1:RayService":
-        groups = {gpu_count(c) for t in pod_templates(resource.type, resource.props, resource.name)
-                  if t.ray and not t.ray_head for c in t.spec.get("containers") or []}
+            gpus = gpu_count(c)
+            if lws:
+                workers = [t for t in templates if t.where.endswith(" workers")]
+                size = 1 + (workers[0].replicas // max(1, template.replicas) if workers else 0)
+                worker_gpus = max((gpu_count(w) or 0 for t in workers for w in t.spec.get("containers") or []),
+                                  default=0)
+                gpus = (gpus or 0) + (size - 1) * worker_gpus
+            elif _multi_node(argv):
+                gpus = None  # the engine spans pods Kubernetes does not group: nothing to compare with
+            found.append(ServerSettings(f"{template.where} container {c.get('name')}", settings, gpus))
+    if kind_of(resource.type).startswith("ray.io/") and kind_of(resource.type).endswith("RayService"):
+        groups = tuple(sorted({g for t in templates if t.ray and not t.ray_head
+                               for c in t.spec.get("containers") or [] if (g := gpu_count(c))}))
         for app, llm in llm_configs(resource.props):
             kwargs = dict(llm.get("engine_kwargs") or {})
-            tp = int(kwargs.get("tensor_parallel_size", 1)) * int(kwargs.get("pipeline_parallel_size", 1))
-            gpus = tp if tp in groups else (max((g or 0) for g in groups) if groups else None)
-            found.append((f"RayService {name_of(resource.props, resource.name)} application {app}", kwargs, gpus))
+            found.append(ServerSettings(f"RayService {name_of(resource.props, resource.name)} application {app}",
+                                        kwargs, None, groups))
     return found
 
 
@@ -664,25 +708,32 @@ def _vllm_settings(resource: Resource) -> list[tuple[str, dict[str, Any], int | 
       config={"max": {"type": "number", "minimum": 0.1, "maximum": 1.0, "default": 0.95}})
 def memory_utilization(resource: Resource, config: Config) -> list[str]:
     messages = []
-    for where, settings, _ in _vllm_settings(resource):
-        value = settings.get("gpu_memory_utilization")
+    for server in _vllm_settings(resource):
+        value = server.settings.get("gpu_memory_utilization")
         if _known(value) and float(value) > float(config["max"]):
-            messages.append(f"{where}: gpu_memory_utilization {value} > {config['max']}; lower it (Triarch's tuner "
-                            "sizes the KV cache at 0.92)")
+            messages.append(f"{server.where}: gpu_memory_utilization {value} > {config['max']}; lower it (Triarch's "
+                            "tuner sizes the KV cache at 0.92)")
     return messages
 
 
 @rule("vllm-parallelism-matches-gpus", "vLLM",
-      "vLLM starts one worker per GPU of tensor x pipeline parallelism: fewer GPUs than that and it cannot start, "
-      "more and they sit idle.")
+      "vLLM starts one worker per GPU of tensor x pipeline parallelism per model replica: fewer GPUs than that and "
+      "it cannot start, more and they sit idle. A replica is a container, a LeaderWorkerSet group, or for Ray Serve "
+      "a placement group that packs into a worker pod or spans several (pipeline stages).")
 def parallelism(resource: Resource, config: Config) -> list[str]:
     messages = []
-    for where, settings, gpus in _vllm_settings(resource):
-        tp = int(settings.get("tensor_parallel_size") or 1)
-        pp = int(settings.get("pipeline_parallel_size") or 1)
-        if gpus is not None and tp * pp != gpus:
-            messages.append(f"{where}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {tp * pp} but the "
-                            f"replica holds {gpus} GPU(s); make nvidia.com/gpu equal {tp * pp}")
+    for server in _vllm_settings(resource):
+        tp = int(server.settings.get("tensor_parallel_size") or 1)
+        pp = int(server.settings.get("pipeline_parallel_size") or 1)
+        needed = tp * pp
+        if server.gpus is not None and needed != server.gpus:
+            messages.append(f"{server.where}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {needed} "
+                            f"but the replica holds {server.gpus} GPU(s); make its GPUs equal {needed}")
+        groups = server.ray_worker_gpus
+        if groups and not any(g % needed == 0 or (needed % g == 0 and tp <= g) for g in groups):
+            messages.append(f"{server.where}: a replica needs {needed} GPU(s) (tensor {tp} x pipeline {pp}); no worker "
+                            f"group's pods ({', '.join(str(g) for g in groups)} GPU(s) each) hold a whole number of "
+                            "replicas or a whole number of its pipeline stages; size a worker group to fit")
     return messages
 
 
