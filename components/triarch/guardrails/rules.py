@@ -29,6 +29,7 @@ from triarch.guardrails.workloads import (
     ray_cluster_spec,
     ray_sigterm_drain_seconds,
     requests_gpus,
+    serve_applications,
     serve_graceful_shutdown_seconds,
 )
 from triarch.matrix import Node, check_image_on_node
@@ -734,6 +735,126 @@ def parallelism(resource: Resource, config: Config) -> list[str]:
             messages.append(f"{server.where}: a replica needs {needed} GPU(s) (tensor {tp} x pipeline {pp}); no worker "
                             f"group's pods ({', '.join(str(g) for g in groups)} GPU(s) each) hold a whole number of "
                             "replicas or a whole number of its pipeline stages; size a worker group to fit")
+    return messages
+
+
+# --- rules for workloads Triarch did not write ----------------------------------------------------------
+
+
+def _covers(mount_path: str, paths: list[str]) -> bool:
+    return any(mount_path == p or p.startswith(mount_path.rstrip("/") + "/") for p in paths)
+
+
+@rule("model-cache-persistent", "Kubernetes",
+      "A vLLM server with no volume at its model cache (HF_HOME, ~/.cache/huggingface, /models) downloads the "
+      "weights into the container's own filesystem on every start: minutes to hours per restart for a large "
+      "model, and the node's disk fills. Advisory: weights may come another way (a model streamer, a baked image).",
+      enforcement="advisory", config={"minModelGiB": {"type": "number", "minimum": 0, "default": 2}})
+def model_cache_persistent(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for template in _gpu_templates(resource):
+        for c in containers(template.spec):
+            if not is_vllm(c) or _model_gib(_served_model(c)) < float(config["minModelGiB"]):
+                continue
+            env = {e.get("name"): e.get("value") for e in c.get("env") or []}
+            paths = [str(p) for p in (env.get("HF_HOME"), *CACHE_PATHS) if p]
+            if not any(_covers(str(m.get("mountPath", "")), paths) for m in c.get("volumeMounts") or []):
+                messages.append(f"{template.where} container {c.get('name')}: no volume at the model cache "
+                                f"({', '.join(paths)}); mount a PersistentVolumeClaim there (or at HF_HOME)")
+    return messages
+
+
+def _claims(resources: list[Resource]) -> dict[tuple[str, str], Mapping[str, Any]]:
+    return {((r.props.get("metadata") or {}).get("namespace", "default"), name_of(r.props, r.name)): r.props
+            for r in resources if kind_of(r.type) == "core/v1:PersistentVolumeClaim"}
+
+
+@rule("rwo-cache-surge", "Kubernetes",
+      "A Deployment that mounts a ReadWriteOnce claim and rolls out with a surge starts the new pod beside the old "
+      "one: on another node it cannot attach the volume and the rollout hangs (on the same node it may work). "
+      "Recreate, maxSurge 0, or a ReadWriteMany claim.", enforcement="advisory", stack=True)
+def rwo_cache_surge(resources: list[Resource], config: Config) -> list[tuple[Resource, str]]:
+    claims = _claims(resources)
+    found = []
+    for r in resources:
+        if kind_of(r.type) != "apps/v1:Deployment":
+            continue
+        spec = r.props.get("spec") or {}
+        strategy = spec.get("strategy") or {}
+        if strategy.get("type") == "Recreate" or str((strategy.get("rollingUpdate") or {}).get("maxSurge", "25%")) in (
+                "0", "0%"):
+            continue
+        namespace = (r.props.get("metadata") or {}).get("namespace", "default")
+        for volume in ((spec.get("template") or {}).get("spec") or {}).get("volumes") or []:
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            modes = ((claims.get((namespace, str(claim))) or {}).get("spec") or {}).get("accessModes") or []
+            if claim and modes == ["ReadWriteOnce"]:
+                found.append((r, f"Deployment {name_of(r.props, r.name)}: mounts the ReadWriteOnce claim {claim} and "
+                                 "rolls out with a surge; set strategy Recreate (or rollingUpdate.maxSurge 0), or "
+                                 "use a ReadWriteMany claim"))
+    return found
+
+
+@rule("gpu-server-resources", "Kubernetes",
+      "A GPU server without CPU and memory requests is scheduled as if it needed none and is the first evicted "
+      "when the node runs short (BestEffort or Burstable QoS): tokenization, the API server and the weights' page "
+      "cache need both. Advisory.", enforcement="advisory")
+def gpu_server_resources(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for template in _gpu_templates(resource):
+        for c in template.spec.get("containers") or []:
+            if not (gpu_count(c) or 0):
+                continue
+            requests = (c.get("resources") or {}).get("requests") or {}
+            missing = [k for k in ("cpu", "memory") if k not in requests]
+            if missing:
+                messages.append(f"{template.where} container {c.get('name')}: no {' or '.join(missing)} request; set "
+                                "requests (equal to limits for Guaranteed QoS)")
+    return messages
+
+
+FLOATING_DRIVER_SELECTORS = {"cloud.google.com/gke-gpu-driver-version": ("latest", "default")}
+"""Node labels that pick a driver by a moving name (GKE installs the newest or the default driver it has)."""
+
+
+@rule("pinned-gpu-driver", "Kubernetes",
+      "A pod that selects nodes by a moving driver name (GKE's gke-gpu-driver-version: latest) gets whatever driver "
+      "the platform ships that day: a new driver can break the serving image's CUDA (the forward-compatibility "
+      "trap). Pin the driver version the image was checked against.")
+def pinned_gpu_driver(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for template in _gpu_templates(resource):
+        selector = template.spec.get("nodeSelector") or {}
+        for key, moving in FLOATING_DRIVER_SELECTORS.items():
+            if str(selector.get(key)) in moving:
+                messages.append(f"{template.where}: nodeSelector {key}: {selector.get(key)} floats with the "
+                                "platform; pin a driver version the image's CUDA is checked against")
+    return messages
+
+
+@rule("serve-graceful-shutdown", "Ray",
+      "Ray Serve gives a replica graceful_shutdown_timeout_s to finish its requests when it scales down or is "
+      "replaced; a few seconds cuts every long generation at each downscale. A value set below `minSeconds` is "
+      "flagged (Serve's own default, 20 s, is not).",
+      enforcement="advisory", config={"minSeconds": {"type": "integer", "minimum": 0, "default": 10}})
+def serve_graceful_shutdown(resource: Resource, config: Config) -> list[str]:
+    if not kind_of(resource.type).endswith("RayService"):
+        return []
+    least = int(config["minSeconds"])
+    messages = []
+    for app, llm in llm_configs(resource.props):
+        value = (llm.get("deployment_config") or {}).get("graceful_shutdown_timeout_s")
+        if _known(value) and float(value) < least:
+            messages.append(f"RayService {name_of(resource.props, resource.name)} application {app}: "
+                            f"graceful_shutdown_timeout_s {value} cuts long generations at every downscale; set it "
+                            f">= {least} (and a grace period that covers it)")
+    for application in serve_applications(resource.props):
+        for deployment in application.get("deployments") or []:
+            value = deployment.get("graceful_shutdown_timeout_s") if isinstance(deployment, Mapping) else None
+            if _known(value) and float(value) < least:
+                messages.append(f"RayService {name_of(resource.props, resource.name)} application "
+                                f"{application.get('name', '?')} deployment {deployment.get('name', '?')}: "
+                                f"graceful_shutdown_timeout_s {value}; set it >= {least}")
     return messages
 
 
