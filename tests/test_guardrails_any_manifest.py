@@ -60,8 +60,8 @@ def test_every_kind_that_carries_a_gpu_pod_is_read(obj: dict[str, Any], where: l
     [resource] = resources(yaml.safe_dump(obj), tmp_path)
     templates = list(pod_templates(resource.type, resource.props, resource.name))
     assert [t.where for t in templates] == where
-    # the rules see them: a vLLM server without a preStop is found in each GPU template (a Ray head is exempt)
-    assert len(found([resource], "prestop-drain")) == len([w for w in where if not w.endswith(" head")])
+    # the rules see them: each GPU template (the heads hold none here) lacks CPU and memory requests
+    assert len(found([resource], "gpu-server-resources")) == len([w for w in where if not w.endswith(" head")])
 
 
 @pytest.mark.parametrize("accelerator", ["nvidia.com/gpu", "amd.com/gpu", "aws.amazon.com/neuron",
@@ -121,11 +121,16 @@ def test_a_node_agent_is_exempted_by_name_with_its_reason(tmp_path: Any) -> None
         jsonschema.validate([{"name": "dcgm-exporter"}], rule.config["exempt"])
 
 
-def test_platforms_that_add_the_gpu_toleration_turn_the_requirement_off(tmp_path: Any) -> None:
-    obj = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "gke"},
-           "spec": {"template": {"spec": {"nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-l4"},
-                                          "containers": [VLLM]}}}}
-    manifest = resources(yaml.safe_dump(obj), tmp_path)
-    assert found(manifest, "gpu-scheduling")
-    assert found(manifest, "gpu-scheduling", {"gpu-scheduling": {"requireToleration": False}}) == []
-    assert found(manifest, "gpu-node-selection") == []  # GKE's accelerator label selects GPU nodes
+def test_the_gpu_toleration_is_expected_where_the_platform_does_not_add_it(tmp_path: Any) -> None:
+    def deployment(selector: dict[str, str]) -> list[Resource]:
+        obj = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+               "spec": {"template": {"spec": {"nodeSelector": selector, "containers": [VLLM]}}}}
+        return resources(yaml.safe_dump(obj), tmp_path)
+
+    eks = deployment({"karpenter.sh/nodepool": "gpu"})
+    assert found(eks, "gpu-scheduling")
+    assert {f.enforcement for f in evaluate(eks) if f.rule.name == "gpu-scheduling"} == {"advisory"}
+    assert found(eks, "gpu-scheduling", {"gpu-scheduling": {"requireToleration": False}}) == []
+    gke = deployment({"cloud.google.com/gke-accelerator": "nvidia-l4"})
+    assert found(gke, "gpu-scheduling") == []  # GKE adds the toleration itself
+    assert found(gke, "gpu-node-selection") == []

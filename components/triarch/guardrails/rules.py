@@ -165,51 +165,47 @@ def _tolerates_gpu_taint(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-GPU_NODE_LABELS = [
-    POOL_LABEL, GPU_LABEL, GPU_PRESENT_LABEL,                               # Triarch's pools
-    "nvidia.com/gpu.product", "nvidia.com/gpu.family", "nvidia.com/gpu.count", "nvidia.com/gpu.machine",  # GFD
-    "karpenter.sh/nodepool", "karpenter.k8s.aws/instance-gpu-name", "karpenter.k8s.aws/instance-gpu-count",
-    "karpenter.k8s.aws/instance-family", "eks.amazonaws.com/nodegroup", "node.kubernetes.io/instance-type",
-    "cloud.google.com/gke-accelerator", "cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-nodepool",
-    "kubernetes.azure.com/accelerator", "kubernetes.azure.com/agentpool", "agentpool",
-]
-"""Node labels that pick GPU nodes: Triarch's, GPU feature discovery's, EKS and Karpenter's, GKE's and AKS's."""
-
-
-def _selects_gpu_nodes(pod: Mapping[str, Any], labels: set[str]) -> bool:
-    if labels & set(pod.get("nodeSelector") or {}):
-        return True
-    terms = ((((pod.get("affinity") or {}).get("nodeAffinity") or {})
-              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
-    return bool(terms) and all(any(e.get("key") in labels for e in t.get("matchExpressions") or []) for t in terms)
+GKE_LABEL_PREFIX = "cloud.google.com/gke-"
+"""Pods selecting GKE node labels run on GKE, whose ExtendedResourceToleration admission adds the GPU toleration."""
 
 
 @rule("gpu-scheduling", "Kubernetes",
-      "NVIDIA GPU pods must tolerate the GPU nodes' nvidia.com/gpu taint, else they stay Pending. Platforms that "
-      "add the toleration themselves (GKE, or clusters with the ExtendedResourceToleration admission plugin) set "
-      "requireToleration false.",
-      config={"requireToleration": {"type": "boolean", "default": True}})
+      "NVIDIA GPU pods must tolerate the GPU nodes' nvidia.com/gpu taint where the nodes carry it (Triarch's pools, "
+      "EKS's GPU node groups), else they stay Pending. Advisory by default, since untainted GPU nodes need none "
+      "(Triarch's own stacks make it mandatory); pods selecting GKE labels are exempt (GKE adds the toleration); "
+      "requireToleration false turns it off on platforms that add it.",
+      enforcement="advisory", config={"requireToleration": {"type": "boolean", "default": True}})
 def gpu_scheduling(resource: Resource, config: Config) -> list[str]:
     if not config["requireToleration"]:
         return []
     return [f"{template.where}: requests NVIDIA GPUs but does not tolerate the {GPU_TAINT_KEY}:{GPU_TAINT_EFFECT} "
             f"taint; add a toleration for key {GPU_TAINT_KEY}"
             for template in _gpu_templates(resource) if any((nvidia_gpu_count(c) or 0) > 0 for c in containers(
-                template.spec)) and not _tolerates_gpu_taint(template.spec)]
+                template.spec)) and not _tolerates_gpu_taint(template.spec) and not _on_gke(template.spec)]
+
+
+def _on_gke(pod: Mapping[str, Any]) -> bool:
+    keys = set(pod.get("nodeSelector") or {})
+    for term in ((((pod.get("affinity") or {}).get("nodeAffinity") or {})
+                  .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []):
+        keys |= {str(e.get("key")) for e in term.get("matchExpressions") or []}
+    return any(k.startswith(GKE_LABEL_PREFIX) for k in keys)
 
 
 @rule("gpu-node-selection", "Kubernetes",
-      "Accelerator pods should select the nodes they need by a label that identifies them (a pool, a GPU product, "
-      "an instance type), else they may land on another GPU model than the one their engine args were sized "
-      "for. Advisory: a cluster with one kind of GPU node needs no selector. `labels` lists the accepted keys.",
-      enforcement="advisory", config={"labels": {"type": "array", "items": {"type": "string"},
-                                                 "default": GPU_NODE_LABELS}})
+      "Accelerator pods should select their nodes (a pool, a GPU product, an instance type, any label), else they "
+      "may land on another GPU model than the one their engine args were sized for. Advisory: a cluster with one "
+      "kind of GPU node needs no selector.", enforcement="advisory")
 def gpu_node_selection(resource: Resource, config: Config) -> list[str]:
-    labels = {str(label) for label in config["labels"]}
     return [f"{template.where}: requests accelerators without selecting their nodes; add a nodeSelector or a "
-            f"required node affinity on one of {', '.join(sorted(labels)[:4])}, ..."
-            for template in _gpu_templates(resource) if not _selects_gpu_nodes(template.spec, labels)]
+            f"required node affinity (e.g. {POOL_LABEL}, nvidia.com/gpu.product, node.kubernetes.io/instance-type)"
+            for template in _gpu_templates(resource) if not _selects_nodes(template.spec)]
 
+
+def _selects_nodes(pod: Mapping[str, Any]) -> bool:
+    required = (((pod.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
+    return bool(pod.get("nodeSelector")) or bool(required)
 
 
 EXEMPTION = {"type": "object", "required": ["name", "reason"],
@@ -510,15 +506,22 @@ def _admits_everyone(peer: Mapping[str, Any]) -> bool:
 @rule("serving-network-isolated", "Kubernetes",
       "A GPU server's namespace is closed both ways by default: a NetworkPolicy selecting every pod for Ingress "
       "and one for Egress, and no rule admitting every namespace or address. Otherwise any pod in the cluster "
-      "calls the models (and Ray's ports), and a model server can reach the API server and the nodes.", stack=True)
+      "calls the models (and Ray's ports), and a model server can reach the API server and the nodes. Judged where "
+      "the namespace is created or policed in the same resources.", stack=True)
 def serving_network(resources: list[Resource], config: Config) -> list[tuple[Resource, str]]:
     serving: dict[str, Resource] = {}
     for r in resources:
         if _gpu_templates(r):
             serving.setdefault(_namespace_of(r), r)
     policies = [r for r in resources if kind_of(r.type) == "networking.k8s.io/v1:NetworkPolicy"]
+    # Judged only where the namespace's policies are in view: it is created here, or some are given here. A
+    # manifest of workloads alone says nothing about the policies the cluster already has.
+    in_view = {name_of(r.props, r.name) for r in resources if kind_of(r.type) == "core/v1:Namespace"}
+    in_view |= {_namespace_of(p) for p in policies}
     found = []
     for namespace, workload in sorted(serving.items()):
+        if namespace not in in_view:
+            continue
         here = [p for p in policies if _namespace_of(p) == namespace]
         for direction in ("Ingress", "Egress"):
             covered = any(not ((p.props.get("spec") or {}).get("podSelector") or {})
@@ -601,6 +604,20 @@ def _inference_containers(template: PodTemplate) -> list[Mapping[str, Any]]:
             if (gpu_count(c) or 0) > 0 or is_vllm(c)]
 
 
+UNMANAGED_KINDS = ("core/v1:Pod", "batch/v1:Job", "serving.kserve.io/v1beta1:InferenceService",
+                   "serving.kserve.io/v1alpha1:LLMInferenceService")
+"""Pods no Service's endpoints follow through a rollout Triarch's drain rules speak of: bare Pods and Jobs (deleted
+by hand), and KServe's, whose controller and queue proxy own the drain and the probes."""
+
+
+def _behind_endpoints(resource: Resource, template: PodTemplate) -> bool:
+    """Whether the template's pods serve through endpoints a rollout or scale-down removes them from."""
+    kind = kind_of(resource.type)
+    if kind in UNMANAGED_KINDS:
+        return False
+    return not (kind == LWS_KIND and template.where.endswith(" workers"))  # the leader serves the group
+
+
 @rule("prestop-drain", "vLLM",
       "Requests in flight when a pod stops are dropped unless a preStop hook lets endpoints drain and the grace "
       "period covers the hook plus the server's own drain: vLLM's --shutdown-timeout, or for a Ray worker Ray's "
@@ -610,12 +627,14 @@ def prestop_drain(resource: Resource, config: Config) -> list[str]:
     messages = []
     minimum = int(config["minDrainSeconds"])
     for template in pod_templates(resource.type, resource.props, resource.name):
-        if template.ray_head:
+        if template.ray_head or not _behind_endpoints(resource, template):
             continue
         grace = int(template.spec.get("terminationGracePeriodSeconds", 30))
         for c in _inference_containers(template):
             pre = prestop_seconds(c)
-            if pre is None:
+            if pre is None and template.ray:
+                pre = 0  # a Ray worker takes no traffic from endpoints: Ray's own drain on SIGTERM is what counts
+            elif pre is None:
                 messages.append(f"{template.where} container {c.get('name')}: no preStop hook; add one that waits "
                                 "for endpoints to drain (and never `ray stop`)")
                 continue
@@ -638,15 +657,17 @@ def prestop_drain(resource: Resource, config: Config) -> list[str]:
 
 
 @rule("inference-probes", "vLLM",
-      "Without a readiness probe a loading server gets traffic; without a startup probe the liveness probe kills "
-      "it mid-download.")
+      "Without a readiness probe a loading server gets traffic; with a liveness probe but no startup probe, the "
+      "liveness probe kills it mid-download.")
 def inference_probes(resource: Resource, config: Config) -> list[str]:
     messages = []
     for template in pod_templates(resource.type, resource.props, resource.name):
-        if template.ray:
-            continue  # KubeRay injects the probes of Ray pods
+        if template.ray or not _behind_endpoints(resource, template):
+            continue  # KubeRay injects the probes of Ray pods; bare Pods, Jobs and KServe's are not rolled here
         for c in _inference_containers(template):
-            missing = [p for p in ("readinessProbe", "startupProbe") if not c.get(p)]
+            # without a liveness probe nothing kills a long download, so a startup probe is needed only beside one
+            wanted = ("readinessProbe", "startupProbe") if c.get("livenessProbe") else ("readinessProbe",)
+            missing = [p for p in wanted if not c.get(p)]
             if missing:
                 messages.append(f"{template.where} container {c.get('name')}: missing {', '.join(missing)}; probe "
                                 "/health, with a startup probe long enough for the model download")
@@ -805,8 +826,10 @@ def gpu_server_resources(resource: Resource, config: Config) -> list[str]:
         for c in template.spec.get("containers") or []:
             if not (gpu_count(c) or 0):
                 continue
-            requests = (c.get("resources") or {}).get("requests") or {}
-            missing = [k for k in ("cpu", "memory") if k not in requests]
+            resources_ = c.get("resources") or {}
+            # a limit is also the request where none is given
+            given = {**(resources_.get("limits") or {}), **(resources_.get("requests") or {})}
+            missing = [k for k in ("cpu", "memory") if k not in given]
             if missing:
                 messages.append(f"{template.where} container {c.get('name')}: no {' or '.join(missing)} request; set "
                                 "requests (equal to limits for Guaranteed QoS)")
@@ -855,6 +878,26 @@ def serve_graceful_shutdown(resource: Resource, config: Config) -> list[str]:
                 messages.append(f"RayService {name_of(resource.props, resource.name)} application "
                                 f"{application.get('name', '?')} deployment {deployment.get('name', '?')}: "
                                 f"graceful_shutdown_timeout_s {value}; set it >= {least}")
+    return messages
+
+
+SECRET_ENV = re.compile(r"(TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|ACCESS_KEY)$", re.IGNORECASE)
+"""Environment variable names that carry credentials (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, VLLM_API_KEY, ...)."""
+
+
+@rule("no-plaintext-secrets", "Kubernetes",
+      "A token or key written into a manifest's env (`value:`) is in every copy of the manifest, its Git history "
+      "and `kubectl get -o yaml` for anyone who may read the workload; take it from a Secret (`valueFrom`). "
+      "Placeholders count too: the manifest invites pasting the real token in.")
+def no_plaintext_secrets(resource: Resource, config: Config) -> list[str]:
+    messages = []
+    for template in pod_templates(resource.type, resource.props, resource.name):
+        for c in containers(template.spec):
+            for entry in c.get("env") or []:
+                name = str(entry.get("name", ""))
+                if SECRET_ENV.search(name) and entry.get("value") not in (None, "", UNKNOWN):
+                    messages.append(f"{template.where} container {c.get('name')}: env {name} is written in the "
+                                    "manifest; read it from a Secret (valueFrom.secretKeyRef)")
     return messages
 
 
