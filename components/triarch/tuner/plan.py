@@ -40,7 +40,7 @@ class Plan:
     def in_flight(self) -> int:
         """Tokens a sliding/chunked layer keeps beyond its window: one step's batch (0.19.0), two with the async
         scheduling 0.29+ counts (vllm/config/vllm.py max_in_flight_tokens)."""
-        return self.max_num_batched_tokens * (2 if self.release.null_block_reserved else 1)
+        return self.max_num_batched_tokens * self.release.in_flight_batches
 
     def usable_blocks(self) -> int:
         """Blocks a request may take: all, less the null block where the release reserves it."""

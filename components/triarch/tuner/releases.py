@@ -41,6 +41,7 @@ class VllmRelease:
     sentence_transformers_needs_do_lower_case: bool
     kv_tokens_reported: Literal["blocks", "concurrency"]
     null_block_reserved: bool
+    in_flight_batches: int
     batch_tiers: tuple[BatchTier, ...]
     sources: Mapping[str, str]
 
@@ -74,6 +75,7 @@ def _release(version: str, raw: Mapping[str, Any]) -> VllmRelease:
         sentence_transformers_needs_do_lower_case=bool(raw["sentenceTransformersNeedsDoLowerCase"]),
         kv_tokens_reported=raw["kvTokensReported"],
         null_block_reserved=bool(raw["nullBlockReserved"]),
+        in_flight_batches=int(raw["inFlightBatches"]),
         batch_tiers=tiers,
         sources={str(k): " ".join(str(v).split()) for k, v in raw["sources"].items()},
     )
