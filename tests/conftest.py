@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -198,3 +201,13 @@ def plan_config(name: str, config: Mapping[str, Any], directory: Path) -> StackP
 def shipped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, StackPlan]:
     """Every shipped stack, planned once for the whole session."""
     return {name: plan_config(name, stack_document(name), tmp_path_factory.mktemp(name)) for name in STACK_NAMES}
+
+
+def bench_module(name: str) -> ModuleType:
+    """A script of bench/ imported as a module (bench is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -3,11 +3,10 @@ hand, no mandatory finding wrong, nine in ten known real problems found."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
+from conftest import bench_module
 from triarch.guardrails.check import evaluate
 from triarch.guardrails.manifests import read_manifests
 
@@ -15,12 +14,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 def corpus() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("guardrail_corpus", BENCH / "guardrail_corpus.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("guardrail_corpus")
 
 
 def test_every_finding_is_labelled_and_no_mandatory_one_is_wrong() -> None:

@@ -3,21 +3,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
+
+from conftest import bench_module
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 def importer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("import_vllm_logs", BENCH / "import_vllm_logs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("import_vllm_logs")
 
 
 LOG = """\

@@ -27,7 +27,7 @@ from triarch.config import from_pulumi_config
 from triarch.offline import read_stack_config
 from triarch.planners.models import plan_models
 from triarch.planners.nodegroups import plan_pool
-from triarch.verify import check_drivers, check_nodes, check_ray_service, check_ready, check_vllm, metric_names
+from triarch.verify import check_drivers, check_nodes, check_ray_service, check_ready, check_vllm, exposition_names
 
 HERE = Path(__file__).resolve().parent
 RECORDED = HERE / "verify"
@@ -198,7 +198,7 @@ def test_a_healthy_vllm_server_passes_and_each_fault_fails(serve: Any) -> None:
     assert "vllm:kv_cache_usage_perc" in missing.message
     [down] = [f for f in check_vllm(embed, "http://127.0.0.1:9", timeout=1) if not f.ok][:1]
     assert "answered nothing" in down.message
-    assert "vllm:num_preemptions_total" in metric_names(EXPOSITION)
+    assert "vllm:num_preemptions_total" in exposition_names(EXPOSITION)
 
 
 KUBECTL = """#!{python}

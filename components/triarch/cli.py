@@ -190,7 +190,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     from triarch.catalog import Gpu, catalog
     from triarch.tuner import Task, load_arch, tune
-    from triarch.tuner.releases import DEFAULT_IMAGE
+    from triarch.tuner.releases import default_image
 
     arch = load_arch(args.model or args.model_config)
     if args.gpu is not None:
@@ -215,7 +215,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         document["memory"] = dataclasses.asdict(sizing.memory)
         print(json.dumps(document, indent=2, sort_keys=True))
         return 0
-    pinned = "" if args.vllm_version else f", the version in {DEFAULT_IMAGE}"
+    pinned = "" if args.vllm_version else f", the version in {default_image()}"
     print(f"{sizing.model} on {gpu.product} ({task}): {sizing.num_parameters / 1e9:.2f}B parameters, "
           f"tensor_parallel_size={sizing.tensor_parallel_size}; as vLLM {sizing.vllm_version} sizes it{pinned}")
     if sizing.context_limit is not None:

@@ -140,7 +140,7 @@ def check_ray_service(service: dict[str, Any] | None, served: list[str]) -> Iter
                       f"kubectl describe rayservice {RAY_SERVICE}; the head's logs (serve status)")
 
 
-def metric_names(exposition: str) -> set[str]:
+def exposition_names(exposition: str) -> set[str]:
     """Metric names of a Prometheus text exposition (comments and blank lines skipped)."""
     names = set()
     for line in exposition.splitlines():
@@ -174,7 +174,7 @@ def check_vllm(plan: ModelPlan, base_url: str, timeout: float = 5.0) -> Iterator
     yield Finding("when", subject, plan.name in ids, f"/v1/models lists {ids or 'nothing'}",
                   "" if plan.name in ids else "--served-model-name must be the stack's model name (pulumi up)")
     status, body = get("/metrics")
-    exported = metric_names(body) if status == 200 else set()
+    exported = exposition_names(body) if status == 200 else set()
     missing = [m for m in ALERT_METRICS
                if not any(n == f"vllm:{m}" or n.startswith(f"vllm:{m}_") for n in exported)]
     yield Finding("when", subject, not missing, "exports every metric the alerts read" if not missing else

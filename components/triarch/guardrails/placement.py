@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from triarch.catalog import InstanceType, catalog
-from triarch.guardrails.workloads import kind_of, name_of, pod_templates
+from triarch.guardrails.workloads import kind_of, name_of, pod_templates, required_node_terms
 from triarch.paths import COMPAT_DIR
 from triarch.scheduling import DEVICE_PLUGIN_CONFIG_LABEL, GPU_RESOURCE
 
@@ -376,8 +376,7 @@ def _chart_workloads(r: Any) -> list[Workload]:
 def selects(spec: Mapping[str, Any], pool: Pool) -> bool:
     if any(pool.labels.get(str(k)) != str(v) for k, v in (spec.get("nodeSelector") or {}).items()):
         return False
-    terms = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
-              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms"))
+    terms = required_node_terms(spec)
     return not terms or any(all(_matches(e, pool.labels) for e in t.get("matchExpressions") or []) for t in terms)
 
 

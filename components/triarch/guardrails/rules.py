@@ -29,6 +29,7 @@ from triarch.guardrails.workloads import (
     ray_cluster_spec,
     ray_sigterm_drain_seconds,
     requests_gpus,
+    required_node_terms,
     serve_applications,
     serve_graceful_shutdown_seconds,
 )
@@ -186,8 +187,7 @@ def gpu_scheduling(resource: Resource, config: Config) -> list[str]:
 
 def _on_gke(pod: Mapping[str, Any]) -> bool:
     keys = set(pod.get("nodeSelector") or {})
-    for term in ((((pod.get("affinity") or {}).get("nodeAffinity") or {})
-                  .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []):
+    for term in required_node_terms(pod):
         keys |= {str(e.get("key")) for e in term.get("matchExpressions") or []}
     return any(k.startswith(GKE_LABEL_PREFIX) for k in keys)
 
@@ -203,9 +203,7 @@ def gpu_node_selection(resource: Resource, config: Config) -> list[str]:
 
 
 def _selects_nodes(pod: Mapping[str, Any]) -> bool:
-    required = (((pod.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
-    return bool(pod.get("nodeSelector")) or bool(required)
+    return bool(pod.get("nodeSelector")) or bool(required_node_terms(pod))
 
 
 EXEMPTION = {"type": "object", "required": ["name", "reason"],
@@ -991,9 +989,7 @@ def _selected_pools(pod: Mapping[str, Any], nodes: Mapping[str, Node]) -> list[s
         chosen = matching(key, {str(value)})
         if key in (POOL_LABEL, GPU_LABEL):
             pools = chosen if pools is None else pools & chosen
-    terms = ((((pod.get("affinity") or {}).get("nodeAffinity") or {})
-              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
-    for term in terms:
+    for term in required_node_terms(pod):
         for expression in term.get("matchExpressions") or []:
             if expression.get("operator") == "In" and expression.get("key") in (POOL_LABEL, GPU_LABEL):
                 chosen = matching(expression["key"], {str(v) for v in expression.get("values") or []})

@@ -117,6 +117,12 @@ def pod_templates(resource_type: str, props: Mapping[str, Any], name: str = "") 
                               (group.get("template") or {}).get("spec") or {}, replicas, ray=True)
 
 
+def required_node_terms(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The pod's required node-affinity terms (any one must match)."""
+    return list((((pod.get("affinity") or {}).get("nodeAffinity") or {})
+                  .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
+
+
 def containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
 

@@ -19,13 +19,12 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from triarch.config import StackConfig
 from triarch.planners import pods
 from triarch.planners.models import ModelPlan
-from triarch.planners.observability import vllm_metric
-from triarch.scheduling import POOL_LABEL
+from triarch.planners.observability import POOL_METRIC_LABEL, model_selector, vllm_metric
 
 DASHBOARD_UID = "triarch-layers"
 SIDECAR_LABEL = {"grafana_dashboard": "1"}
 """The label kube-prometheus-stack's Grafana sidecar looks for (its default `sidecar.dashboards.label`)."""
-POOL = "label_" + POOL_LABEL.replace(".", "_").replace("/", "_").replace("-", "_")
+POOL = POOL_METRIC_LABEL
 
 
 def _panel(title: str, unit: str, *queries: tuple[str, str]) -> Panel:
@@ -65,7 +64,7 @@ def _how() -> list[Panel]:
 
 
 def _when(plan: ModelPlan, namespace: str) -> list[Panel]:
-    sel = f'{{namespace="{namespace}", model_name="{plan.name}"}}'
+    sel = model_selector(plan, namespace)
 
     def metric(name: str) -> str:
         return vllm_metric(plan, name)

@@ -8,6 +8,7 @@ max_num_seqs, each pool's GPUs per node); metric names from the pinned releases 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -50,8 +51,18 @@ def vllm_metric(plan: ModelPlan, name: str) -> str:
     return f"vllm:{name}"
 
 
-def _selector(plan: ModelPlan, namespace: str) -> str:
+POOL_METRIC_LABEL = "label_" + re.sub(r"[./-]", "_", POOL_LABEL)
+"""The pool label as kube-state-metrics exports it on kube_node_labels (label_<name, . / - as _>)."""
+
+
+def model_selector(plan: ModelPlan, namespace: str) -> str:
+    """The PromQL label matchers of one model's vLLM metrics (vLLM labels them with the served model name)."""
     return f'{{namespace="{namespace}", model_name="{plan.name}"}}'
+
+
+def _alert_name(name: str) -> str:
+    """'my-model' -> 'MyModel': a stack name as the start of an alert name."""
+    return "".join(part.capitalize() for part in name.split("-"))
 
 
 @dataclass(frozen=True)
@@ -72,9 +83,9 @@ class Alert:
 def model_alerts(plan: ModelPlan, namespace: str) -> list[Alert]:
     """When (vLLM): the tuned batch overflowing while the GPUs idle, a full KV cache, preemptions, a slow first
     token against the model's SLO."""
-    sel = _selector(plan, namespace)
+    sel = model_selector(plan, namespace)
     seqs = plan.sizing.engine_args["max_num_seqs"]
-    name = "".join(part.capitalize() for part in plan.name.split("-"))
+    name = _alert_name(plan.name)
     alerts = [
         Alert(f"{name}RequestsQueuedGpusIdle", "when",
               f"sum({vllm_metric(plan, 'num_requests_waiting')}{sel}) > {seqs} and on() "
@@ -101,9 +112,8 @@ def model_alerts(plan: ModelPlan, namespace: str) -> list[Alert]:
 
 def pool_alerts(pool: PoolPlan) -> list[Alert]:
     """Where: the GPUs a pool's nodes should advertise (nodes x schedulable GPUs per node) against what they do."""
-    label = "label_" + POOL_LABEL.replace(".", "_").replace("/", "_").replace("-", "_")
-    nodes = f'kube_node_labels{{{label}="{pool.name}"}}'
-    name = "".join(part.capitalize() for part in pool.name.split("-"))
+    nodes = f'kube_node_labels{{{POOL_METRIC_LABEL}="{pool.name}"}}'
+    name = _alert_name(pool.name)
     return [Alert(
         f"{name}GpusMissing", "where",
         f"count({nodes}) * {pool.schedulable_gpus_per_node} > sum(kube_node_status_allocatable"
@@ -183,7 +193,7 @@ def scaled_object(stack: StackConfig, plan: ModelPlan, namespace: str) -> dict[s
     scaling = plan.config.autoscaling
     assert scaling is not None
     seqs = int(plan.sizing.engine_args["max_num_seqs"])
-    sel = _selector(plan, namespace)
+    sel = model_selector(plan, namespace)
     server = stack.observability.prometheus_url
     window = max(300, 2 * grace_period_seconds())
     return {

@@ -14,8 +14,6 @@ from triarch.paths import TEMPLATES_DIR
 from triarch.tuner.errors import TuneError
 
 RELEASES_FILE = TEMPLATES_DIR / "compat" / "vllm-releases.yaml"
-DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
-"""The serving image a stack gets unless it names another (config.Images.vllm); its vLLM is the default release."""
 
 UsageContext = Literal["apiServer", "llmClass"]
 
@@ -89,12 +87,19 @@ def modelled_releases() -> dict[str, VllmRelease]:
     return {v: _release(v, raw[v]) for v in sorted(raw, key=_version_key)}
 
 
+def default_image() -> str:
+    """The serving image a stack gets unless it names another (config.ImagesConfig.vllm)."""
+    from triarch.config import ImagesConfig
+
+    return str(ImagesConfig.model_fields["vllm"].default)
+
+
 def default_version() -> str:
     """The vLLM inside the default serving image (templates/compat/images.yaml)."""
     from triarch.catalog import catalog
 
-    image = catalog().image(DEFAULT_IMAGE)
-    assert image is not None and image.vllm, f"{DEFAULT_IMAGE} is in images.yaml with its vLLM version"
+    image = catalog().image(default_image())
+    assert image is not None and image.vllm, f"{default_image()} is in images.yaml with its vLLM version"
     return image.vllm
 
 
