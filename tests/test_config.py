@@ -118,7 +118,7 @@ def test_renamed_key_names_the_new_key(mutated_config: MutatedConfig) -> None:
 
 
 @pytest.mark.parametrize(("key", "old", "real_keys"), [
-    ("triarch:devicePlugin", "version", ["enabled", "gpuFeatureDiscovery"]),
+    ("triarch:devicePlugin", "version", ["gpuFeatureDiscovery", "mode"]),
     ("triarch:cluster", "releaseVersion", ["kubernetesVersion", "zones"]),
 ])
 def test_rename_hint_only_where_the_new_key_exists(mutated_config: MutatedConfig, key: str, old: str,
@@ -257,8 +257,8 @@ def test_invalid_literal(mutated_config: MutatedConfig) -> None:
 
 # --- what valid stacks give -----------------------------------------------------------------------------
 
-def test_the_project_ships_the_three_stacks() -> None:
-    assert STACK_NAMES == ["dev", "local", "prod"]
+def test_the_project_ships_its_four_stacks() -> None:
+    assert STACK_NAMES == ["dev", "lab", "local", "prod"]
 
 
 @pytest.mark.parametrize("name", STACK_NAMES)
@@ -436,4 +436,4 @@ def test_cli_unknown_stack_lists_the_stacks(capsys: pytest.CaptureFixture[str]) 
     assert len(lines) == 1, captured.err
     assert lines[0].startswith("error: --stack: 'nosuch'")
     allowed = lines[0].partition("allowed: ")[2].split(", ")
-    assert sorted(allowed) == ["dev", "local", "prod"]
+    assert sorted(allowed) == ["dev", "lab", "local", "prod"]

@@ -37,6 +37,7 @@ RENAMED_KEYS = {
     "instance_type": "instanceType",
     "k8sVersion": "kubernetesVersion",
     "version": "kubernetesVersion",
+    "enabled": "mode",
 }
 """Keys users reach for, mapped to the key Triarch reads; rejected with a message naming the new key."""
 
@@ -140,6 +141,9 @@ class NodeGroupConfig(_Model):
     disk_gib: int = Field(200, ge=50, le=4000, alias="diskGiB")
     """Root volume: serving images are 10-20 GiB compressed, and the image cache lives here."""
     zones: list[str] | None = None
+    """Created cluster: the zones the pool's nodes come up in (default: the cluster's). Existing nodes: the zones
+    they are in (their topology.kubernetes.io/zone label), so replicas spread over them with DoNotSchedule; where
+    they are not given, the zones are unknown and the spread stays soft."""
     # existing nodes (cluster.create: false)
     gpu: str | None = None
     gpus_per_node: int | None = Field(None, ge=1, le=16)
@@ -242,9 +246,25 @@ class ImagesConfig(_Model):
     ray_llm: ImageRef = "rayproject/ray-llm:2.60.0-py312-cu130"
 
 
+ComponentMode = Literal["install", "existing"]
+"""install: Triarch installs the component's pinned chart (its CRDs with it); existing: the cluster already runs
+it (installing a second copy would break both), so Triarch installs nothing and `pulumi preview` checks that the
+CRDs Triarch's objects need are in the cluster."""
+
+
 class DevicePluginConfig(_Model):
-    enabled: bool = True
+    """The NVIDIA device plugin, which advertises each GPU node's nvidia.com/gpu to the scheduler."""
+
+    mode: ComponentMode = "install"
+    """install: the pinned chart; existing: the cluster runs one already (the NVIDIA GPU operator's, say)."""
     gpu_feature_discovery: bool = True
+
+
+class KubeRayConfig(_Model):
+    """The KubeRay operator, which turns the RayService of the engine: ray-serve models into Ray clusters."""
+
+    mode: ComponentMode = "install"
+    """install: the pinned chart (with its CRDs); existing: an operator the cluster runs."""
 
 
 class StackConfig(_Model):
@@ -254,6 +274,7 @@ class StackConfig(_Model):
     models: list[ModelConfig] = []
     images: ImagesConfig = ImagesConfig()
     device_plugin: DevicePluginConfig = DevicePluginConfig()
+    kuberay: KubeRayConfig = KubeRayConfig()
     serving: ServingConfig = ServingConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
 
@@ -455,7 +476,9 @@ def _check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fac
                               "lets the pool be empty, but triarch:cluster.nodeProvisioner is 'none': nothing "
                               "would add a node for a GPU pod",
                               "min >= 1, or nodeProvisioner: karpenter | cluster-autoscaler")
-        for key in ("instance_type", "ami_release", "zones"):
+        if group.zones is not None and len(set(group.zones)) != len(group.zones):
+            raise ConfigError(f"{path}.zones", group.zones, "lists a zone twice", "distinct zones")
+        for key in ("instance_type", "ami_release"):
             if getattr(group, key) is not None:
                 raise ConfigError(f"{path}.{to_camel(key)}", getattr(group, key),
                                   "only applies when triarch:cluster.create is true",

@@ -6,11 +6,13 @@ from typing import Any
 
 import pulumi
 from pulumi.runtime.config import CONFIG, get_config_env, is_config_secret
+from pulumi.runtime.mocks import MockMonitor
 
 from triarch.catalog import catalog
 from triarch.components.platform import Platform
 from triarch.config import NAMESPACE, SECRET_KEYS, StackConfig, from_pulumi_config
 from triarch.errors import ConfigError, TriarchError
+from triarch.existing import check_cluster
 from triarch.matrix import require_compatible
 from triarch.offline import PLAIN_TEXT_REFUSED
 from triarch.planners.models import ModelPlan, plan_models
@@ -43,9 +45,16 @@ def load_stack() -> tuple[StackConfig, list[ModelPlan], KubernetesPlan]:
     return stack, models, plan_kubernetes(stack, models, catalog(), given)
 
 
+def under_mocks() -> bool:
+    """Whether the program runs under Pulumi's mock engine (`triarch plan`, tests) rather than the CLI."""
+    return isinstance(pulumi.runtime.settings.get_monitor(), MockMonitor)
+
+
 def main() -> Platform:
     try:
         stack, models, objects = load_stack()
+        if not under_mocks():
+            check_cluster(stack, objects)
     except TriarchError as error:
         # RunError prints the sentence without a traceback under the Pulumi CLI.
         raise StackError(str(error)) from None

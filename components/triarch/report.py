@@ -14,6 +14,7 @@ from triarch.cost import CAPACITY_FILE, capacity_report
 from triarch.diff import KINDS as DIFF_KINDS
 from triarch.diff import Diff, Difference
 from triarch.errors import TriarchError
+from triarch.existing import trusted_note
 from triarch.matrix import Verdict, require_compatible
 from triarch.offline import PlanRun, Registered, read_stack_config, run_program, write_plan
 from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
@@ -55,6 +56,8 @@ class PlanResult:
     manifest_paths: list[Path]
     capacity: dict[str, Any]
     """capacity.json: GPUs and monthly cost per pool, GPUs per model (triarch.cost)."""
+    trusted: str | None = None
+    """What the plan takes on trust about the cluster (triarch.existing), said in the summary."""
 
 
 def validate_stack_file(name: str, path: Path) -> ValidatedStack:
@@ -76,7 +79,8 @@ def plan_stack(validated: ValidatedStack, out: Path) -> PlanResult:
     manifests = write_plan(run, out)
     capacity = capacity_report(validated.name, validated.stack, validated.models, catalog())
     (out / CAPACITY_FILE).write_text(json.dumps(capacity, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return PlanResult(validated.stack, validated.verdicts, validated.models, run, manifests, capacity)
+    return PlanResult(validated.stack, validated.verdicts, validated.models, run, manifests, capacity,
+                      trusted_note(validated.stack, validated.objects))
 
 
 PROVISIONER_LABELS = {"karpenter": "karpenter", "managedNodeGroup": "node group", "existing": "existing"}
@@ -141,11 +145,15 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
     lines += _table(rows)
     lines += ["", "How each pool gets its nodes"]
     lines += [f"  {group.name}: {scaling(stack, group, facts)}" for group in stack.node_groups]
-    if stack.device_plugin.enabled:
+    if stack.device_plugin.mode == "install":
         chart = charts()["nvidia-device-plugin"]
         gfd = "with GPU feature discovery" if stack.device_plugin.gpu_feature_discovery else "without GFD"
         lines += ["", f"Device plugin: chart {chart.name} {chart.version} ({chart.repository}), {gfd}, "
                   "GPU nodes only, tolerating the GPU taint"]
+    else:
+        lines += ["", "Device plugin: the cluster's own (devicePlugin.mode: existing); Triarch installs none"]
+    if result.trusted:
+        lines += ["", result.trusted]
     if result.verdicts:
         lines += ["", "Driver/CUDA matrix"]
         lines += [f"  {v.level:7} {v.message}" for v in result.verdicts]

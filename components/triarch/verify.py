@@ -248,7 +248,7 @@ def verify(cluster: Cluster, stack: StackConfig, models: list[ModelPlan], pools:
     """Every check, where first (a failure there explains those above it)."""
     nodes = cluster.items("nodes")
     findings = [*check_nodes(nodes, pools), *check_drivers(nodes, stack, models, facts)]
-    if stack.device_plugin.enabled:
+    if stack.device_plugin.mode == "install":
         findings.append(check_ready(cluster.items("daemonsets", "-n", device_plugin.NAMESPACE),
                                     device_plugin.RELEASE, "where", "NVIDIA device plugin"))
     if stack.prometheus != "none" and stack.observability.dcgm_exporter:
@@ -259,9 +259,10 @@ def verify(cluster: Cluster, stack: StackConfig, models: list[ModelPlan], pools:
                                     "where", "Karpenter"))
     namespace = stack.serving.namespace
     served = [m.name for m in models if m.config.engine == "ray-serve"]
-    if served:
+    if served and stack.kuberay.mode == "install":
         findings.append(check_ready(cluster.items("deployments", "-n", KUBERAY_NAMESPACE), "kuberay-operator",
                                     "how", "KubeRay operator"))
+    if served:
         findings += check_ray_service(cluster.get("rayservice", RAY_SERVICE, "-n", namespace), served)
     for plan in models:
         if plan.config.engine != "vllm":

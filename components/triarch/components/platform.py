@@ -93,7 +93,7 @@ class Platform(pulumi.ComponentResource):
                                                            self.cluster.provider, opts=child))
         self.provider = self.cluster.provider
         self.device_plugin: DevicePlugin | None = None
-        if stack.device_plugin.enabled:
+        if stack.device_plugin.mode == "install":
             chart = charts()["nvidia-device-plugin"]
             tag = (chart.image or ":v" + chart.version).rsplit(":", 1)[1]
             values = device_plugin_values(self.pools, tag, stack.device_plugin.gpu_feature_discovery)
@@ -137,12 +137,13 @@ class Platform(pulumi.ComponentResource):
             if plan.config.engine == "vllm":
                 self.vllm_servers.append(VllmServer(plan.name, objects.vllm[plan.name], plan.config.model,
                                                     self.provider, opts=after))
-        if objects.ray:
+        if objects.ray and objects.kuberay:
             system_pool = SYSTEM_POOL if stack.cluster.create else None
             [namespace] = objects.kuberay
             self.kuberay = KubeRayOperator("kuberay-operator", charts()["kuberay-operator"], system_pool, namespace,
                                            self.provider, opts=pulumi.ResourceOptions(parent=self),
                                            monitor_labels=monitors(stack), after=self.monitor_crds)
+        if objects.ray:
             served = [plan.name for plan in models if plan.config.engine == "ray-serve"]
             self.ray = RayServing("ray-serve", objects.ray, served, self.kuberay, self.provider, opts=after)
         self.dcgm_exporter: ChartAddOn | None = None

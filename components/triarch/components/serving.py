@@ -80,7 +80,7 @@ class VllmServer(pulumi.ComponentResource):
 
 
 class RayServing(pulumi.ComponentResource):
-    def __init__(self, name: str, objects: list[dict[str, Any]], models: list[str], operator: KubeRayOperator,
+    def __init__(self, name: str, objects: list[dict[str, Any]], models: list[str], operator: KubeRayOperator | None,
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:ray:RayServing", name, None, opts)
         # The claim and the autoscaler's service account first: KubeRay does not start a head whose service
@@ -88,7 +88,8 @@ class RayServing(pulumi.ComponentResource):
         self.objects = [register(obj, pulumi.ResourceOptions(parent=self, provider=provider))
                         for obj in objects if obj["kind"] != "RayService"]
         self.objects += [register(obj, pulumi.ResourceOptions(parent=self, provider=provider,
-                                                              depends_on=[operator.release, *self.objects]))
+                                                              depends_on=[*([operator.release] if operator else []),
+                                                                          *self.objects]))
                          for obj in objects if obj["kind"] == "RayService"]
         self.register_outputs({"models": models})
 

@@ -89,7 +89,8 @@ def plan_pool(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) -> Poo
         labels=labels,
         taints=[gpu_taint()] if group.taint else [],
         time_slicing_replicas=replicas,
-        zones=tuple(group.zones or stack.cluster.zones) if stack.cluster.create else None,
+        zones=tuple(group.zones or stack.cluster.zones) if stack.cluster.create else (
+            tuple(group.zones) if group.zones else None),
         max_nodes=group.max,
     )
 

@@ -73,7 +73,7 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
     check_capacity(stack, models, facts)
     owners: list[tuple[Owner, dict[str, Any]]] = []
     device_plugin = []
-    if stack.device_plugin.enabled:
+    if stack.device_plugin.mode == "install":
         device_plugin = [pods.namespace(
             DEVICE_PLUGIN_NAMESPACE, "privileged",
             "the device plugin mounts the kubelet's device-plugin socket directory (hostPath), and GPU feature "
@@ -126,10 +126,11 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
 
     kuberay: list[dict[str, Any]] = []
     ray = ray_manifests(models, stack.images.ray_llm, settings)
-    if ray:
+    if ray and stack.kuberay.mode == "install":
         kuberay = [pods.namespace(KUBERAY_NAMESPACE, "restricted",
                                   "the operator runs non-root, read-only, with no capabilities")]
         owners += [(Owner("the KubeRay operator"), o) for o in kuberay]
+    if ray:
         owners += [(Owner(f"the RayService {RAY_SERVICE} of the ray-serve models"), o) for o in ray]
         owners += [(Owner(f"the KubeRay operator (for the RayService {RAY_SERVICE})"),
                     {"apiVersion": "v1", "kind": "Service",
