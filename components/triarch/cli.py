@@ -260,6 +260,51 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if any(not f.ok for f in findings) else 0
 
 
+def cmd_local_build(args: argparse.Namespace) -> int:
+    import json
+
+    from triarch.local.engines import build_all, describe
+
+    if args.list:
+        print(json.dumps(describe(), indent=2))
+        return 0
+    build_all(args.engines or None, force=args.force)
+    return 0
+
+
+def cmd_local_up(args: argparse.Namespace) -> int:
+    from triarch.local.plane import up
+    from triarch.local.planes import spec_for_stack
+    from triarch.report import validate_stack_file
+
+    name, path = _stack_source(args)
+    validated = validate_stack_file(name, path)
+    spec = spec_for_stack(args.name or name, validated.stack, [Path(d) for d in args.crds or []], args.all_crds)
+    plane = up(spec)
+    print(f"run commands on it: triarch local exec --name {spec.name} -- kubectl get nodes")
+    print(f"bring it down:      triarch local down --name {spec.name}")
+    print(f"(kubeconfig {plane.kubeconfig}; Pulumi state and plugins in {plane.directory})")
+    return 0
+
+
+def cmd_local_exec(args: argparse.Namespace) -> int:
+    from triarch.local.plane import exec_in
+    from triarch.local.planes import only_plane
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    return exec_in(args.name or only_plane(), command)
+
+
+def cmd_local_down(args: argparse.Namespace) -> int:
+    from triarch.local.plane import down
+    from triarch.local.planes import only_plane
+
+    down(args.name or only_plane())
+    return 0
+
+
 def _add_stack_source(parser: argparse.ArgumentParser, plan: bool = False, manifests: bool = False) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--stack", help="a stack of this project (stacks/Pulumi.<stack>.yaml)")
@@ -341,13 +386,48 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--task", choices=["generate", "embed"], help="default: embed for embedding models")
     tune.add_argument("--json", action="store_true", help="one JSON object instead of the start-up log")
     tune.set_defaults(handler=cmd_tune)
+
+    local = commands.add_parser("local", help="a local Kubernetes control plane on the real engines (etcd, the API "
+                                              "server, scheduler, controller manager, kwok) and the real Pulumi CLI")
+    steps = local.add_subparsers(dest="step", required=True)
+    build = steps.add_parser("build", help="build the engines from the Go module proxy into a cache outside the "
+                                           "work tree (tools/engines/engines.yaml); cached builds are kept")
+    build.add_argument("engines", nargs="*", help="only these (default: all)")
+    build.add_argument("--force", action="store_true", help="rebuild even if cached")
+    build.add_argument("--list", action="store_true", help="print what is pinned and built, build nothing")
+    build.set_defaults(handler=cmd_local_build)
+    start = steps.add_parser("up", help="start a plane for a stack: its nodes as kwok nodes, the CRDs of the "
+                                        "components it says the cluster runs, its kubeconfig context")
+    source = start.add_mutually_exclusive_group()
+    source.add_argument("--stack", default="lab", help="a stack of this project (default: lab)")
+    source.add_argument("--stack-file", help="any Pulumi stack file")
+    start.add_argument("--name", help="the plane's name (default: the stack's)")
+    start.add_argument("--crds", action="append", metavar="DIR",
+                       help="a directory of charts' CRDs (e.g. ../shared/reference), used before the Go modules")
+    start.add_argument("--all-crds", action="store_true",
+                       help="install every CRD set Triarch's objects use (KubeRay, Prometheus Operator, KEDA, "
+                            "Karpenter), not only those of the stack's existing components")
+    start.set_defaults(handler=cmd_local_up)
+    run = steps.add_parser("exec", help="run a command inside the plane's network namespace, with KUBECONFIG and "
+                                        "the built kubectl and pulumi on the PATH")
+    run.add_argument("--name", help="the plane (default: the only one up)")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    run.set_defaults(handler=cmd_local_exec)
+    stop = steps.add_parser("down", help="stop every process of the plane and remove its namespace and state")
+    stop.add_argument("--name", help="the plane (default: the only one up)")
+    stop.set_defaults(handler=cmd_local_down)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from triarch.local.engines import EngineError
+
     try:
         code: int = args.handler(args)
+    except EngineError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except TriarchError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE

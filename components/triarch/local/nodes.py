@@ -1,0 +1,78 @@
+"""The nodes of the local control plane, as a stack's pools would have them: kwok nodes labelled and tainted as
+the real ones (Triarch's pool labels, GPU feature discovery's product and driver labels, a zone), advertising the
+pool's GPUs, plus CPU nodes for everything else. Pure: manifests as plain dicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from triarch.catalog import Catalog
+from triarch.config import StackConfig, driver_of
+from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
+from triarch.scheduling import GPU_RESOURCE, POOL_LABEL, SYSTEM_POOL
+
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+"""kwok manages (heartbeats, runs the pods of) the nodes that carry this annotation."""
+KWOK_MANAGED = "fake"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+ZONES = ("lab-a", "lab-b", "lab-c")
+"""The zones of an adopted stack's nodes where its pool declares none: three, so a spread shows."""
+GFD_PRODUCT = "nvidia.com/gpu.product"
+GFD_DRIVER = "nvidia.com/cuda.driver-version.full"
+SYSTEM_NODES = 2
+SYSTEM_SHAPE = {"cpu": "8", "memory": "32Gi"}
+GPU_NODE_CPU_PER_GPU = 24
+GPU_NODE_MEMORY_GIB_PER_GPU = 128
+"""A GPU node's CPU and memory where the stack names no instance type (existing nodes): a p4d/p5 has 12-24
+vCPUs and 144-256 GiB per GPU, a g6 4-24 vCPUs and 16-96 GiB, so these fit a serving pod's requests."""
+
+
+def node(name: str, labels: dict[str, str], taints: list[dict[str, str]], capacity: dict[str, str]
+         ) -> dict[str, Any]:
+    """A kwok node: kwok keeps the labels, taints and capacity given here and reports the node Ready."""
+    full = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "500Gi", **capacity}
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "annotations": {KWOK_ANNOTATION: KWOK_MANAGED},
+                     "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                "kubernetes.io/arch": "amd64", "type": "kwok", **labels}},
+        "spec": {"taints": taints} if taints else {},
+        "status": {"capacity": full, "allocatable": full,
+                   "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "fake",
+                                "kubeProxyVersion": "fake"}},
+    }
+
+
+def _gpu_node(name: str, pool: PoolPlan, zone: str, driver: str, cpu: int, memory_gib: int) -> dict[str, Any]:
+    labels = {**pool.labels, ZONE_LABEL: zone, GFD_PRODUCT: pool.gpu.product.replace(" ", "-"),
+              GFD_DRIVER: driver, "nvidia.com/gpu.count": str(pool.gpus_per_node)}
+    capacity = {"cpu": str(cpu), "memory": f"{memory_gib}Gi", GPU_RESOURCE: str(pool.schedulable_gpus_per_node)}
+    return node(name, labels, pool.taints, capacity)
+
+
+def plane_nodes(stack: StackConfig, facts: Catalog) -> list[dict[str, Any]]:
+    """Every node the stack expects: an adopted stack's named nodes in three zones; a created stack's pools at
+    their max, over the pool's zones, and its system nodes."""
+    nodes: list[dict[str, Any]] = []
+    if stack.cluster.create:
+        cluster_zones = stack.cluster.zones
+        for i in range(stack.cluster.system_node_group.min):
+            nodes.append(node(f"system-{i}", {POOL_LABEL: SYSTEM_POOL,
+                                              ZONE_LABEL: cluster_zones[i % len(cluster_zones)]}, [],
+                              SYSTEM_SHAPE))
+        for group in stack.node_groups:
+            plan = plan_eks_pool(stack, group, facts)
+            for i in range(plan.max):
+                nodes.append(_gpu_node(f"{group.name}-{i}", plan.pool, plan.zones[i % len(plan.zones)],
+                                       plan.nvidia_driver, plan.vcpus, int(plan.memory_gib)))
+        return nodes
+    for i in range(SYSTEM_NODES):
+        nodes.append(node(f"system-{i}", {ZONE_LABEL: ZONES[i % len(ZONES)]}, [], SYSTEM_SHAPE))
+    for group in stack.node_groups:
+        pool = plan_pool(stack, group, facts)
+        zones = pool.zones or ZONES
+        for i, name in enumerate(group.nodes):
+            nodes.append(_gpu_node(name, pool, zones[i % len(zones)], driver_of(group, facts),
+                                   GPU_NODE_CPU_PER_GPU * pool.gpus_per_node,
+                                   GPU_NODE_MEMORY_GIB_PER_GPU * pool.gpus_per_node))
+    return nodes

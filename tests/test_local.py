@@ -1,0 +1,386 @@
+"""The local plane's pure parts: engine pins and their recipes, the nodes and CRDs a stack asks of the plane, and
+the components a stack says the cluster already runs (`existing`). The plane itself runs in test_real_engines."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import REFERENCE, ROOT, MutatedConfig, compat_data, stack_document
+from triarch.catalog import catalog
+from triarch.config import from_pulumi_config
+from triarch.errors import ConfigError
+from triarch.existing import check_cluster, required_crds, trusted_note
+from triarch.local import engines
+from triarch.local.crds import crd_files, existing_crd_sets, load_crd_sets
+from triarch.local.nodes import GFD_DRIVER, GFD_PRODUCT, KWOK_ANNOTATION, ZONE_LABEL, plane_nodes
+from triarch.local.plane import kwok_stages, storage_class
+from triarch.planners.models import plan_models
+from triarch.planners.objects import plan_kubernetes
+
+PINS = yaml.safe_load((ROOT / "tools" / "engines" / "engines.yaml").read_text())
+
+
+def _lab(mutated_config: MutatedConfig, mutate: Any = lambda c: None):  # type: ignore[no-untyped-def]
+    stack = from_pulumi_config(mutated_config("lab", mutate))
+    models = plan_models(stack, catalog())
+    return stack, plan_kubernetes(stack, models, catalog())
+
+
+# --- pins ----------------------------------------------------------------------------------------------------
+
+
+def test_the_kubernetes_provider_is_built_at_exactly_the_python_sdks_version() -> None:
+    """The Python SDK asks the CLI for its own version of the provider plugin; another version would be
+    downloaded (and nothing may be)."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pinned = next(d for d in pyproject["project"]["dependencies"] if d.startswith("pulumi-kubernetes=="))
+    assert PINS["engines"]["pulumi-resource-kubernetes"]["release"] == "v" + pinned.split("==")[1]
+    lock = (ROOT / "uv.lock").read_text()
+    assert re.search(r'name = "pulumi-kubernetes"\nversion = "' + re.escape(pinned.split("==")[1]) + '"', lock)
+
+
+def test_the_pulumi_cli_is_at_least_the_python_sdk_and_its_language_host_matches_it() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    sdk = next(d for d in pyproject["project"]["dependencies"] if d.startswith("pulumi=="))
+    sdk_version = tuple(int(x) for x in sdk.split("==")[1].split("."))
+    cli = PINS["engines"]["pulumi"]["version"]
+    assert tuple(int(x) for x in cli.removeprefix("v").split(".")) >= sdk_version
+    assert PINS["engines"]["pulumi"]["require"]["github.com/pulumi/pulumi/sdk/v3"] == cli
+    # The language host is built beside the CLI (where it looks for the plugins it bundles), on the same SDK.
+    assert PINS["engines"]["pulumi"]["packages"]["pulumi-language-python"] == "."
+    assert PINS["engines"]["pulumi"]["files"]["pulumi-language-python-exec"].startswith(
+        "github.com/pulumi/pulumi/sdk/v3:")
+
+
+def test_kubernetes_is_at_the_minor_the_stacks_run_and_etcd_is_new_enough_for_it() -> None:
+    minors = {yaml.safe_load((ROOT / "stacks" / f"Pulumi.{s}.yaml").read_text())["config"]["triarch:cluster"]
+              ["kubernetesVersion"] for s in ("prod", "lab")}
+    assert minors == {"1.35"}
+    assert PINS["engines"]["kubernetes"]["version"].startswith("v1.35.")
+    etcd = tuple(int(x) for x in PINS["engines"]["etcd"]["version"].removeprefix("v").split("."))
+    assert etcd >= (3, 5, 13)  # Kubernetes >= 1.35 refuses older etcd
+
+
+def test_crd_sets_are_the_versions_the_charts_pin() -> None:
+    charts = compat_data("charts")["charts"]
+    versions = {"kuberay": "v" + charts["kuberay-operator"]["version"],
+                "prometheus": "v0.93.1",  # prometheus-operator-crds 31.0.1's appVersion (charts.yaml source)
+                "keda": "v" + charts["keda"]["version"], "karpenter": "v" + charts["karpenter-crd"]["version"]}
+    assert "appVersion v0.93.1" in charts["prometheus-operator-crds"]["source"]
+    for name, crds in load_crd_sets().items():
+        assert crds.module.endswith("@" + versions[name]), name
+        assert crds.reference_dir.split("/")[0].endswith(versions[name].removeprefix("v")), name
+
+
+def test_kubernetes_staging_modules_are_replaced_by_their_published_versions() -> None:
+    go_mod = """module k8s.io/kubernetes
+
+replace (
+\tk8s.io/api => ./staging/src/k8s.io/api
+\tk8s.io/kube-aggregator => ./staging/src/k8s.io/kube-aggregator
+\tgithub.com/example/other => ../other
+)
+"""
+    assert engines.staging_replaces(go_mod, "v1.35.4") == {
+        "k8s.io/api": "k8s.io/api v0.35.4", "k8s.io/kube-aggregator": "k8s.io/kube-aggregator v0.35.4"}
+
+
+def test_versions_are_stamped_so_clients_do_not_read_v0() -> None:
+    flags = engines.ldflags(engines.load_engines()["kubernetes"])
+    assert "-X k8s.io/component-base/version.gitVersion=v1.35.4" in flags
+    assert "-X k8s.io/component-base/version.gitMinor=35" in flags
+    assert "-X k8s.io/component-base/version.gitMajor=1 " in flags
+    provider = engines.ldflags(engines.load_engines()["pulumi-resource-kubernetes"])
+    assert provider.endswith("-X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version=4.25.0")
+
+
+def test_a_pin_change_rebuilds_that_tool_only(tmp_path: Path) -> None:
+    pins = tmp_path / "engines.yaml"
+    pins.write_text(yaml.safe_dump(PINS))
+    before = {name: e.directory(tmp_path) for name, e in engines.load_engines(pins).items()}
+    changed = json.loads(json.dumps(PINS))
+    changed["engines"]["kwok"]["version"] = "v0.7.0"
+    pins.write_text(yaml.safe_dump(changed))
+    after = {name: e.directory(tmp_path) for name, e in engines.load_engines(pins).items()}
+    assert [name for name in before if before[name] != after[name]] == ["kwok"]
+    assert after["kwok"].parent == tmp_path / "kwok" and after["kwok"].name.startswith("0.7.0-")
+
+
+def test_a_missing_engine_names_the_build_command(tmp_path: Path) -> None:
+    with pytest.raises(engines.EngineError, match=r"triarch local build"):
+        engines.binary("kube-apiserver", cache=tmp_path)
+
+
+def test_a_build_writes_the_wrapper_module_and_stamps_versions(tmp_path: Path) -> None:
+    """The recipe as the go command receives it (the command itself is the real-engine tier's)."""
+    calls: list[list[str]] = []
+    module = tmp_path / "module"
+    (module / "cmd" / "pulumi-resource-kubernetes").mkdir(parents=True)
+    (module / "cmd" / "pulumi-resource-kubernetes" / "schema.json").write_text('{"name": "kubernetes"}')
+
+    def fake_go(args: list[str], cwd: Path, env: dict[str, str]) -> str:
+        calls.append(args)
+        if args[:3] == ["go", "mod", "download"]:
+            return json.dumps({"Dir": str(module)})
+        if args[:2] == ["go", "build"]:
+            Path(args[args.index("-o") + 1]).write_text("binary")
+        return ""
+
+    engine = engines.load_engines()["pulumi-resource-kubernetes"]
+    bin_dir = engines.build(engine, tmp_path, run=fake_go, log=lambda _: None)
+    edit = next(c for c in calls if c[:3] == ["go", "mod", "edit"])
+    assert f"-require={engine.module}@{engine.version}" in edit
+    assert ("-replace=github.com/pulumi/pulumi-kubernetes/sdk/v4=github.com/pulumi/pulumi-kubernetes/sdk/v4@v4.25.0"
+            in edit)
+    build = next(c for c in calls if c[:2] == ["go", "build"])
+    assert build[-1] == "."  # our main package, with the module's schema beside it
+    wrapper = bin_dir.parent / "wrapper"
+    assert json.loads((wrapper / "schema.json").read_text()) == {"name": "kubernetes", "version": "4.25.0"}
+    assert (wrapper / "main.go").is_file()
+    assert engines.installed(engine, tmp_path) == bin_dir
+
+
+# --- the plane a stack asks for -------------------------------------------------------------------------------
+
+
+def test_the_lab_stacks_nodes_are_labelled_tainted_and_spread_as_real_ones(mutated_config: MutatedConfig) -> None:
+    stack, _ = _lab(mutated_config)
+    nodes = {n["metadata"]["name"]: n for n in plane_nodes(stack, catalog())}
+    declared = stack_document("lab")["triarch:nodeGroups"]
+    for group in declared:
+        zones = set()
+        for name in group["nodes"]:
+            node = nodes[name]
+            labels = node["metadata"]["labels"]
+            assert labels["triarch.dev/pool"] == group["name"]
+            assert labels["triarch.dev/gpu"] == group["gpu"]
+            assert labels["nvidia.com/gpu.present"] == "true"
+            assert labels[GFD_DRIVER] == group["driverVersion"]
+            assert node["spec"]["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+            assert node["status"]["allocatable"]["nvidia.com/gpu"] == str(group["gpusPerNode"])
+            assert node["metadata"]["annotations"][KWOK_ANNOTATION] == "fake"
+            zones.add(labels[ZONE_LABEL])
+        assert zones == set(group["zones"])  # the zones the pool says its nodes are in, every one used
+    assert nodes["lab-l4-0"]["metadata"]["labels"][GFD_PRODUCT] == "NVIDIA-L4"
+    assert nodes["lab-a10g-0"]["metadata"]["labels"][GFD_PRODUCT] == "NVIDIA-A10G"
+    cpu_only = [n for n in nodes.values() if "nvidia.com/gpu" not in n["status"]["allocatable"]]
+    assert len(cpu_only) >= 1 and all("taints" not in n["spec"] for n in cpu_only)
+
+
+def test_an_adopted_pool_with_known_zones_spreads_its_replicas_hard(mutated_config: MutatedConfig) -> None:
+    _, objects = _lab(mutated_config)
+    [deployment] = [o for o in objects.vllm["chat"] if o["kind"] == "Deployment"]
+    [zone_spread] = [c for c in deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+                     if c["topologyKey"] == ZONE_LABEL]
+    assert zone_spread["whenUnsatisfiable"] == "DoNotSchedule"
+    assert zone_spread["minDomains"] == 2  # two replicas, three zones, four nodes
+    _, unknown = _lab(mutated_config, lambda c: c["triarch:nodeGroups"][0].pop("zones"))
+    [deployment] = [o for o in unknown.vllm["chat"] if o["kind"] == "Deployment"]
+    [zone_spread] = [c for c in deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+                     if c["topologyKey"] == ZONE_LABEL]
+    assert zone_spread["whenUnsatisfiable"] == "ScheduleAnyway"
+
+
+def test_an_adopted_pool_lists_each_zone_once(mutated_config: MutatedConfig) -> None:
+    with pytest.raises(ConfigError, match=r"^triarch:nodeGroups\[0\]\.zones: \['lab-a', 'lab-a'\] lists a zone "
+                                          r"twice"):
+        _lab(mutated_config, lambda c: c["triarch:nodeGroups"][0].update(zones=["lab-a", "lab-a"]))
+
+
+def test_a_time_sliced_pool_advertises_its_slices(mutated_config: MutatedConfig) -> None:
+    stack, _ = _lab(mutated_config, lambda c: c["triarch:nodeGroups"][1].update(timeSlicing={"replicas": 4}))
+    nodes = {n["metadata"]["name"]: n for n in plane_nodes(stack, catalog())}
+    assert nodes["lab-a10g-0"]["status"]["allocatable"]["nvidia.com/gpu"] == "4"
+
+
+def test_a_created_stacks_pools_come_at_their_max_in_their_zones(mutated_config: MutatedConfig) -> None:
+    stack = from_pulumi_config(mutated_config("prod", lambda c: None))
+    nodes = plane_nodes(stack, catalog())
+    for group in stack_document("prod")["triarch:nodeGroups"]:
+        members = [n for n in nodes if n["metadata"]["labels"].get("triarch.dev/pool") == group["name"]]
+        assert len(members) == group["max"]
+        zones = group.get("zones") or stack_document("prod")["triarch:cluster"]["zones"]
+        assert {n["metadata"]["labels"][ZONE_LABEL] for n in members} <= set(zones)
+
+
+def test_only_the_crds_of_existing_components_are_installed(mutated_config: MutatedConfig) -> None:
+    stack, _ = _lab(mutated_config)
+    assert existing_crd_sets(stack) == ["kuberay", "prometheus"]
+    stack, _ = _lab(mutated_config, lambda c: c.update({"triarch:kuberay": {"mode": "install"},
+                                                        "triarch:observability": {"prometheus": "none"}}))
+    assert existing_crd_sets(stack) == []
+    stack, _ = _lab(mutated_config, lambda c: c["triarch:observability"].update(keda="existing"))
+    assert existing_crd_sets(stack) == ["kuberay", "prometheus", "keda"]
+
+
+def test_crds_come_from_the_charts_copies_where_given() -> None:
+    if not (REFERENCE / "kuberay-v1.7.0" / "ray.io_rayservices.yaml").is_file():
+        pytest.skip(f"{REFERENCE} is absent: the charts' CRD copies live in ../shared")
+    files = crd_files(["kuberay", "karpenter"], [REFERENCE])
+    assert [f.name for f in files] == ["ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml",
+                                       "ray.io_raycronjobs.yaml", "karpenter.sh_nodepools.yaml",
+                                       "karpenter.sh_nodeclaims.yaml", "karpenter.k8s.aws_ec2nodeclasses.yaml"]
+    assert all(f.is_relative_to(REFERENCE) for f in files)
+
+
+def test_a_crd_set_found_nowhere_says_how_to_supply_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("triarch.local.crds._from_module", lambda crds: None)
+    with pytest.raises(engines.EngineError, match=r"kuberay CRDs .* --crds DIR"):
+        crd_files(["kuberay"], [tmp_path])
+
+
+def test_kwok_provisions_claims_of_the_stacks_storage_classes(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    stages = tmp_path / "bin" / "kwok-stages"
+    stages.mkdir(parents=True)
+    (stages / "pvc-provision.yaml").write_text("expression: self.spec.storageClassName == 'kwok-volume'\n")
+    (stages / "pod-ready.yaml").write_text("kind: Stage\n")
+    monkeypatch.setattr("triarch.local.plane.binary", lambda name: tmp_path / "bin" / name)
+    text = kwok_stages(["kwok-volume", "efs"])
+    assert "self.spec.storageClassName in ['kwok-volume', 'efs']" in text
+    assert text.count("---") == 1
+    assert storage_class("kwok-volume")["metadata"]["annotations"] == {
+        "storageclass.kubernetes.io/is-default-class": "true"}
+    assert storage_class("efs")["metadata"]["annotations"] == {}
+
+
+# --- components the cluster already runs ----------------------------------------------------------------------
+
+
+def test_existing_kuberay_installs_no_operator_but_keeps_the_rayservice(mutated_config: MutatedConfig) -> None:
+    _, objects = _lab(mutated_config)
+    assert objects.kuberay == []
+    assert [o["kind"] for o in objects.ray].count("RayService") == 1
+    _, installed = _lab(mutated_config, lambda c: c.update({"triarch:kuberay": {"mode": "install"}}))
+    assert [o["metadata"]["name"] for o in installed.kuberay] == ["kuberay-system"]
+
+
+def test_existing_device_plugin_installs_nothing(mutated_config: MutatedConfig) -> None:
+    _, objects = _lab(mutated_config)
+    assert objects.device_plugin == []
+    _, installed = _lab(mutated_config, lambda c: c.update({"triarch:devicePlugin": {"mode": "install"}}))
+    assert [o["metadata"]["name"] for o in installed.device_plugin] == ["nvidia-device-plugin"]
+
+
+def test_the_old_enabled_key_names_the_new_one(mutated_config: MutatedConfig) -> None:
+    with pytest.raises(ConfigError, match=r"^triarch:devicePlugin\.enabled: is not read by Triarch: the key is "
+                                          r"'mode'"):
+        _lab(mutated_config, lambda c: c.update({"triarch:devicePlugin": {"enabled": False}}))
+
+
+def test_the_crds_existing_components_must_bring(mutated_config: MutatedConfig) -> None:
+    stack, objects = _lab(mutated_config)
+    assert required_crds(stack, objects) == {
+        "podmonitors.monitoring.coreos.com": "triarch:observability.prometheus: existing",
+        "prometheusrules.monitoring.coreos.com": "triarch:observability.prometheus: existing",
+        "rayservices.ray.io": "triarch:kuberay.mode: existing"}
+    note = trusted_note(stack, objects)
+    assert note is not None and "rayservices.ray.io (triarch:kuberay.mode: existing)" in note
+    assert "pulumi preview" in note
+    stack, objects = _lab(mutated_config, lambda c: c.update({"triarch:kuberay": {"mode": "install"},
+                                                              "triarch:observability": {"prometheus": "none"}}))
+    assert required_crds(stack, objects) == {} and trusted_note(stack, objects) is None
+
+
+def _crds(*names: str) -> subprocess.CompletedProcess[str]:
+    items = [{"metadata": {"name": n}} for n in names]
+    return subprocess.CompletedProcess([], 0, json.dumps({"items": items}), "")
+
+
+def test_preview_stops_on_a_missing_crd_of_an_existing_component(mutated_config: MutatedConfig) -> None:
+    stack, objects = _lab(mutated_config)
+    asked: list[list[str]] = []
+
+    def kubectl(args: list[str]) -> subprocess.CompletedProcess[str]:
+        asked.append(args)
+        return _crds("rayclusters.ray.io", "podmonitors.monitoring.coreos.com",
+                     "prometheusrules.monitoring.coreos.com")
+
+    with pytest.raises(ConfigError) as error:
+        check_cluster(stack, objects, kubectl)
+    assert str(error.value).startswith("triarch:kuberay.mode: 'existing' says the cluster runs the component, but "
+                                       "context 'triarch-lab' has no CRD rayservices.ray.io")
+    assert "\n" not in str(error.value)
+    assert asked[0][asked[0].index("--context") + 1] == "triarch-lab"
+    check_cluster(stack, objects, lambda args: _crds(  # all present: nothing raised
+        "rayservices.ray.io", "podmonitors.monitoring.coreos.com", "prometheusrules.monitoring.coreos.com"))
+
+
+def test_an_unreachable_cluster_is_one_line_too(mutated_config: MutatedConfig) -> None:
+    stack, objects = _lab(mutated_config)
+    failed = subprocess.CompletedProcess([], 1, "", "E1201 x\nUnable to connect to the server: refused\n")
+    with pytest.raises(ConfigError, match=r"^triarch:cluster\.context: 'triarch-lab' could not be asked for its "
+                                          r"CRDs \(Unable to connect to the server: refused\)"):
+        check_cluster(stack, objects, lambda args: failed)
+
+
+# --- the harness's bad input: one line, nothing left running --------------------------------------------------
+
+
+def test_commands_on_a_plane_that_is_not_up_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from triarch.cli import main
+
+    monkeypatch.setenv("TRIARCH_LOCAL_HOME", str(tmp_path))
+    assert main(["local", "exec", "--name", "nope", "--", "kubectl", "get", "nodes"]) == 1
+    assert capsys.readouterr().err == ("error: local plane 'nope' is not up; start it with `triarch local up`\n")
+    assert main(["local", "exec", "--", "true"]) == 1
+    assert "no local plane is up; start one with `triarch local up --stack lab`" in capsys.readouterr().err
+
+
+def test_an_unknown_engine_is_named(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from triarch.cli import main
+
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/go")
+    assert main(["local", "build", "etcd", "kubelet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown engine kubelet; allowed: etcd, kubernetes, kwok, pulumi, ")
+    assert err.count("\n") == 1
+
+
+def test_a_missing_toolchain_says_how_to_get_it(capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from triarch.cli import main
+
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    assert main(["local", "build"]) == 1
+    assert capsys.readouterr().err == ("error: go is not on the PATH; install Go >= 1.26 (the engines build from the "
+                                       "Go module proxy)\n")
+
+
+def test_a_plane_without_its_engines_names_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from triarch.cli import main
+
+    monkeypatch.setenv("TRIARCH_ENGINES_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setenv("TRIARCH_LOCAL_HOME", str(tmp_path / "planes"))
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    monkeypatch.setattr("triarch.local.plane.shutil.which", lambda name: "/usr/sbin/ip")
+    code = main(["local", "up", "--stack", "lab", "--crds", str(REFERENCE)])
+    err = capsys.readouterr().err
+    if "CRDs" in err:  # ../shared absent and KubeRay's module not served: also one line
+        pytest.skip(f"{REFERENCE} is absent: the plane cannot get KubeRay's CRDs here")
+    assert code == 1
+    assert err.startswith("error: engine etcd 3.6.16 is not built (needed for etcd); build it with "
+                          "`uv run triarch local build`")
+    assert not (tmp_path / "planes").exists()  # nothing was started or written
+
+
+def test_a_failed_build_names_the_command_and_what_go_said(tmp_path: Path) -> None:
+    def failing(args: list[str], cwd: Path, env: dict[str, str]) -> str:
+        if args[:2] == ["go", "build"]:
+            raise engines.EngineError(f"`go build -trimpath ...` failed in {cwd}: cannot find module providing x")
+        return json.dumps({"Dir": str(tmp_path)})
+
+    with pytest.raises(engines.EngineError, match=r"^`go build -trimpath \.\.\.` failed in .*: cannot find module"):
+        engines.build(engines.load_engines()["etcd"], tmp_path, run=failing, log=lambda _: None)
+    assert engines.installed(engines.load_engines()["etcd"], tmp_path) is None  # no half build is taken as built
+
