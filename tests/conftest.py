@@ -211,3 +211,7 @@ def bench_module(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# The real-engine tier's session fixtures (tests/engine_tier.py), visible to every test module.
+from engine_tier import deployed, lab  # noqa: E402,F401

@@ -1,0 +1,154 @@
+"""The real-engine tier's shared pieces: one local control plane and one `pulumi up` of the lab stack per test
+session, on engines built by `triarch local build`.
+
+Outside CI the tier skips, in one line that says how to build the engines, where Go or a built engine is missing;
+with CI=true a missing engine fails the run instead. Everything runs inside the plane's network namespace (only
+`lo`), and the plane is brought down at the end of the session whatever happened."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import REFERENCE, ROOT, stack_document, write_stack_file
+from triarch.local import engines
+from triarch.local.plane import Plane, down, up
+from triarch.local.planes import spec_for_stack
+from triarch.report import validate_stack_file
+
+STACK = "lab"
+"""The Pulumi stack name the tier deploys (its config: stacks/Pulumi.lab.yaml, kubeconfig pointed at the plane)."""
+
+
+def require_engines() -> None:
+    """Skip (fail under CI=true) with one line where the tier cannot run here."""
+    problems = []
+    if shutil.which("go") is None and engines.missing():
+        problems.append("Go is not installed")
+    missing = [e.name for e in engines.missing()]
+    if missing:
+        problems.append(f"engines not built: {', '.join(missing)}")
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        problems.append("the plane's network namespace needs root and iproute2")
+    if shutil.which("uv") is None:
+        problems.append("uv is not on the PATH (the Pulumi program's toolchain)")
+    if not problems:
+        return
+    message = ("real-engine tier: " + "; ".join(problems)
+               + "; build the engines with `uv run triarch local build` (Go >= 1.26 and the Go module proxy)")
+    if os.environ.get("CI") == "true":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def scratch_project(directory: Path, program: str | None = None) -> Path:
+    """A Pulumi project in `directory` that runs Triarch's program (or `program`, a file written beside it) in the
+    project's own environment, with its stack files there too: the tests' stack config never touches stacks/.
+    The same project name as Triarch's, so the same stacks and URNs."""
+    project = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
+    project["runtime"]["options"]["virtualenv"] = str(ROOT / ".venv")
+    project["stackConfigDir"] = "."
+    if program is None:
+        project["main"] = os.path.relpath(ROOT, directory)
+    else:
+        (directory / "program.py").write_text(program)
+        project["main"] = "program.py"
+    (directory / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
+    return directory
+
+
+@dataclass
+class Lab:
+    """The plane, the scratch project whose stack file the Pulumi CLI reads (kubeconfig pointed at the plane)."""
+
+    plane: Plane
+    project: Path
+    config: dict[str, Any]
+
+    @property
+    def stack_file(self) -> Path:
+        return self.project / f"Pulumi.{STACK}.yaml"
+
+    def pulumi(self, *args: str, check: bool = True, timeout: float = 600, cwd: Path | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """`pulumi ARGS` for the lab stack, run from the scratch project (or `cwd`) inside the plane's namespace."""
+        argv = [str(engines.binary("pulumi")), *args, "--stack", STACK, "--non-interactive"]
+        done = subprocess.run(self.plane.command(argv), env={**self.plane.env(), **(env or {})},
+                              cwd=cwd or self.project, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+        if check and done.returncode != 0:
+            raise AssertionError(f"pulumi {' '.join(args)} exited {done.returncode}:\n{done.stdout[-4000:]}\n"
+                                 f"{done.stderr[-4000:]}")
+        return done
+
+    def kubectl_json(self, *args: str) -> dict[str, Any]:
+        loaded: dict[str, Any] = json.loads(self.plane.kubectl(*args, "-o", "json").stdout)
+        return loaded
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        """Replace the stack's Triarch config (keeps the passphrase salt Pulumi wrote into the file)."""
+        current = yaml.safe_load(self.stack_file.read_text()) or {}
+        current["config"] = {**config, **{k: v for k, v in current.get("config", {}).items()
+                                          if not k.startswith("triarch:")}}
+        self.stack_file.write_text(yaml.safe_dump(current, sort_keys=False))
+
+
+def lab_config(kubeconfig: Path) -> dict[str, Any]:
+    config = stack_document(STACK)
+    config["triarch:cluster"]["kubeconfig"] = str(kubeconfig)
+    return config
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """The lab stack, up on a fresh plane (`pulumi up` ran once); brought down after the session."""
+    require_engines()
+    home = tmp_path_factory.mktemp("planes")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("TRIARCH_LOCAL_HOME", str(home))
+    patch.setenv("PULUMI_CONFIG_PASSPHRASE", "triarch-tests")
+    name = f"t{os.getpid()}"
+    project = scratch_project(tmp_path_factory.mktemp("project"))
+    config = lab_config(project / "kubeconfig")
+    write_stack_file(project / f"Pulumi.{STACK}.yaml", config)
+    validated = validate_stack_file(STACK, project / f"Pulumi.{STACK}.yaml")
+    try:
+        plane = up(spec_for_stack(name, validated.stack, [REFERENCE]), log=lambda _: None)
+        lab = Lab(plane, project, config)
+        lab.pulumi("stack", "init", "--secrets-provider", "passphrase")
+        yield lab
+    finally:
+        down(name, quiet=True)
+        patch.undo()
+
+
+@pytest.fixture(scope="session")
+def deployed(lab: Lab) -> Lab:
+    """`pulumi up` of the lab stack, once per session; Pulumi's own await decides when it is done."""
+    lab.pulumi("up", "--yes", "--skip-preview")
+    return lab
+
+
+def pulumi_json(done: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(done.stdout)
+
+
+def resources_by_type(state: dict[str, Any], prefix: str = "kubernetes:") -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for resource in state.get("deployment", {}).get("resources", []):
+        if resource["type"].startswith(prefix):
+            found.setdefault(resource["type"], []).append(resource)
+    return found
+
+
+def names(items: Sequence[dict[str, Any]]) -> list[str]:
+    return sorted(i["metadata"]["name"] for i in items)

@@ -1,0 +1,185 @@
+"""Triarch on the real engines: the lab stack goes up with the real Pulumi CLI and Kubernetes provider onto a real
+API server, scheduler and controller manager (kwok in place of kubelets), and a second `up` changes nothing.
+
+The assertions read the cluster (kubectl) and Pulumi's own state, never Triarch's manifests alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import triarch.local.plane as plane_module
+from engine_tier import Lab, names, require_engines, resources_by_type
+from triarch.local.plane import PlaneError, PlaneSpec, down, up
+from triarch.scheduling import POOL_LABEL
+
+SERVING = "llm"
+
+
+def _state(lab: Lab) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(lab.pulumi("stack", "export").stdout)
+    return loaded
+
+
+def test_every_object_triarch_owns_exists_as_planned(deployed: Lab, tmp_path_factory: pytest.TempPathFactory
+                                                     ) -> None:
+    from triarch.report import plan_stack, validate_stack_file
+
+    out = tmp_path_factory.mktemp("plan")
+    plan_stack(validate_stack_file("lab", deployed.stack_file), out)
+    planned = [yaml.safe_load(p.read_text()) for p in sorted((out / "manifests").glob("*.yaml"))]
+    assert planned, "the lab plan has manifests"
+    for manifest in planned:
+        kind, meta = manifest["kind"], manifest["metadata"]
+        args = [kind.lower() + "." + manifest["apiVersion"].split("/")[0] if "/" in manifest["apiVersion"]
+                else kind.lower(), meta["name"]]
+        if "namespace" in meta:
+            args += ["-n", meta["namespace"]]
+        live = deployed.kubectl_json("get", *args)
+        for key, value in (meta.get("labels") or {}).items():
+            assert live["metadata"]["labels"].get(key) == value, (kind, meta["name"], key)
+        if "spec" in manifest and kind in ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"):
+            assert _contains(live["spec"], manifest["spec"]), (kind, meta["name"])
+    # Pulumi's state records the same objects, each with the lab's explicit provider.
+    state = _state(deployed)
+    kinds = resources_by_type(state)
+    assert {r["outputs"]["metadata"]["name"] for r in kinds["kubernetes:apps/v1:Deployment"]} == {"chat"}
+    assert {r["outputs"]["metadata"]["name"] for r in kinds["kubernetes:ray.io/v1:RayService"]} == {"llm"}
+    assert all("providers:kubernetes::" in r["provider"] for rs in kinds.values() for r in rs)
+
+
+def _contains(live: Any, planned: Any) -> bool:
+    """Every planned value is in the live object (the server adds defaults and drops empty lists and maps, which
+    mean the same as none; lists compare item by item)."""
+    if planned in ([], {}) and live is None:
+        return True
+    if isinstance(planned, dict):
+        return isinstance(live, dict) and all(_contains(live.get(k), v) for k, v in planned.items())
+    if isinstance(planned, list):
+        return isinstance(live, list) and len(live) == len(planned) and all(
+            _contains(lv, pv) for lv, pv in zip(live, planned, strict=True))
+    if isinstance(planned, int | float) and isinstance(live, int | float):
+        return float(live) == float(planned)
+    return live == planned or str(live) == str(planned)
+
+
+def test_vllm_replicas_run_on_their_pools_gpu_nodes_in_distinct_zones(deployed: Lab) -> None:
+    pods = deployed.kubectl_json("get", "pods", "-n", SERVING, "-l", "app.kubernetes.io/instance=chat")["items"]
+    nodes = {n["metadata"]["name"]: n for n in deployed.kubectl_json("get", "nodes")["items"]}
+    assert len(pods) == 2
+    zones = set()
+    for pod in pods:
+        assert pod["status"]["phase"] == "Running"
+        node = nodes[pod["spec"]["nodeName"]]
+        assert node["metadata"]["labels"][POOL_LABEL] == "l4"
+        assert any(t["key"] == "nvidia.com/gpu" for t in node["spec"]["taints"])
+        zones.add(node["metadata"]["labels"]["topology.kubernetes.io/zone"])
+    assert len(zones) == 2
+
+
+def test_the_deployment_became_available_through_pulumis_await(deployed: Lab) -> None:
+    deployment = deployed.kubectl_json("get", "deployment", "chat", "-n", SERVING)
+    assert deployment["status"]["availableReplicas"] == 2
+    state = _state(deployed)
+    [resource] = resources_by_type(state)["kubernetes:apps/v1:Deployment"]
+    annotations = resource["inputs"]["metadata"].get("annotations") or {}
+    assert "pulumi.com/skipAwait" not in annotations
+    assert resource["outputs"]["status"]["availableReplicas"] == 2  # read back when Pulumi's await finished
+
+
+def test_the_serving_namespace_refuses_a_privileged_pod(deployed: Lab) -> None:
+    namespace = deployed.kubectl_json("get", "namespace", SERVING)
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "privileged-probe", "namespace": SERVING},
+           "spec": {"containers": [{"name": "c", "image": "busybox:1.37.0",
+                                    "securityContext": {"privileged": True}}]}}
+    refused = deployed.plane.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
+    assert refused.returncode != 0
+    assert 'violates PodSecurity "restricted:latest": privileged' in refused.stderr
+    # The same pod is admitted where no level is enforced: the refusal is the namespace's.
+    pod["metadata"]["namespace"] = "default"
+    assert deployed.plane.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(pod)).returncode == 0
+
+
+def test_the_second_up_changes_nothing(deployed: Lab) -> None:
+    done = deployed.pulumi("preview", "--expect-no-changes", "--diff", check=False)
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_the_nodes_carry_the_pools_labels_after_triarch_patched_them(deployed: Lab) -> None:
+    declared = {g["name"]: g["nodes"] for g in deployed.config["triarch:nodeGroups"]}
+    for pool, members in declared.items():
+        nodes = deployed.kubectl_json("get", "nodes", "-l", f"{POOL_LABEL}={pool}")["items"]
+        assert names(nodes) == sorted(members)
+    state = _state(deployed)
+    patched = {r["inputs"]["metadata"]["name"] for r in resources_by_type(state)["kubernetes:core/v1:NodePatch"]}
+    assert patched == {n for members in declared.values() for n in members}
+
+
+# --- the harness itself -----------------------------------------------------------------------------------------
+
+
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    require_engines()
+    monkeypatch.setenv("TRIARCH_LOCAL_HOME", str(tmp_path))
+    return f"h{os.getpid()}"
+
+
+def test_an_engine_that_does_not_come_up_is_one_line_and_leaves_nothing(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    name = _isolated(tmp_path, monkeypatch)
+    planned = plane_module.component_args
+
+    def broken(*args: Any) -> dict[str, list[str]]:
+        argv = planned(*args)
+        argv["kube-apiserver"].append("--no-such-flag")
+        return argv
+
+    monkeypatch.setattr(plane_module, "component_args", broken)
+    with pytest.raises(PlaneError) as error:
+        up(PlaneSpec(name, "ctx", []), log=lambda _: None)
+    message = str(error.value)
+    assert message.startswith("kube-apiserver exited while the plane started: Error: unknown flag: --no-such-flag")
+    assert "\n" not in message
+    assert f"triarch-{name}" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not (tmp_path / name).exists()
+    assert _running(tmp_path) == []
+
+
+def _running(under: Path) -> list[int]:
+    """Processes whose command line mentions a path under `under` (this test's plane)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if str(under) in (proc / "cmdline").read_text(errors="replace").replace("\0", " "):
+                    state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    if state != "Z":
+                        found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_down_ends_every_process_of_the_plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = _isolated(tmp_path, monkeypatch)
+    plane = up(PlaneSpec(name, "ctx", []), log=lambda _: None)
+    try:
+        with pytest.raises(PlaneError, match=rf"local plane '{name}' is already up"):
+            up(PlaneSpec(name, "ctx", []), log=lambda _: None)
+        # A process anyone started in the namespace (a port-forward left behind, say) ends too.
+        stray = subprocess.Popen(plane.command(["sleep", "600"]), start_new_session=True)
+        assert len(_running(tmp_path)) >= 5  # etcd, the API server, controller manager, scheduler, kwok
+    finally:
+        down(name, quiet=True)
+    stray.wait(timeout=10)
+    assert _running(tmp_path) == []
+    assert f"triarch-{name}" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not (tmp_path / name).exists()
+
