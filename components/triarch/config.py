@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from collections.abc import Mapping
 from ipaddress import IPv4Network
@@ -110,6 +111,11 @@ class ClusterConfig(_Model):
     """What adds nodes to the GPU pools. Created cluster: `karpenter` (default; Triarch installs it) or `none`
     (every pool a fixed-size managed node group). Adopted cluster: what the cluster already runs, `none` by
     default; a pool that may be at zero needs `karpenter` or `cluster-autoscaler` there."""
+
+    @property
+    def kubeconfig_path(self) -> str:
+        """The adopted cluster's kubeconfig file, `~` expanded (default ~/.kube/config)."""
+        return os.path.expanduser(self.kubeconfig or "~/.kube/config")
 
     @property
     def provisioner(self) -> NodeProvisioner:

@@ -6,7 +6,6 @@ engine the program lists the cluster's CRDs before registering anything and stop
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable
@@ -88,8 +87,7 @@ def check_cluster(stack: StackConfig, objects: KubernetesPlan, kubectl: Kubectl 
         raise ConfigError(context_key, cluster.context,
                           f"cannot be checked for the CRDs of components marked existing ({', '.join(needed)}): "
                           "kubectl is not on the PATH", "install kubectl where `pulumi preview` and `up` run")
-    kubeconfig = os.path.expanduser(cluster.kubeconfig or "~/.kube/config")
-    done = kubectl(["--kubeconfig", kubeconfig, "--context", cluster.context or "", "get",
+    done = kubectl(["--kubeconfig", cluster.kubeconfig_path, "--context", cluster.context or "", "get",
                     "customresourcedefinitions", "-o", "json"])
     if done.returncode != 0:
         said = (done.stderr or done.stdout).strip().splitlines()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import pulumi
@@ -172,7 +171,6 @@ class AdoptedCluster(pulumi.ComponentResource):
 
     def __init__(self, name: str, config: ClusterConfig, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:cluster:AdoptedCluster", name, None, opts)
-        path = os.path.expanduser(config.kubeconfig or "~/.kube/config")
-        self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=path, context=config.context,
+        self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=config.kubeconfig_path, context=config.context,
                                      opts=pulumi.ResourceOptions(parent=self))
         self.register_outputs({"context": config.context})

@@ -78,13 +78,18 @@ class Engine:
         return cache / self.name / f"{self.plain_version}-{self.digest()}"
 
 
-def cache_root() -> Path:
-    """Where built engines live: $TRIARCH_ENGINES_CACHE, else ~/.cache/triarch/engines (outside the work tree)."""
-    given = os.environ.get("TRIARCH_ENGINES_CACHE")
+def user_cache(variable: str, name: str) -> Path:
+    """$variable if set, else <XDG cache>/triarch/<name>: outside the work tree, kept between clones."""
+    given = os.environ.get(variable)
     if given:
         return Path(given).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "triarch" / "engines"
+    return Path(base) / "triarch" / name
+
+
+def cache_root() -> Path:
+    """Where built engines live: $TRIARCH_ENGINES_CACHE, else ~/.cache/triarch/engines."""
+    return user_cache("TRIARCH_ENGINES_CACHE", "engines")
 
 
 def load_engines(path: Path = PINS) -> dict[str, Engine]:

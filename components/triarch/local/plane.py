@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from triarch.local.engines import EngineError, binary, installed, load_engines, path_with_engines
+from triarch.local.engines import EngineError, binary, installed, load_engines, path_with_engines, user_cache
 from triarch.local.pki import Pki, write_pki
 
 SERVICE_RANGE = "10.96.0.0/16"
@@ -45,11 +45,7 @@ class PlaneError(EngineError):
 
 def state_root() -> Path:
     """Where planes keep their state: $TRIARCH_LOCAL_HOME, else ~/.cache/triarch/local."""
-    given = os.environ.get("TRIARCH_LOCAL_HOME")
-    if given:
-        return Path(given).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "triarch" / "local"
+    return user_cache("TRIARCH_LOCAL_HOME", "local")
 
 
 @dataclass(frozen=True)
@@ -209,6 +205,8 @@ def component_args(p: Plane, pki: Pki, kwok_config: Path) -> dict[str, list[str]
         "kwok": [
             str(binary("kwok")), f"--kubeconfig={kube}", f"--config={kwok_config}",
             "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            # The addresses kwok reports for nodes and pods: values only, never reachable (the namespace has only
+            # lo), so a call to one fails at once instead of leaving the machine.
             "--node-ip=10.0.0.1", "--cidr=10.0.0.1/16", "--node-lease-duration-seconds=40",
             "--server-address=127.0.0.1:10247"],
     }
@@ -400,7 +398,10 @@ def down(name: str, quiet: bool = False, log: Callable[[str], None] = print) -> 
     """Stop every process of the plane (all that run in its namespace, whoever started them), remove the
     namespace and the plane's state."""
     p = plane(name)
-    if os.geteuid() == 0 and _netns_exists(p.netns):
+    if not p.directory.exists() and not quiet:
+        raise PlaneError(f"local plane {name!r} is not up")
+    _require_root()
+    if _netns_exists(p.netns):
         pids = _namespace_pids(p.netns)
         for pid in pids:
             _signal(pid, signal.SIGTERM)
@@ -410,8 +411,6 @@ def down(name: str, quiet: bool = False, log: Callable[[str], None] = print) -> 
         for pid in _namespace_pids(p.netns):
             _signal(pid, signal.SIGKILL)
         subprocess.run(["ip", "netns", "del", p.netns], check=False, capture_output=True)
-    elif not p.directory.exists() and not quiet:
-        raise PlaneError(f"local plane {name!r} is not up")
     copy = None
     if p.state_file.is_file():
         copy = json.loads(p.state_file.read_text()).get("kubeconfigCopy")

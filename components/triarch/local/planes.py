@@ -3,7 +3,6 @@ it says the cluster runs, the kubeconfig path and context it names), and which p
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from triarch.catalog import catalog
@@ -20,7 +19,7 @@ def spec_for_stack(name: str, stack: StackConfig, references: list[Path], all_cr
     classes = [STORAGE_CLASS]
     if stack.serving.storage_class and stack.serving.storage_class not in classes:
         classes.append(stack.serving.storage_class)
-    copy = Path(os.path.expanduser(cluster.kubeconfig)) if not cluster.create and cluster.kubeconfig else None
+    copy = Path(cluster.kubeconfig_path) if not cluster.create and cluster.kubeconfig else None
     return PlaneSpec(
         name=name,
         context=cluster.context or f"triarch-{name}",
