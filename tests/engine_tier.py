@@ -21,8 +21,9 @@ import yaml
 
 from conftest import REFERENCE, ROOT, stack_document, write_stack_file
 from triarch.local import engines
-from triarch.local.plane import Plane, down, up
-from triarch.local.planes import spec_for_stack
+from triarch.local.lifecycle import down, up
+from triarch.local.plane import Plane
+from triarch.local.stack import spec_for_stack
 from triarch.report import validate_stack_file
 
 STACK = "lab"

@@ -20,8 +20,8 @@ from triarch.errors import ConfigError
 from triarch.existing import check_cluster, required_crds, trusted_note
 from triarch.local import engines
 from triarch.local.crds import crd_files, existing_crd_sets, load_crd_sets
-from triarch.local.nodes import GFD_DRIVER, GFD_PRODUCT, KWOK_ANNOTATION, ZONE_LABEL, plane_nodes
-from triarch.local.plane import kwok_stages, storage_class
+from triarch.local.lifecycle import kwok_stages, storage_class
+from triarch.local.stack import GFD_DRIVER, GFD_PRODUCT, KWOK_ANNOTATION, ZONE_LABEL, plane_nodes
 from triarch.planners.models import plan_models
 from triarch.planners.objects import plan_kubernetes
 
@@ -243,7 +243,7 @@ def test_kwok_provisions_claims_of_the_stacks_storage_classes(tmp_path: Path,
     stages.mkdir(parents=True)
     (stages / "pvc-provision.yaml").write_text("expression: self.spec.storageClassName == 'kwok-volume'\n")
     (stages / "pod-ready.yaml").write_text("kind: Stage\n")
-    monkeypatch.setattr("triarch.local.plane.binary", lambda name: tmp_path / "bin" / name)
+    monkeypatch.setattr("triarch.local.lifecycle.binary", lambda name: tmp_path / "bin" / name)
     text = kwok_stages(["kwok-volume", "efs"])
     assert "self.spec.storageClassName in ['kwok-volume', 'efs']" in text
     assert text.count("---") == 1
@@ -363,7 +363,7 @@ def test_a_plane_without_its_engines_names_the_build(tmp_path: Path, monkeypatch
     monkeypatch.setenv("TRIARCH_ENGINES_CACHE", str(tmp_path / "empty"))
     monkeypatch.setenv("TRIARCH_LOCAL_HOME", str(tmp_path / "planes"))
     monkeypatch.setattr("os.geteuid", lambda: 0)
-    monkeypatch.setattr("triarch.local.plane.shutil.which", lambda name: "/usr/sbin/ip")
+    monkeypatch.setattr("triarch.local.lifecycle.shutil.which", lambda name: "/usr/sbin/ip")
     code = main(["local", "up", "--stack", "lab", "--crds", str(REFERENCE)])
     err = capsys.readouterr().err
     if "CRDs" in err:  # ../shared absent and KubeRay's module not served: also one line

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-import triarch.local.plane as plane_module
+import triarch.local.lifecycle as plane_module
 from engine_tier import Lab, names, require_engines, resources_by_type
-from triarch.local.plane import PlaneError, PlaneSpec, down, up
+from triarch.local.lifecycle import down, up
+from triarch.local.plane import PlaneError, PlaneSpec
 from triarch.scheduling import POOL_LABEL
 
 SERVING = "llm"
@@ -42,10 +43,7 @@ def test_every_object_triarch_owns_exists_as_planned(deployed: Lab, tmp_path_fac
         if "namespace" in meta:
             args += ["-n", meta["namespace"]]
         live = deployed.kubectl_json("get", *args)
-        for key, value in (meta.get("labels") or {}).items():
-            assert live["metadata"]["labels"].get(key) == value, (kind, meta["name"], key)
-        if "spec" in manifest and kind in ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"):
-            assert _contains(live["spec"], manifest["spec"]), (kind, meta["name"])
+        assert _contains(live, manifest), (kind, meta["name"])
     # Pulumi's state records the same objects, each with the lab's explicit provider.
     state = _state(deployed)
     kinds = resources_by_type(state)
@@ -173,8 +171,10 @@ def test_down_ends_every_process_of_the_plane(tmp_path: Path, monkeypatch: pytes
     try:
         with pytest.raises(PlaneError, match=rf"local plane '{name}' is already up"):
             up(PlaneSpec(name, "ctx", []), log=lambda _: None)
-        # A process anyone started in the namespace (a port-forward left behind, say) ends too.
-        stray = subprocess.Popen(plane.command(["sleep", "600"]), start_new_session=True)
+        # A process anyone started in the namespace (a port-forward left behind, say) ends too, even one that
+        # ignores SIGTERM.
+        stray = subprocess.Popen(plane.command(["sh", "-c", "trap '' TERM; while :; do sleep 1; done"]),
+                                 start_new_session=True)
         assert len(_running(tmp_path)) >= 5  # etcd, the API server, controller manager, scheduler, kwok
     finally:
         down(name, quiet=True)

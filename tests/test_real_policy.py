@@ -123,7 +123,8 @@ def bare_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     from conftest import REFERENCE
     from engine_tier import require_engines
     from triarch.local.crds import CRD_SETS, crd_files
-    from triarch.local.plane import PlaneSpec, down, up
+    from triarch.local.lifecycle import down, up
+    from triarch.local.plane import PlaneSpec
 
     require_engines()
     name = f"d{os.getpid()}"

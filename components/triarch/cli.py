@@ -273,8 +273,8 @@ def cmd_local_build(args: argparse.Namespace) -> int:
 
 
 def cmd_local_up(args: argparse.Namespace) -> int:
-    from triarch.local.plane import up
-    from triarch.local.planes import spec_for_stack
+    from triarch.local.lifecycle import up
+    from triarch.local.stack import spec_for_stack
     from triarch.report import validate_stack_file
 
     name, path = _stack_source(args)
@@ -288,8 +288,8 @@ def cmd_local_up(args: argparse.Namespace) -> int:
 
 
 def cmd_local_exec(args: argparse.Namespace) -> int:
-    from triarch.local.plane import exec_in
-    from triarch.local.planes import only_plane
+    from triarch.local.lifecycle import exec_in
+    from triarch.local.plane import only_plane
 
     command = list(args.command)
     if command[:1] == ["--"]:
@@ -298,8 +298,8 @@ def cmd_local_exec(args: argparse.Namespace) -> int:
 
 
 def cmd_local_down(args: argparse.Namespace) -> int:
-    from triarch.local.plane import down
-    from triarch.local.planes import only_plane
+    from triarch.local.lifecycle import down
+    from triarch.local.plane import only_plane
 
     down(args.name or only_plane())
     return 0

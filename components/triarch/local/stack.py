@@ -1,13 +1,17 @@
-"""The nodes of the local control plane, as a stack's pools would have them: kwok nodes labelled and tainted as
-the real ones (Triarch's pool labels, GPU feature discovery's product and driver labels, a zone), advertising the
-pool's GPUs, plus CPU nodes for everything else. Pure: manifests as plain dicts."""
+"""The cluster a stack expects, as a local plane gives it: its pools as kwok nodes labelled and tainted as the
+real ones (Triarch's pool labels, GPU feature discovery's product and driver labels, a zone), advertising the pool's
+GPUs, plus CPU nodes for everything else; the CRDs of the components it says the cluster runs; its storage classes,
+namespaces, kubeconfig path and context. Pure: manifests as plain dicts."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from triarch.catalog import Catalog
+from triarch.catalog import Catalog, catalog
 from triarch.config import StackConfig, driver_of
+from triarch.local.crds import CRD_SETS, crd_files, existing_crd_sets
+from triarch.local.plane import STORAGE_CLASS, PlaneSpec
 from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
 from triarch.scheduling import GPU_RESOURCE, POOL_LABEL, SYSTEM_POOL
 
@@ -76,3 +80,22 @@ def plane_nodes(stack: StackConfig, facts: Catalog) -> list[dict[str, Any]]:
                                    GPU_NODE_CPU_PER_GPU * pool.gpus_per_node,
                                    GPU_NODE_MEMORY_GIB_PER_GPU * pool.gpus_per_node))
     return nodes
+
+
+def spec_for_stack(name: str, stack: StackConfig, references: list[Path], all_crds: bool = False) -> PlaneSpec:
+    """The plane an adopted stack's kubeconfig and context name (a created stack gets a context of its own, for
+    dry runs of its objects)."""
+    cluster = stack.cluster
+    classes = [STORAGE_CLASS]
+    if stack.serving.storage_class and stack.serving.storage_class not in classes:
+        classes.append(stack.serving.storage_class)
+    copy = Path(cluster.kubeconfig_path) if not cluster.create and cluster.kubeconfig else None
+    return PlaneSpec(
+        name=name,
+        context=cluster.context or f"triarch-{name}",
+        nodes=plane_nodes(stack, catalog()),
+        crds=crd_files(list(CRD_SETS) if all_crds else existing_crd_sets(stack), references),
+        storage_classes=tuple(classes),
+        namespaces=(stack.observability.namespace,) if stack.prometheus == "existing" else (),
+        kubeconfig_copy=copy,
+    )

@@ -1,0 +1,317 @@
+"""Starting and stopping a local Kubernetes control plane on the real engines: etcd, the API server (RBAC, a
+client certificate in system:masters, a service-account issuer), the controller manager, the scheduler and kwok, all
+on loopback inside a network namespace of its own with only `lo`, so nothing the API server calls (webhooks,
+services) leaves the machine.
+
+`up` starts it and installs what a stack expects of the cluster (the CRDs of the components it says are already
+there, kwok nodes as its pools would have them, a storage class kwok provisions); `down` ends every process in the
+namespace and removes it. Each process runs under `ip netns exec`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from triarch.local.engines import binary, installed, load_engines
+from triarch.local.pki import Pki, write_pki
+from triarch.local.plane import (
+    API_PORT,
+    ETCD_PORT,
+    SERVICE_RANGE,
+    STORAGE_CLASS,
+    Plane,
+    PlaneError,
+    PlaneSpec,
+    is_plane_kubeconfig,
+    kubeconfig,
+    plane,
+)
+
+START_TIMEOUT = 90.0
+"""Seconds for the whole plane to answer (a warm start takes 10-20 s)."""
+STOP_TIMEOUT = 5.0
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise PlaneError("the local plane needs root for its network namespace (ip netns); run it as root, e.g. "
+                         "`sudo -E uv run triarch local up`")
+    if shutil.which("ip") is None:
+        raise PlaneError("`ip` (iproute2) is not on the PATH; install iproute2 for the plane's network namespace")
+
+
+def _netns_exists(name: str) -> bool:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    return any(line.split()[0] == name for line in listed.splitlines() if line.strip())
+
+
+def component_args(p: Plane, pki: Pki, kwok_config: Path) -> dict[str, list[str]]:
+    """Each process's command line, in start order (flags as envtest and kwokctl run them)."""
+    kube = str(p.kubeconfig)
+    return {
+        "etcd": [str(binary("etcd")), "--name", "plane", "--data-dir", str(p.directory / "etcd"),
+                 "--listen-client-urls", f"http://127.0.0.1:{ETCD_PORT}",
+                 "--advertise-client-urls", f"http://127.0.0.1:{ETCD_PORT}",
+                 "--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls",
+                 "http://127.0.0.1:2380", "--initial-cluster", "plane=http://127.0.0.1:2380",
+                 "--unsafe-no-fsync", "--quota-backend-bytes", str(2 << 30)],
+        "kube-apiserver": [
+            str(binary("kube-apiserver")), f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={API_PORT}",
+            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca}", "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.service_account_pub}",
+            f"--service-account-signing-key-file={pki.service_account_key}",
+            f"--service-cluster-ip-range={SERVICE_RANGE}",
+            # Privileged containers are allowed cluster-wide, as on EKS: Pod Security admission is what refuses
+            # them per namespace, and the tests prove that it does.
+            "--allow-privileged=true", "--profiling=false", "--enable-priority-and-fairness=false"],
+        "kube-controller-manager": [
+            str(binary("kube-controller-manager")), f"--kubeconfig={kube}", f"--authentication-kubeconfig={kube}",
+            f"--authorization-kubeconfig={kube}", "--leader-elect=false", "--bind-address=127.0.0.1",
+            f"--service-account-private-key-file={pki.service_account_key}", f"--root-ca-file={pki.ca}",
+            f"--service-cluster-ip-range={SERVICE_RANGE}", "--controllers=*,-nodeipam", "--profiling=false"],
+        "kube-scheduler": [
+            str(binary("kube-scheduler")), f"--kubeconfig={kube}", f"--authentication-kubeconfig={kube}",
+            f"--authorization-kubeconfig={kube}", "--leader-elect=false", "--bind-address=127.0.0.1",
+            "--profiling=false"],
+        "kwok": [
+            str(binary("kwok")), f"--kubeconfig={kube}", f"--config={kwok_config}",
+            "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            # The addresses kwok reports for nodes and pods: values only, never reachable (the namespace has only
+            # lo), so a call to one fails at once instead of leaving the machine.
+            "--node-ip=10.0.0.1", "--cidr=10.0.0.1/16", "--node-lease-duration-seconds=40",
+            "--server-address=127.0.0.1:10247"],
+    }
+
+
+def kwok_stages(storage_classes: Sequence[str]) -> str:
+    """kwok's own stages (nodes Ready with a lease heartbeat; pods created, Ready, completed, deleted; claims of
+    the plane's storage classes given a volume and bound), read from the kwok module beside the binary."""
+    stages_dir = binary("kwok").parent / "kwok-stages"
+    classes = ", ".join(f"'{c}'" for c in storage_classes)
+    texts = []
+    for path in sorted(stages_dir.glob("*.yaml")):
+        text = path.read_text()
+        if path.name.startswith(("pvc-", "pv-")):
+            text = text.replace(f"self.spec.storageClassName == '{STORAGE_CLASS}'",
+                                f"self.spec.storageClassName in [{classes}]")
+        texts.append(text.strip())
+    if not texts:
+        raise PlaneError(f"no kwok stages in {stages_dir}; rebuild the kwok engine (`triarch local build kwok`)")
+    return "\n---\n".join(texts) + "\n"
+
+
+def storage_class(name: str) -> dict[str, Any]:
+    annotations = {"storageclass.kubernetes.io/is-default-class": "true"} if name == STORAGE_CLASS else {}
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": name, "annotations": annotations},
+            "provisioner": "kwok.x-k8s.io/volume", "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}
+
+
+def _start(p: Plane, component: str, argv: list[str]) -> int:
+    log = p.log(component).open("ab")
+    process = subprocess.Popen(p.command(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               env=p.env(), start_new_session=True)
+    log.close()
+    return process.pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by us) is not alive.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+FAILURE_LINE = re.compile(r'^(Error|error|E\d{4}|F\d{4})\b|"level":"(error|fatal)"|level=(error|fatal)')
+"""How the engines mark a fatal line: cobra's `Error:`, klog's E/F prefix, etcd's and kwok's JSON levels."""
+
+
+def _cause(path: Path) -> str:
+    """The line of a log that says why a process stopped: its last error line, else its last line."""
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    failing = [line for line in lines if FAILURE_LINE.search(line)]
+    return (failing or lines or [""])[-1][:300]
+
+
+def _wait(what: str, ready: Callable[[], bool], pids: dict[str, int], p: Plane, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for component, pid in pids.items():
+            if not _alive(pid):
+                raise PlaneError(f"{component} exited while the plane started: {_cause(p.log(component))} "
+                                 f"(log: {p.log(component)})")
+        if ready():
+            return
+        time.sleep(0.5)
+    raise PlaneError(f"the plane did not become ready within {timeout:.0f}s waiting for {what} "
+                     f"(logs: {p.directory / 'logs'})")
+
+
+def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
+    """Start a plane and install what the spec holds; on any failure nothing is left running."""
+    _require_root()
+    load_engines()  # a broken pins file fails here, before anything starts
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl"):
+        binary(name)
+    p = plane(spec.name)
+    if _netns_exists(p.netns) or p.state_file.exists():
+        raise PlaneError(f"local plane {spec.name!r} is already up (or was not brought down); "
+                         f"`triarch local down --name {spec.name}` first")
+    copy = spec.kubeconfig_copy
+    if copy is not None and copy.exists() and not is_plane_kubeconfig(copy):
+        raise PlaneError(f"{spec.kubeconfig_copy} exists and is not a local plane's kubeconfig; point the stack's "
+                         "triarch:cluster.kubeconfig at a file of its own")
+    if p.directory.exists():
+        shutil.rmtree(p.directory)
+    (p.directory / "logs").mkdir(parents=True)
+    p.pulumi_backend.mkdir()
+    start = time.monotonic()
+    subprocess.run(["ip", "netns", "add", p.netns], check=True, capture_output=True)
+    pids: dict[str, int] = {}
+    try:
+        subprocess.run(["ip", "netns", "exec", p.netns, "ip", "link", "set", "lo", "up"], check=True,
+                       capture_output=True)
+        pki = write_pki(p.directory / "pki")
+        config = yaml.safe_dump(kubeconfig(spec.context, pki), sort_keys=False)
+        p.kubeconfig.write_text(config)
+        kwok_config = p.directory / "kwok.yaml"
+        kwok_config.write_text(kwok_stages(spec.storage_classes))
+        args = component_args(p, pki, kwok_config)
+        def record() -> None:
+            p.state_file.write_text(json.dumps(
+                {"name": spec.name, "netns": p.netns, "context": spec.context, "pids": pids,
+                 "kubeconfigCopy": str(spec.kubeconfig_copy) if spec.kubeconfig_copy else None}, indent=1))
+
+        record()
+        for component in ("etcd", "kube-apiserver"):
+            pids[component] = _start(p, component, args[component])
+        _wait("the API server", lambda: p.kubectl("get", "--raw=/readyz", check=False).returncode == 0, pids, p,
+              START_TIMEOUT)
+        for component in ("kube-controller-manager", "kube-scheduler", "kwok"):
+            pids[component] = _start(p, component, args[component])
+        record()
+        _wait("the default service account", lambda: p.kubectl(
+            "get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0, pids, p, START_TIMEOUT)
+        _install(p, spec)
+        _wait(f"{len(spec.nodes)} node(s) Ready", lambda: _nodes_ready(p) >= len(spec.nodes), pids, p,
+              START_TIMEOUT)
+        _install_pulumi_plugins(p, log)
+        if spec.kubeconfig_copy is not None:
+            spec.kubeconfig_copy.parent.mkdir(parents=True, exist_ok=True)
+            spec.kubeconfig_copy.write_text(config)
+    except BaseException:
+        down(spec.name, quiet=True)
+        raise
+    log(f"local plane {spec.name} up in {time.monotonic() - start:.0f}s: context {spec.context}, "
+        f"kubeconfig {spec.kubeconfig_copy or p.kubeconfig}, {len(spec.nodes)} kwok node(s), "
+        f"{len(spec.crds)} CRD file(s)")
+    return p
+
+
+def _apply(p: Plane, objects: list[dict[str, Any]]) -> None:
+    if objects:
+        p.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects, sort_keys=False))
+
+
+def _install(p: Plane, spec: PlaneSpec) -> None:
+    if spec.crds:
+        documents = [doc for path in spec.crds for doc in yaml.safe_load_all(path.read_text()) if doc]
+        _apply(p, documents)
+        names = [doc["metadata"]["name"] for doc in documents]
+        p.kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in names])
+    _apply(p, [storage_class(name) for name in spec.storage_classes])
+    _apply(p, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}} for name in spec.namespaces])
+    # Nodes are created with their status (capacity, allocatable): kwok keeps what is given and reports Ready.
+    if spec.nodes:
+        p.kubectl("create", "-f", "-", input=yaml.safe_dump_all(spec.nodes, sort_keys=False))
+
+
+def _nodes_ready(p: Plane) -> int:
+    done = p.kubectl("get", "nodes", "-o", "json", check=False)
+    if done.returncode != 0:
+        return 0
+    items = json.loads(done.stdout).get("items", [])
+    return sum(1 for n in items for c in n.get("status", {}).get("conditions", [])
+               if c.get("type") == "Ready" and c.get("status") == "True")
+
+
+def _install_pulumi_plugins(p: Plane, log: Callable[[str], None]) -> None:
+    """The Kubernetes provider, installed from its build into the plane's PULUMI_HOME (nothing is downloaded)."""
+    engines = load_engines()
+    missing = [e.name for e in (engines["pulumi"], engines["pulumi-resource-kubernetes"]) if installed(e) is None]
+    if missing:
+        log(f"note: {', '.join(missing)} not built, so Pulumi cannot run on this plane yet "
+            f"(`triarch local build {' '.join(missing)}`)")
+        return
+    provider = binary("pulumi-resource-kubernetes")
+    p.run([str(binary("pulumi")), "plugin", "install", "resource", "kubernetes",
+           f"v{engines['pulumi-resource-kubernetes'].plain_version}", "--file", str(provider)])
+
+
+def exec_in(name: str, argv: Sequence[str]) -> int:
+    """Run a command on a plane (inside its namespace, with its environment); returns its exit code."""
+    p = plane(name)
+    p.state()
+    if not argv:
+        raise PlaneError("nothing to run; usage: triarch local exec -- CMD [ARGS...]")
+    return subprocess.run(p.command(list(argv)), env=p.env(), check=False).returncode
+
+
+def down(name: str, quiet: bool = False, log: Callable[[str], None] = print) -> None:
+    """Stop every process of the plane (all that run in its namespace, whoever started them), remove the
+    namespace and the plane's state."""
+    p = plane(name)
+    if not p.directory.exists() and not quiet:
+        raise PlaneError(f"local plane {name!r} is not up")
+    _require_root()
+    if _netns_exists(p.netns):
+        pids = _namespace_pids(p.netns)
+        for pid in pids:
+            _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.2)
+        for pid in _namespace_pids(p.netns):
+            _signal(pid, signal.SIGKILL)
+        subprocess.run(["ip", "netns", "del", p.netns], check=False, capture_output=True)
+    copy = None
+    if p.state_file.is_file():
+        copy = json.loads(p.state_file.read_text()).get("kubeconfigCopy")
+    if copy and Path(copy).is_file() and is_plane_kubeconfig(Path(copy)):
+        Path(copy).unlink()
+    shutil.rmtree(p.directory, ignore_errors=True)
+    if not quiet:
+        log(f"local plane {name} down")
+
+
+def _namespace_pids(netns: str) -> list[int]:
+    listed = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=False).stdout
+    return [int(pid) for pid in listed.split()]
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
