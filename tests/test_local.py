@@ -270,6 +270,13 @@ def test_existing_device_plugin_installs_nothing(mutated_config: MutatedConfig) 
     assert [o["metadata"]["name"] for o in installed.device_plugin] == ["nvidia-device-plugin"]
 
 
+@pytest.mark.parametrize("key", ["triarch:devicePlugin", "triarch:kuberay"])
+def test_a_created_cluster_runs_nothing_already(mutated_config: MutatedConfig, key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{key}\.mode: 'existing' says the cluster already runs the component, "
+                                          r"but Triarch creates this cluster"):
+        from_pulumi_config(mutated_config("prod", lambda c: c.update({key: {"mode": "existing"}})))
+
+
 def test_the_old_enabled_key_names_the_new_one(mutated_config: MutatedConfig) -> None:
     with pytest.raises(ConfigError, match=r"^triarch:devicePlugin\.enabled: is not read by Triarch: the key is "
                                           r"'mode'"):

@@ -364,6 +364,12 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
         if system.min > system.max:
             raise ConfigError(_cluster_path("systemNodeGroup.min"), system.min,
                               f"is greater than systemNodeGroup.max ({system.max})", f"0..{system.max}")
+        for key, mode in (("devicePlugin", stack.device_plugin.mode), ("kuberay", stack.kuberay.mode)):
+            if mode == "existing":
+                raise ConfigError(f"{NAMESPACE}:{key}.mode", mode,
+                                  "says the cluster already runs the component, but Triarch creates this cluster: "
+                                  "nothing runs there that Triarch does not install",
+                                  "install (or create: false to adopt a cluster that runs it)")
     elif cluster.context is None:
         raise ConfigError(_cluster_path("context"), None, "must name the kubeconfig context of the adopted cluster",
                           "a context from `kubectl config get-contexts` (the ambient context is never used)")
