@@ -14,7 +14,7 @@ import promql_parser
 import pytest
 import yaml
 
-from conftest import MutatedConfig, crd_schema, unknown_fields, unknown_paths
+from conftest import MutatedConfig, crd_schema, stack_document, unknown_fields, unknown_paths
 from test_network_policy import Pod, connects
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
@@ -181,6 +181,23 @@ def test_keda_scales_plain_vllm_on_its_own_signals_and_drains_before_scaling_dow
     down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
     assert down["stabilizationWindowSeconds"] >= grace_period_seconds()
     assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": down["stabilizationWindowSeconds"]}]
+
+
+def test_the_autoscaler_alone_owns_the_replica_count_and_the_spread_counts_its_max(
+        mutated_config_module: MutatedConfig) -> None:
+    """No spec.replicas where KEDA scales (the HPA owns it: an apply that sets it conflicts, and the next `pulumi up`
+    fails; shown on the real engine in test_real_keda); the zone spread is sized for autoscaling.max."""
+    stack = from_pulumi_config(mutated_config_module("prod", observed))
+    models = plan_models(stack, catalog())
+    objects = plan_kubernetes(stack, models, catalog())
+    [scaled] = [o for o in objects.vllm["embed"] if o["kind"] == "Deployment"]
+    assert "replicas" not in scaled["spec"]
+    [by_zone, _] = scaled["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert (by_zone["whenUnsatisfiable"], by_zone["minDomains"]) == ("DoNotSchedule", 3)  # max 3, three zones
+    fixed = from_pulumi_config(mutated_config_module("prod", lambda c: None))
+    [deployment] = [o for o in plan_kubernetes(fixed, plan_models(fixed, catalog()), catalog()).vllm["embed"]
+                    if o["kind"] == "Deployment"]
+    assert deployment["spec"]["replicas"] == stack_document("prod")["triarch:models"][0]["replicas"]
 
 
 def test_the_cpu_autoscaler_guardrail_accepts_keda_on_vllm_metrics_and_refuses_cpu_triggers(plan: Any) -> None:

@@ -13,9 +13,8 @@ from typing import Any
 from triarch.catalog import Catalog, _read
 from triarch.config import StackConfig
 from triarch.paths import COMPAT_DIR
-from triarch.planners.models import ModelPlan
+from triarch.planners.models import ModelPlan, replica_bounds
 from triarch.planners.nodegroups import plan_pool
-from triarch.planners.ray import replica_bounds
 
 CAPACITY_FILE = "capacity.json"
 

@@ -18,10 +18,9 @@ from triarch.existing import trusted_note
 from triarch.matrix import Verdict, require_compatible
 from triarch.offline import PlanRun, Registered, read_stack_config, run_program, write_plan
 from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
-from triarch.planners.models import ModelPlan, plan_models
+from triarch.planners.models import ModelPlan, plan_models, replica_bounds
 from triarch.planners.nodegroups import plan_eks_pool, plan_pool
 from triarch.planners.objects import KubernetesPlan, plan_kubernetes
-from triarch.planners.ray import replica_bounds
 from triarch.program import StackError
 from triarch.scheduling import POOL_LABEL
 

@@ -46,6 +46,12 @@ class ModelPlan:
         return self.config.route_prefix or f"/{self.config.name}"
 
 
+def replica_bounds(plan: ModelPlan) -> tuple[int, int]:
+    """The fewest and most replicas a model runs: its autoscaling range, or its fixed count twice."""
+    scaling = plan.config.autoscaling
+    return (scaling.min, scaling.max) if scaling else (plan.config.replicas, plan.config.replicas)
+
+
 def _model_path(index: int) -> str:
     return f"triarch:models[{index}]"
 

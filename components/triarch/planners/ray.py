@@ -18,7 +18,7 @@ import yaml
 from triarch.catalog import catalog
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
-from triarch.planners.models import ModelPlan, pod_resources
+from triarch.planners.models import ModelPlan, pod_resources, replica_bounds
 from triarch.scheduling import GPU_PRESENT_LABEL
 
 RAY_SERVICE = "llm"
@@ -69,11 +69,6 @@ def prestop_script() -> str:
     rendered = template.render(drain_seconds=DRAIN_SECONDS)
     # The template's comments document it; the pod spec carries only what runs.
     return "\n".join(line for line in rendered.splitlines() if not line.lstrip().startswith("#")) + "\n"
-
-
-def replica_bounds(plan: ModelPlan) -> tuple[int, int]:
-    scaling = plan.config.autoscaling
-    return (scaling.min, scaling.max) if scaling else (plan.config.replicas, plan.config.replicas)
 
 
 def llm_config(plan: ModelPlan) -> dict[str, Any]:

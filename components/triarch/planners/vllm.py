@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from triarch.planners import pods
-from triarch.planners.models import ModelPlan, pod_resources
+from triarch.planners.models import ModelPlan, pod_resources, replica_bounds
 
 PORT = 8000
 ENDPOINT_DRAIN_SECONDS = 15
@@ -55,10 +55,19 @@ NODE_PROVISIONING_SECONDS = 900
 """Time for the autoscaler to bring a GPU node from zero (boot, driver, image pull) before the startup probe runs."""
 
 
+def replica_count(plan: ModelPlan) -> dict[str, int]:
+    """`spec.replicas` where the stack fixes the count; none where KEDA scales the model. The HPA KEDA creates owns
+    the field through the scale subresource, so a manifest that also sets it conflicts with the HPA's manager
+    under server-side apply, and the next `pulumi up` fails (pulumi-kubernetes 2491, 2569; Kubernetes' HPA docs,
+    "Migrating Deployments and StatefulSets to horizontal autoscaling"). Left out, the API server starts the
+    Deployment at one replica, which the HPA raises to autoscaling.min."""
+    return {} if plan.config.autoscaling else {"replicas": plan.config.replicas}
+
+
 def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict[str, Any]]:
     labels = pods.model_labels(plan, "vllm")
     selector = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": plan.name}
-    replicas = plan.config.replicas
+    _, most = replica_bounds(plan)
     container = {
         "name": "vllm",
         "image": plan.image,
@@ -82,13 +91,13 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
             "pulumi.com/timeoutSeconds": str(NODE_PROVISIONING_SECONDS + plan.config.startup_minutes * 60),
             **pods.SCANNER_EXCEPTIONS}},
         "spec": {
-            "replicas": replicas,
+            **replica_count(plan),
             "selector": {"matchLabels": selector},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(plan)},
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    **pods.placement(plan.pool, selector, replicas),
+                    **pods.placement(plan.pool, selector, most),
                     "terminationGracePeriodSeconds": grace_period_seconds(),
                     "automountServiceAccountToken": False,
                     "securityContext": pods.pod_security(),
