@@ -55,6 +55,7 @@ def scratch_project(directory: Path, program: str | None = None) -> Path:
     """A Pulumi project in `directory` that runs Triarch's program (or `program`, a file written beside it) in the
     project's own environment, with its stack files there too: the tests' stack config never touches stacks/.
     The same project name as Triarch's, so the same stacks and URNs."""
+    directory.mkdir(parents=True, exist_ok=True)
     project = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
     project["runtime"]["options"]["virtualenv"] = str(ROOT / ".venv")
     project["stackConfigDir"] = "."

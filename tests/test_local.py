@@ -93,6 +93,24 @@ replace (
         "k8s.io/api": "k8s.io/api v0.35.4", "k8s.io/kube-aggregator": "k8s.io/kube-aggregator v0.35.4"}
 
 
+def test_a_modules_own_versioned_replaces_are_carried_local_ones_are_not() -> None:
+    go_mod = """module github.com/kedacore/keda/v2
+
+replace (
+	// pin k8s.io to v0.35.5
+	k8s.io/api => k8s.io/api v0.35.5
+	github.com/prometheus/common => github.com/prometheus/common v0.66.1 // a comment
+	example.com/local => ../local
+)
+
+replace github.com/atotto/clipboard => github.com/tgummerer/clipboard v0.0.0-20241001131231-d02d263e614e
+"""
+    assert engines.versioned_replaces(go_mod) == {
+        "k8s.io/api": "k8s.io/api v0.35.5",
+        "github.com/prometheus/common": "github.com/prometheus/common v0.66.1",
+        "github.com/atotto/clipboard": "github.com/tgummerer/clipboard v0.0.0-20241001131231-d02d263e614e"}
+
+
 def test_versions_are_stamped_so_clients_do_not_read_v0() -> None:
     flags = engines.ldflags(engines.load_engines()["kubernetes"])
     assert "-X k8s.io/component-base/version.gitVersion=v1.35.4" in flags
@@ -219,6 +237,19 @@ def test_only_the_crds_of_existing_components_are_installed(mutated_config: Muta
     assert existing_crd_sets(stack) == []
     stack, _ = _lab(mutated_config, lambda c: c["triarch:observability"].update(keda="existing"))
     assert existing_crd_sets(stack) == ["kuberay", "prometheus", "keda"]
+
+
+def test_a_stack_that_says_keda_runs_gets_a_plane_that_runs_keda(mutated_config: MutatedConfig) -> None:
+    from triarch.local.stack import spec_for_stack
+
+    stack, _ = _lab(mutated_config)
+    assert spec_for_stack("x", stack, [REFERENCE]).operators == ()
+    stack, _ = _lab(mutated_config, lambda c: c["triarch:observability"].update(keda="existing"))
+    if not (REFERENCE / "keda-2.20.2").is_dir():
+        pytest.skip(f"{REFERENCE} is absent: the charts' CRD copies live in ../shared")
+    spec = spec_for_stack("x", stack, [REFERENCE])
+    assert spec.operators == ("keda",)
+    assert "crd-scaledobjects.yaml" in {p.name for p in spec.crds}
 
 
 def test_crds_come_from_the_charts_copies_where_given() -> None:
@@ -349,7 +380,7 @@ def test_an_unknown_engine_is_named(capsys: pytest.CaptureFixture[str], monkeypa
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/go")
     assert main(["local", "build", "etcd", "kubelet"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: unknown engine kubelet; allowed: etcd, kubernetes, kwok, pulumi, ")
+    assert err.startswith("error: unknown engine kubelet; allowed: etcd, keda, kubernetes, kwok, pulumi, ")
     assert err.count("\n") == 1
 
 

@@ -47,6 +47,8 @@ class Engine:
     replace: dict[str, str] = field(default_factory=dict)
     require: dict[str, str] = field(default_factory=dict)
     staging_replaces: bool = False
+    inherit_replaces: bool = False
+    """Carry the module's own versioned `replace` lines into the wrapper (its build depends on them)."""
     cgo: bool = False
     ldflags: dict[str, str] = field(default_factory=dict)
     tags: tuple[str, ...] = ()
@@ -100,7 +102,8 @@ def load_engines(path: Path = PINS) -> dict[str, Engine]:
         found[name] = Engine(
             name=name, module=spec["module"], version=spec["version"], packages=dict(spec["packages"]),
             release=spec.get("release"), replace=dict(spec.get("replace", {})), require=dict(spec.get("require", {})),
-            staging_replaces=bool(spec.get("stagingReplaces", False)), cgo=bool(spec.get("cgo", False)),
+            staging_replaces=bool(spec.get("stagingReplaces", False)),
+            inherit_replaces=bool(spec.get("inheritReplaces", False)), cgo=bool(spec.get("cgo", False)),
             ldflags=dict(spec.get("ldflags", {})), tags=tuple(spec.get("tags", [])), sources=spec.get("sources"),
             files=dict(spec.get("files", {})), schema=spec.get("schema"), entry=entry)
     return found
@@ -139,6 +142,7 @@ def ldflags(engine: Engine) -> str:
 
 
 STAGING_REPLACE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/")
+VERSIONED_REPLACE = re.compile(r"^\s*(?:replace\s+)?([\w./-]+)\s+=>\s+([\w./-]+)\s+(v[\w.+-]+)\s*$")
 
 
 def staging_replaces(kubernetes_go_mod: str, version: str) -> dict[str, str]:
@@ -147,6 +151,12 @@ def staging_replaces(kubernetes_go_mod: str, version: str) -> dict[str, str]:
     published = "v0." + version.removeprefix("v").split(".", 1)[1]
     return {m.group(1): f"{m.group(1)} {published}"
             for line in kubernetes_go_mod.splitlines() if (m := STAGING_REPLACE.match(line))}
+
+
+def versioned_replaces(go_mod: str) -> dict[str, str]:
+    """A module's own `replace X => Y vN` lines (replaces onto local directories are left out)."""
+    return {m.group(1): f"{m.group(2)} {m.group(3)}"
+            for line in go_mod.splitlines() if (m := VERSIONED_REPLACE.match(line.split("//")[0]))}
 
 
 Runner = Callable[[list[str], Path, dict[str, str]], str]
@@ -193,10 +203,13 @@ def build(engine: Engine, cache: Path | None = None, run: Runner = run_go,
             shutil.copy2(source, wrapper / source.name)
     requires = {engine.module: engine.version, **engine.require}
     edits = [f"-require={module}@{version}" for module, version in requires.items()]
-    replaces = dict(engine.replace)
     source_dir = module_dir(engine, engine.module, engine.version, run, wrapper)
-    if engine.staging_replaces:
-        replaces.update(staging_replaces((source_dir / "go.mod").read_text(), engine.version))
+    replaces: dict[str, str] = {}
+    if engine.inherit_replaces or engine.staging_replaces:
+        go_mod = (source_dir / "go.mod").read_text()
+        replaces.update(versioned_replaces(go_mod) if engine.inherit_replaces else {})
+        replaces.update(staging_replaces(go_mod, engine.version) if engine.staging_replaces else {})
+    replaces.update(engine.replace)
     for module, target in sorted(replaces.items()):
         path, _, version = target.partition(" ")
         edits.append(f"-replace={module}={path}@{version}" if version else f"-replace={module}={path}")

@@ -18,13 +18,15 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from triarch.local.engines import binary, installed, load_engines
-from triarch.local.pki import Pki, write_pki
+from triarch.local.operators import AGGREGATED_IP, OPERATORS
+from triarch.local.pki import FRONT_PROXY_CLIENT, Pki, write_pki
 from triarch.local.plane import (
     API_PORT,
     ETCD_PORT,
@@ -69,7 +71,7 @@ def component_args(p: Plane, pki: Pki, kwok_config: Path) -> dict[str, list[str]
         "kube-apiserver": [
             str(binary("kube-apiserver")), f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={API_PORT}",
-            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+            f"--tls-cert-file={pki.serving.cert}", f"--tls-private-key-file={pki.serving.key}",
             f"--client-ca-file={pki.ca}", "--authorization-mode=RBAC",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki.service_account_pub}",
@@ -77,7 +79,14 @@ def component_args(p: Plane, pki: Pki, kwok_config: Path) -> dict[str, list[str]
             f"--service-cluster-ip-range={SERVICE_RANGE}",
             # Privileged containers are allowed cluster-wide, as on EKS: Pod Security admission is what refuses
             # them per namespace, and the tests prove that it does.
-            "--allow-privileged=true", "--profiling=false", "--enable-priority-and-fairness=false"],
+            "--allow-privileged=true", "--profiling=false", "--enable-priority-and-fairness=false",
+            # Aggregated APIs (an operator's metrics API): the API server proves itself with the front-proxy client
+            # certificate and routes to the API's endpoints rather than its Service's cluster IP (no kube-proxy).
+            f"--requestheader-client-ca-file={pki.front_proxy_ca}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}", "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group", "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki.front_proxy_client.cert}",
+            f"--proxy-client-key-file={pki.front_proxy_client.key}", "--enable-aggregator-routing=true"],
         "kube-controller-manager": [
             str(binary("kube-controller-manager")), f"--kubeconfig={kube}", f"--authentication-kubeconfig={kube}",
             f"--authorization-kubeconfig={kube}", "--leader-elect=false", "--bind-address=127.0.0.1",
@@ -121,10 +130,10 @@ def storage_class(name: str) -> dict[str, Any]:
             "provisioner": "kwok.x-k8s.io/volume", "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}
 
 
-def _start(p: Plane, component: str, argv: list[str]) -> int:
+def _start(p: Plane, component: str, argv: list[str], env: dict[str, str] | None = None) -> int:
     log = p.log(component).open("ab")
     process = subprocess.Popen(p.command(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               env=p.env(), start_new_session=True)
+                               env={**p.env(), **(env or {})}, start_new_session=True)
     log.close()
     return process.pid
 
@@ -200,6 +209,7 @@ def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
         kwok_config = p.directory / "kwok.yaml"
         kwok_config.write_text(kwok_stages(spec.storage_classes))
         args = component_args(p, pki, kwok_config)
+
         def record() -> None:
             p.state_file.write_text(json.dumps(
                 {"name": spec.name, "netns": p.netns, "context": spec.context, "pids": pids,
@@ -218,6 +228,8 @@ def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
         _install(p, spec)
         _wait(f"{len(spec.nodes)} node(s) Ready", lambda: _nodes_ready(p) >= len(spec.nodes), pids, p,
               START_TIMEOUT)
+        for operator in spec.operators:
+            start_operator(p, operator)
         _install_pulumi_plugins(p, log)
         if spec.kubeconfig_copy is not None:
             spec.kubeconfig_copy.parent.mkdir(parents=True, exist_ok=True)
@@ -229,6 +241,39 @@ def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
         f"kubeconfig {spec.kubeconfig_copy or p.kubeconfig}, {len(spec.nodes)} kwok node(s), "
         f"{len(spec.crds)} CRD file(s)")
     return p
+
+
+def start_operator(p: Plane, name: str) -> None:
+    """Run one operator on a plane that is up (its processes join the plane's, and end with it)."""
+    if name not in OPERATORS:
+        raise PlaneError(f"unknown operator {name}; allowed: {', '.join(sorted(OPERATORS))}")
+    operator = OPERATORS[name](p, Pki(p.directory / "pki"))
+    if operator.aggregated_api:
+        _aggregated_address(p)
+    _apply(p, operator.objects)
+    state = p.state()
+    started = {component: _start(p, component, argv, operator.env) for component, argv in operator.processes.items()}
+    state["pids"] = {**state["pids"], **started}
+    p.state_file.write_text(json.dumps(state, indent=1))
+    for apiservice in [o["metadata"]["name"] for o in operator.objects if o["kind"] == "APIService"]:
+        _wait(f"{name}'s APIService {apiservice}", partial(_available, p, apiservice), started, p, START_TIMEOUT)
+
+
+def _aggregated_address(p: Plane) -> None:
+    """AGGREGATED_IP on the plane's `lo` (once): a local address, delivered inside the namespace."""
+    links = subprocess.run(p.command(["ip", "-o", "addr", "show", "dev", "lo"]), capture_output=True, text=True,
+                           check=True)
+    if AGGREGATED_IP not in links.stdout:
+        subprocess.run(p.command(["ip", "addr", "add", f"{AGGREGATED_IP}/32", "dev", "lo"]), check=True,
+                       capture_output=True)
+
+
+def _available(p: Plane, apiservice: str) -> bool:
+    done = p.kubectl("get", "apiservice", apiservice, "-o", "json", check=False)
+    if done.returncode != 0:
+        return False
+    conditions = json.loads(done.stdout).get("status", {}).get("conditions", [])
+    return any(c.get("type") == "Available" and c.get("status") == "True" for c in conditions)
 
 
 def _apply(p: Plane, objects: list[dict[str, Any]]) -> None:

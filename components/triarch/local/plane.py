@@ -45,6 +45,8 @@ class PlaneSpec:
     crds: list[Path] = field(default_factory=list)
     storage_classes: tuple[str, ...] = (STORAGE_CLASS,)
     namespaces: tuple[str, ...] = ()
+    operators: tuple[str, ...] = ()
+    """Operators the plane runs as processes (triarch.local.operators), started once the nodes are Ready."""
     """Namespaces the cluster's own components live in (a Prometheus Operator's, say)."""
     kubeconfig_copy: Path | None = None
     """Where the stack expects the kubeconfig (its triarch:cluster.kubeconfig), besides the plane's own."""
@@ -129,8 +131,8 @@ def kubeconfig(context: str, pki: Pki) -> dict[str, Any]:
         "apiVersion": "v1", "kind": "Config", "current-context": context, "preferences": {},
         "clusters": [{"name": cluster, "cluster": {"server": f"https://127.0.0.1:{API_PORT}",
                                                    "certificate-authority": str(pki.ca)}}],
-        "users": [{"name": "triarch-admin", "user": {"client-certificate": str(pki.admin_cert),
-                                                     "client-key": str(pki.admin_key)}}],
+        "users": [{"name": "triarch-admin", "user": {"client-certificate": str(pki.admin.cert),
+                                                     "client-key": str(pki.admin.key)}}],
         "contexts": [{"name": context, "context": {"cluster": cluster, "user": "triarch-admin"}}],
     }
 

@@ -97,5 +97,6 @@ def spec_for_stack(name: str, stack: StackConfig, references: list[Path], all_cr
         crds=crd_files(list(CRD_SETS) if all_crds else existing_crd_sets(stack), references),
         storage_classes=tuple(classes),
         namespaces=(stack.observability.namespace,) if stack.prometheus == "existing" else (),
+        operators=("keda",) if stack.observability.keda == "existing" else (),
         kubeconfig_copy=copy,
     )

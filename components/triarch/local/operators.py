@@ -1,0 +1,93 @@
+"""Operators a local plane runs out of cluster, as processes in its network namespace: the real controllers a stack
+says the cluster runs (`existing`), built from their Go modules like the engines. Each runs against the plane's
+kubeconfig with leader election off and its metrics, health and service ports moved off their defaults, on
+loopback or on the plane's own aggregated-API address."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from triarch.local.engines import binary
+from triarch.local.pki import Pki, issue
+from triarch.local.plane import Plane
+
+AGGREGATED_IP = "198.18.0.1"
+"""The plane's address for aggregated APIs (an operator's metrics API), added to `lo` inside its namespace.
+The API server routes to an APIService's endpoints, and Kubernetes refuses loopback addresses there; this one is
+from RFC 2544's benchmarking range (neither private nor public) and never leaves the namespace, which has no route
+anywhere else."""
+KEDA_NAMESPACE = "keda"
+KEDA_GRPC = "127.0.0.1:9666"
+KEDA_ADAPTER_PORT = 6444
+
+
+@dataclass(frozen=True)
+class Operator:
+    """What running one operator takes: its processes (name -> argv, in start order), their environment, and the
+    objects the cluster holds for it (its namespace, the Service and endpoints of an aggregated API, ...)."""
+
+    name: str
+    processes: dict[str, list[str]]
+    env: dict[str, str] = field(default_factory=dict)
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    aggregated_api: bool = False
+    """Whether it serves an aggregated API, so the plane needs its AGGREGATED_IP."""
+
+
+def _namespace(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
+def aggregated_api(group: str, version: str, service: str, namespace: str, port: int, ca: bytes
+                   ) -> list[dict[str, Any]]:
+    """An APIService with a selector-less Service whose one endpoint is the operator's process."""
+    return [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": service, "namespace": namespace},
+         "spec": {"ports": [{"port": 443, "targetPort": port, "protocol": "TCP"}]}},
+        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+         "metadata": {"name": f"{service}-local", "namespace": namespace,
+                      "labels": {"kubernetes.io/service-name": service}},
+         "addressType": "IPv4", "endpoints": [{"addresses": [AGGREGATED_IP], "conditions": {"ready": True}}],
+         "ports": [{"port": port, "protocol": "TCP"}]},
+        {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": f"{version}.{group}"},
+         "spec": {"group": group, "version": version, "groupPriorityMinimum": 100, "versionPriority": 100,
+                  "service": {"name": service, "namespace": namespace, "port": 443},
+                  "caBundle": base64.b64encode(ca).decode()}},
+    ]
+
+
+def keda(plane: Plane, pki: Pki) -> Operator:
+    """KEDA's operator (ScaledObjects to HPAs; the gRPC metrics service) and its metrics adapter (the
+    external.metrics.k8s.io API the HPA controller reads), sharing one certificate as the chart's secret does."""
+    certs = plane.directory / "keda-certs"
+    certs.mkdir(exist_ok=True)
+    pair = issue(pki, "keda", common="keda-operator", client=True, ips=("127.0.0.1", AGGREGATED_IP),
+                 dns=("keda-operator", f"keda-operator.{KEDA_NAMESPACE}.svc",
+                      f"keda-metrics-apiserver.{KEDA_NAMESPACE}.svc"))
+    for source, name in ((pki.ca, "ca.crt"), (pair.cert, "tls.crt"), (pair.key, "tls.key")):
+        shutil.copy2(source, certs / name)
+    kube = str(plane.kubeconfig)
+    operator = [str(binary("keda-operator")), f"--kubeconfig={kube}", "--leader-elect=false",
+                "--metrics-bind-address=127.0.0.1:18080", "--health-probe-bind-address=127.0.0.1:18081",
+                f"--metrics-service-bind-address={KEDA_GRPC}", f"--cert-dir={certs}", "--enable-cert-rotation=false",
+                "--enable-webhook-patching=false", "--enable-apiservice-patching=false", "--zap-log-level=info"]
+    adapter = [str(binary("keda-adapter")), f"--lister-kubeconfig={kube}", f"--authentication-kubeconfig={kube}",
+               f"--authorization-kubeconfig={kube}", f"--bind-address={AGGREGATED_IP}",
+               f"--secure-port={KEDA_ADAPTER_PORT}", f"--cert-dir={certs}", f"--tls-cert-file={certs / 'tls.crt'}",
+               f"--tls-private-key-file={certs / 'tls.key'}", f"--metrics-service-address={KEDA_GRPC}",
+               "--port=18082", "--v=1"]
+    return Operator(
+        "keda", {"keda-operator": operator, "keda-adapter": adapter},
+        env={"WATCH_NAMESPACE": "", "KEDA_CLUSTER_OBJECT_NAMESPACE": KEDA_NAMESPACE, "POD_NAMESPACE": KEDA_NAMESPACE},
+        objects=[_namespace(KEDA_NAMESPACE),
+                 *aggregated_api("external.metrics.k8s.io", "v1beta1", "keda-metrics-apiserver", KEDA_NAMESPACE,
+                                 KEDA_ADAPTER_PORT, pki.ca.read_bytes())],
+        aggregated_api=True)
+
+
+OPERATORS: dict[str, Callable[[Plane, Pki], Operator]] = {"keda": keda}
+"""Every operator a plane can run, by the name a PlaneSpec uses."""
