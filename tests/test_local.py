@@ -229,6 +229,29 @@ def test_a_created_stacks_pools_come_at_their_max_in_their_zones(mutated_config:
         assert {n["metadata"]["labels"][ZONE_LABEL] for n in members} <= set(zones)
 
 
+def test_from_zero_the_karpenter_pools_start_empty_and_karpenter_runs(mutated_config: MutatedConfig) -> None:
+    from triarch.local.stack import instance_types, spec_for_stack
+
+    stack = from_pulumi_config(mutated_config("prod", lambda c: None))
+    every = plane_nodes(stack, catalog())
+    empty = plane_nodes(stack, catalog(), from_zero=True)
+    assert {n["metadata"]["labels"].get("triarch.dev/pool") for n in every} == {"system", "l4", "a100"}
+    assert {n["metadata"]["labels"].get("triarch.dev/pool") for n in empty} == {"system"}
+    offered = {t["name"]: t for t in instance_types(stack, catalog())}
+    g6 = offered["g6.2xlarge"]
+    assert g6["resources"]["nvidia.com/gpu"] == "1" and g6["resources"]["cpu"] == "8"
+    zones = {r["values"][0] for o in g6["offerings"] for r in o["Requirements"]
+             if r["key"] == "topology.kubernetes.io/zone"}
+    assert zones == set(stack_document("prod")["triarch:cluster"]["zones"])
+    assert all(o["Price"] == 0.9776 for o in g6["offerings"])  # prices.yaml, us-east-1 (not this code's number)
+    if (REFERENCE / "karpenter-v1.14.1").is_dir():
+        spec = spec_for_stack("x", stack, [REFERENCE], from_zero=True)
+        assert spec.operators == ("karpenter",) and spec.instance_types
+        assert "triarch-efs" in spec.storage_classes  # the stack's claims bind on the plane's kwok volumes
+    with pytest.raises(engines.EngineError, match=r"^--from-zero needs a stack whose cluster Triarch creates"):
+        spec_for_stack("x", from_pulumi_config(mutated_config("lab", lambda c: None)), [], from_zero=True)
+
+
 def test_only_the_crds_of_existing_components_are_installed(mutated_config: MutatedConfig) -> None:
     stack, _ = _lab(mutated_config)
     assert existing_crd_sets(stack) == ["kuberay", "prometheus"]
@@ -380,7 +403,7 @@ def test_an_unknown_engine_is_named(capsys: pytest.CaptureFixture[str], monkeypa
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/go")
     assert main(["local", "build", "etcd", "kubelet"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: unknown engine kubelet; allowed: etcd, keda, kubernetes, kwok, pulumi, ")
+    assert err.startswith("error: unknown engine kubelet; allowed: etcd, karpenter-kwok, keda, kubernetes, kwok, ")
     assert err.count("\n") == 1
 
 

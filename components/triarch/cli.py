@@ -279,7 +279,8 @@ def cmd_local_up(args: argparse.Namespace) -> int:
 
     name, path = _stack_source(args)
     validated = validate_stack_file(name, path)
-    spec = spec_for_stack(args.name or name, validated.stack, [Path(d) for d in args.crds or []], args.all_crds)
+    spec = spec_for_stack(args.name or name, validated.stack, [Path(d) for d in args.crds or []], args.all_crds,
+                          args.from_zero)
     plane = up(spec)
     print(f"run commands on it: triarch local exec --name {spec.name} -- kubectl get nodes")
     print(f"bring it down:      triarch local down --name {spec.name}")
@@ -407,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--all-crds", action="store_true",
                        help="install every CRD set Triarch's objects use (KubeRay, Prometheus Operator, KEDA, "
                             "Karpenter), not only those of the stack's existing components")
+    start.add_argument("--from-zero", action="store_true",
+                       help="a created stack's Karpenter pools start with no node: real Karpenter (its kwok "
+                            "provider) launches them for pending pods, from the instance types Triarch knows")
     start.set_defaults(handler=cmd_local_up)
     run = steps.add_parser("exec", help="run a command inside the plane's network namespace, with KUBECONFIG and "
                                         "the built kubectl and pulumi on the PATH")

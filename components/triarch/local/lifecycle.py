@@ -229,7 +229,7 @@ def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
         _wait(f"{len(spec.nodes)} node(s) Ready", lambda: _nodes_ready(p) >= len(spec.nodes), pids, p,
               START_TIMEOUT)
         for operator in spec.operators:
-            start_operator(p, operator)
+            start_operator(p, operator, spec)
         _install_pulumi_plugins(p, log)
         if spec.kubeconfig_copy is not None:
             spec.kubeconfig_copy.parent.mkdir(parents=True, exist_ok=True)
@@ -243,13 +243,14 @@ def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
     return p
 
 
-def start_operator(p: Plane, name: str) -> None:
+def start_operator(p: Plane, name: str, spec: PlaneSpec | None = None) -> None:
     """Run one operator on a plane that is up (its processes join the plane's, and end with it)."""
     if name not in OPERATORS:
         raise PlaneError(f"unknown operator {name}; allowed: {', '.join(sorted(OPERATORS))}")
-    operator = OPERATORS[name](p, Pki(p.directory / "pki"))
+    operator = OPERATORS[name](p, Pki(p.directory / "pki"), spec or PlaneSpec(p.name, "", []))
     if operator.aggregated_api:
         _aggregated_address(p)
+    _install_crds(p, operator.crds)
     _apply(p, operator.objects)
     state = p.state()
     started = {component: _start(p, component, argv, operator.env) for component, argv in operator.processes.items()}
@@ -281,12 +282,16 @@ def _apply(p: Plane, objects: list[dict[str, Any]]) -> None:
         p.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects, sort_keys=False))
 
 
-def _install(p: Plane, spec: PlaneSpec) -> None:
-    if spec.crds:
-        documents = [doc for path in spec.crds for doc in yaml.safe_load_all(path.read_text()) if doc]
+def _install_crds(p: Plane, files: Sequence[Path]) -> None:
+    documents = [doc for path in files for doc in yaml.safe_load_all(path.read_text()) if doc]
+    if documents:
         _apply(p, documents)
         names = [doc["metadata"]["name"] for doc in documents]
         p.kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in names])
+
+
+def _install(p: Plane, spec: PlaneSpec) -> None:
+    _install_crds(p, spec.crds)
     _apply(p, [storage_class(name) for name in spec.storage_classes])
     _apply(p, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}} for name in spec.namespaces])
     # Nodes are created with their status (capacity, allocatable): kwok keeps what is given and reports Ready.

@@ -6,14 +6,16 @@ loopback or on the plane's own aggregated-API address."""
 from __future__ import annotations
 
 import base64
+import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from triarch.local.engines import binary
 from triarch.local.pki import Pki, issue
-from triarch.local.plane import Plane
+from triarch.local.plane import Plane, PlaneSpec
 
 AGGREGATED_IP = "198.18.0.1"
 """The plane's address for aggregated APIs (an operator's metrics API), added to `lo` inside its namespace.
@@ -36,6 +38,8 @@ class Operator:
     objects: list[dict[str, Any]] = field(default_factory=list)
     aggregated_api: bool = False
     """Whether it serves an aggregated API, so the plane needs its AGGREGATED_IP."""
+    crds: list[Path] = field(default_factory=list)
+    """CRDs of its own, installed before it starts (the chart's CRD sets come with the plane's spec)."""
 
 
 def _namespace(name: str) -> dict[str, Any]:
@@ -60,7 +64,7 @@ def aggregated_api(group: str, version: str, service: str, namespace: str, port:
     ]
 
 
-def keda(plane: Plane, pki: Pki) -> Operator:
+def keda(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
     """KEDA's operator (ScaledObjects to HPAs; the gRPC metrics service) and its metrics adapter (the
     external.metrics.k8s.io API the HPA controller reads), sharing one certificate as the chart's secret does."""
     certs = plane.directory / "keda-certs"
@@ -89,5 +93,18 @@ def keda(plane: Plane, pki: Pki) -> Operator:
         aggregated_api=True)
 
 
-OPERATORS: dict[str, Callable[[Plane, Pki], Operator]] = {"keda": keda}
+def karpenter(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
+    """Karpenter's kwok provider: the core's provisioning, scheduling simulation, disruption and consolidation, with
+    kwok nodes (annotated for the plane's kwok) in place of instances, of the types `spec.instance_types` offers."""
+    types = plane.directory / "instance-types.json"
+    types.write_text(json.dumps(spec.instance_types, indent=1))
+    crds = binary("karpenter-kwok").parent / "karpenter-kwok-crds"
+    return Operator(
+        "karpenter", {"karpenter": [str(binary("karpenter-kwok"))]},
+        env={"DISABLE_LEADER_ELECTION": "true", "METRICS_PORT": "18090", "HEALTH_PROBE_PORT": "18091",
+             "INSTANCE_TYPES_FILE_PATH": str(types), "LOG_LEVEL": "info"},
+        crds=sorted(crds.glob("*.yaml")))
+
+
+OPERATORS: dict[str, Callable[[Plane, Pki, PlaneSpec], Operator]] = {"keda": keda, "karpenter": karpenter}
 """Every operator a plane can run, by the name a PlaneSpec uses."""

@@ -47,6 +47,8 @@ class PlaneSpec:
     namespaces: tuple[str, ...] = ()
     operators: tuple[str, ...] = ()
     """Operators the plane runs as processes (triarch.local.operators), started once the nodes are Ready."""
+    instance_types: list[dict[str, Any]] = field(default_factory=list)
+    """What Karpenter's kwok provider may launch: kwok's instance-types file format."""
     """Namespaces the cluster's own components live in (a Prometheus Operator's, say)."""
     kubeconfig_copy: Path | None = None
     """Where the stack expects the kubeconfig (its triarch:cluster.kubeconfig), besides the plane's own."""

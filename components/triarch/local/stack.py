@@ -10,9 +10,11 @@ from typing import Any
 
 from triarch.catalog import Catalog, catalog
 from triarch.config import StackConfig, driver_of
+from triarch.cost import price_table
 from triarch.local.crds import CRD_SETS, crd_files, existing_crd_sets
-from triarch.local.plane import STORAGE_CLASS, PlaneSpec
+from triarch.local.plane import STORAGE_CLASS, PlaneError, PlaneSpec
 from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
+from triarch.planners.serving import EFS_STORAGE_CLASS
 from triarch.scheduling import GPU_RESOURCE, POOL_LABEL, SYSTEM_POOL
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
@@ -54,9 +56,10 @@ def _gpu_node(name: str, pool: PoolPlan, zone: str, driver: str, cpu: int, memor
     return node(name, labels, pool.taints, capacity)
 
 
-def plane_nodes(stack: StackConfig, facts: Catalog) -> list[dict[str, Any]]:
+def plane_nodes(stack: StackConfig, facts: Catalog, from_zero: bool = False) -> list[dict[str, Any]]:
     """Every node the stack expects: an adopted stack's named nodes in three zones; a created stack's pools at
-    their max, over the pool's zones, and its system nodes."""
+    their max, over the pool's zones, and its system nodes. From zero, the Karpenter pools have none (Karpenter
+    launches them)."""
     nodes: list[dict[str, Any]] = []
     if stack.cluster.create:
         cluster_zones = stack.cluster.zones
@@ -66,6 +69,8 @@ def plane_nodes(stack: StackConfig, facts: Catalog) -> list[dict[str, Any]]:
                               SYSTEM_SHAPE))
         for group in stack.node_groups:
             plan = plan_eks_pool(stack, group, facts)
+            if from_zero and plan.provisioner == "karpenter":
+                continue
             for i in range(plan.max):
                 nodes.append(_gpu_node(f"{group.name}-{i}", plan.pool, plan.zones[i % len(plan.zones)],
                                        plan.nvidia_driver, plan.vcpus, int(plan.memory_gib)))
@@ -82,21 +87,53 @@ def plane_nodes(stack: StackConfig, facts: Catalog) -> list[dict[str, Any]]:
     return nodes
 
 
-def spec_for_stack(name: str, stack: StackConfig, references: list[Path], all_crds: bool = False) -> PlaneSpec:
-    """The plane an adopted stack's kubeconfig and context name (a created stack gets a context of its own, for
-    dry runs of its objects)."""
+def instance_types(stack: StackConfig, facts: Catalog) -> list[dict[str, Any]]:
+    """Every instance type Triarch knows a price for in the stack's region, offered in each of its zones, in the
+    form Karpenter's kwok provider parses (its kwok/cloudprovider InstanceTypeOptions: an offering is a price and
+    node-selector requirements). Capacity types both; the list prices have no spot rows, so spot is offered at the
+    on-demand price: the simulation compares types, it bills nothing."""
+    region, zones = stack.aws_region, stack.cluster.zones
+    offered = []
+    for name, instance in sorted(facts.instances.items()):
+        price = price_table().instance(region, name)
+        if price is None:
+            continue
+        resources = {"cpu": str(instance.vcpus), "memory": f"{instance.memory_gib:g}Gi", "pods": "110",
+                     "ephemeral-storage": "500Gi"}
+        if instance.gpus:
+            resources[GPU_RESOURCE] = str(instance.gpus)
+        offered.append({"name": name, "architecture": "amd64", "operatingSystems": ["linux"], "resources": resources,
+                        "offerings": [{"Price": price.hourly_usd, "Available": True, "Requirements": [
+                            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": [capacity]},
+                            {"key": ZONE_LABEL, "operator": "In", "values": [zone]}]}
+                            for zone in zones for capacity in ("on-demand", "spot")]})
+    return offered
+
+
+def spec_for_stack(name: str, stack: StackConfig, references: list[Path], all_crds: bool = False,
+                   from_zero: bool = False) -> PlaneSpec:
+    """The plane an adopted stack's kubeconfig and context name (a created stack gets a context of its own). From
+    zero (a created stack whose pools Karpenter scales), the GPU pools start empty and Karpenter's kwok provider
+    runs, offering the instance types Triarch knows."""
     cluster = stack.cluster
+    if from_zero and not (cluster.create and cluster.provisioner == "karpenter"):
+        raise PlaneError("--from-zero needs a stack whose cluster Triarch creates with Karpenter "
+                         "(triarch:cluster.create: true, nodeProvisioner karpenter), e.g. --stack prod")
     classes = [STORAGE_CLASS]
-    if stack.serving.storage_class and stack.serving.storage_class not in classes:
-        classes.append(stack.serving.storage_class)
+    wanted = stack.serving.storage_class or (EFS_STORAGE_CLASS if cluster.create else None)
+    if wanted and wanted not in classes:
+        classes.append(wanted)
     copy = Path(cluster.kubeconfig_path) if not cluster.create and cluster.kubeconfig else None
+    sets = list(CRD_SETS) if all_crds else existing_crd_sets(stack) + (["karpenter"] if from_zero else [])
+    operators = ("keda",) if stack.observability.keda == "existing" else ()
     return PlaneSpec(
         name=name,
         context=cluster.context or f"triarch-{name}",
-        nodes=plane_nodes(stack, catalog()),
-        crds=crd_files(list(CRD_SETS) if all_crds else existing_crd_sets(stack), references),
+        nodes=plane_nodes(stack, catalog(), from_zero),
+        crds=crd_files(sets, references),
         storage_classes=tuple(classes),
         namespaces=(stack.observability.namespace,) if stack.prometheus == "existing" else (),
-        operators=("keda",) if stack.observability.keda == "existing" else (),
+        operators=(*operators, "karpenter") if from_zero else operators,
+        instance_types=instance_types(stack, catalog()) if from_zero else [],
         kubeconfig_copy=copy,
     )

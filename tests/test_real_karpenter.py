@@ -1,0 +1,182 @@
+"""Scale from zero with real Karpenter (its kwok provider, built from the core module Karpenter 1.14.1 for AWS pins):
+the prod stack's NodePools, their nodeClassRef pointed at a KWOKNodeClass, start with no GPU node; the plan's pods go
+Pending; Karpenter launches nodes of the pool's instance type in the zones the hard spread needs; the pods bind; the
+NodePool's limit holds; and empty nodes are consolidated as its disruption policy says. Triarch's own claims for
+the same stack (the placement proof's pool per pod, the nodes a pool needs, the refusal of what does not fit) are held
+against what Karpenter did.
+
+What is applied is the plan's manifests (prod's AWS half stays under mocks): everything but the Helm releases, the
+EFS storage class (the plane's kwok volumes stand in) and the kinds whose operators do not run here (the RayService,
+the Prometheus Operator's monitors)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import REFERENCE, stack_path
+from engine_tier import require_engines
+from triarch.catalog import catalog
+from triarch.config import from_pulumi_config
+from triarch.errors import ConfigError
+from triarch.guardrails.check import resources_of_plan
+from triarch.guardrails.placement import prove
+from triarch.local.lifecycle import down, up
+from triarch.local.plane import Plane
+from triarch.local.stack import spec_for_stack
+from triarch.offline import read_stack_config
+from triarch.planners.models import plan_models
+from triarch.planners.objects import plan_kubernetes
+from triarch.report import plan_stack, validate_stack_file
+from triarch.scheduling import POOL_LABEL
+
+STACK = "prod"
+SKIPPED = {"StorageClass", "RayService", "PodMonitor", "ServiceMonitor", "PrometheusRule", "ScaledObject"}
+LAUNCH_TIMEOUT = 180
+
+
+def kwok_node_class(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "karpenter.kwok.sh/v1alpha1", "kind": "KWOKNodeClass",
+            "metadata": {"name": manifest["metadata"]["name"]}}
+
+
+def on_kwok(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A NodePool whose nodes Karpenter's kwok provider launches: its node class a KWOKNodeClass of the same name."""
+    pool = json.loads(json.dumps(manifest))
+    pool["spec"]["template"]["spec"]["nodeClassRef"] = {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass",
+                                                        "name": manifest["spec"]["template"]["spec"]
+                                                        ["nodeClassRef"]["name"]}
+    return pool
+
+
+@dataclass
+class FromZero:
+    plane: Plane
+    plan: dict[str, Any]
+    manifests: list[dict[str, Any]]
+    before: list[dict[str, Any]]
+    """The nodes as the plane came up, before any workload was applied."""
+
+    def get(self, *args: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = json.loads(self.plane.kubectl("get", *args, "-o", "json").stdout)["items"]
+        return items
+
+    def pool_nodes(self, pool: str) -> list[dict[str, Any]]:
+        return self.get("nodes", "-l", f"{POOL_LABEL}={pool}")
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        return self.get("pods", "-n", "llm", "-l", f"app.kubernetes.io/instance={name}")
+
+    def wait(self, what: str, check: Callable[[], bool], timeout: float = LAUNCH_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if check():
+                return
+            time.sleep(2)
+        claims = self.plane.kubectl("get", "nodeclaims", "-o", "wide", check=False).stdout
+        log = (self.plane.directory / "logs" / "karpenter.log").read_text()[-3000:]
+        raise AssertionError(f"{what} did not happen within {timeout:.0f}s\n{claims}\n{log}")
+
+
+def _running(pods: list[dict[str, Any]]) -> int:
+    return sum(1 for p in pods if p.get("status", {}).get("phase") == "Running")
+
+
+@pytest.fixture(scope="session")
+def from_zero(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FromZero]:
+    require_engines()
+    patch = pytest.MonkeyPatch()
+    patch.setenv("TRIARCH_LOCAL_HOME", str(tmp_path_factory.mktemp("from-zero")))
+    name = f"k{os.getpid()}"
+    validated = validate_stack_file(STACK, stack_path(STACK))
+    out = tmp_path_factory.mktemp("prod-plan")
+    plan_stack(validated, out)
+    plan = json.loads((out / "plan.json").read_text())
+    manifests = [yaml.safe_load(p.read_text()) for p in sorted((out / "manifests").glob("*.yaml"))]
+    try:
+        plane = up(spec_for_stack(name, validated.stack, [REFERENCE], from_zero=True), log=lambda _: None)
+        before = json.loads(plane.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+        applied = [kwok_node_class(m) if m["kind"] == "EC2NodeClass" else on_kwok(m) if m["kind"] == "NodePool"
+                   else m for m in manifests if m["kind"] not in SKIPPED]
+        namespaces = [m for m in applied if m["kind"] == "Namespace"]
+        plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(namespaces))
+        plane.kubectl("apply", "--server-side", "-f", "-",
+                      input=yaml.safe_dump_all([m for m in applied if m["kind"] != "Namespace"]))
+        yield FromZero(plane, plan, manifests, before)
+    finally:
+        down(name, quiet=True)
+        patch.undo()
+
+
+def test_the_gpu_pools_start_with_no_node(from_zero: FromZero) -> None:
+    pools = {n["metadata"]["labels"].get(POOL_LABEL) for n in from_zero.before}
+    assert pools == {"system"}
+    assert all("nvidia.com/gpu" not in n["status"]["allocatable"] for n in from_zero.before)
+
+
+def test_karpenter_launches_the_nodes_the_plan_says_in_the_zones_the_spread_needs(from_zero: FromZero) -> None:
+    [deployment] = [m for m in from_zero.manifests if m["kind"] == "Deployment" and m["metadata"]["name"] == "embed"]
+    replicas = deployment["spec"]["replicas"]
+    from_zero.wait(f"{replicas} embed replicas Running", lambda: _running(from_zero.pods("embed")) == replicas)
+    nodes = {n["metadata"]["name"]: n for n in from_zero.pool_nodes("l4")}
+    pods = from_zero.pods("embed")
+    # The pool the placement proof puts the pods in is the pool Karpenter launched their nodes for, and the nodes
+    # it says they need are the nodes Karpenter launched, within one.
+    proof = prove(resources_of_plan(from_zero.plan))
+    [placed] = [p for p in proof.placements if p.workload.where == "Deployment embed"]
+    assert {nodes[p["spec"]["nodeName"]]["metadata"]["labels"][POOL_LABEL] for p in pods} == set(placed.pools)
+    assert placed.nodes_needed is not None and abs(len(nodes) - placed.nodes_needed) <= 1
+    stack = from_pulumi_config(read_stack_config(stack_path(STACK))[0])
+    for node in nodes.values():
+        labels = node["metadata"]["labels"]
+        assert labels["node.kubernetes.io/instance-type"] == stack.node_group("l4").instance_type
+        assert labels["karpenter.sh/nodepool"] == "l4" and labels["nvidia.com/gpu.present"] == "true"
+        assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"} in node["spec"]["taints"]
+    # minDomains: the replicas went to distinct zones although the pool started with none.
+    zones = {nodes[p["spec"]["nodeName"]]["metadata"]["labels"]["topology.kubernetes.io/zone"] for p in pods}
+    assert len(zones) == replicas
+    assert from_zero.pool_nodes("a100") == []  # nothing asked for that pool
+
+
+def test_empty_nodes_are_consolidated_as_the_disruption_policy_says(from_zero: FromZero) -> None:
+    from_zero.plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=0")
+    # kwok would end each pod at a random moment within its grace period, as a drain might; the drain is not what
+    # this test is about, so the pods go at once.
+    from_zero.plane.kubectl("delete", "pods", "-n", "llm", "-l", "app.kubernetes.io/instance=embed", "--force",
+                            "--grace-period=0")
+    from_zero.wait("the embed pods gone", lambda: not from_zero.pods("embed"), 60)
+    [pool] = [m for m in from_zero.manifests if m["kind"] == "NodePool" and m["metadata"]["name"] == "l4"]
+    assert pool["spec"]["disruption"]["consolidationPolicy"] == "WhenEmpty"
+    time.sleep(15)
+    assert from_zero.pool_nodes("l4"), f"empty nodes stay for consolidateAfter ({pool['spec']['disruption']})"
+    # The planned ten minutes are too long to wait for here: shorten them on the live NodePool, keeping the policy
+    # and its budget of one node at a time.
+    from_zero.plane.kubectl("patch", "nodepool", "l4", "--type=merge",
+                            "-p", json.dumps({"spec": {"disruption": {"consolidateAfter": "5s"}}}))
+    from_zero.wait("the empty nodes consolidated", lambda: not from_zero.pool_nodes("l4"), 240)
+
+
+def test_the_nodepool_limit_holds_where_the_plan_refuses(from_zero: FromZero, tmp_path: Path) -> None:
+    stack_config = read_stack_config(stack_path(STACK))[0]
+    stack = from_pulumi_config(stack_config)
+    most = stack.node_group("l4").max
+    models = json.loads(stack_config["triarch:models"])
+    next(m for m in models if m["name"] == "embed")["replicas"] = most + 1
+    edited = from_pulumi_config({**stack_config, "triarch:models": json.dumps(models)})
+    with pytest.raises(ConfigError, match=r"'l4'") as refused:  # the plan refuses one replica more than it holds
+        plan_kubernetes(edited, plan_models(edited, catalog()), catalog())
+    assert str(refused.value).startswith(f"triarch:nodeGroups[0].max: {most} holds {most} GPU(s)")
+    from_zero.plane.kubectl("scale", "deployment", "embed", "-n", "llm", f"--replicas={most + 1}")
+    from_zero.wait(f"{most} embed replicas Running", lambda: _running(from_zero.pods("embed")) == most)
+    time.sleep(12)  # a batch window (10 s at most) and more: Karpenter would have launched another node by now
+    assert len(from_zero.pool_nodes("l4")) == most
+    pending = [p for p in from_zero.pods("embed") if p["status"].get("phase") == "Pending"]
+    assert len(pending) == 1
