@@ -262,16 +262,18 @@ def test_only_the_crds_of_existing_components_are_installed(mutated_config: Muta
     assert existing_crd_sets(stack) == ["kuberay", "prometheus", "keda"]
 
 
-def test_a_stack_that_says_keda_runs_gets_a_plane_that_runs_keda(mutated_config: MutatedConfig) -> None:
+def test_a_stack_that_says_kuberay_or_keda_runs_gets_a_plane_that_runs_it(mutated_config: MutatedConfig) -> None:
     from triarch.local.stack import spec_for_stack
 
-    stack, _ = _lab(mutated_config)
-    assert spec_for_stack("x", stack, [REFERENCE]).operators == ()
-    stack, _ = _lab(mutated_config, lambda c: c["triarch:observability"].update(keda="existing"))
     if not (REFERENCE / "keda-2.20.2").is_dir():
         pytest.skip(f"{REFERENCE} is absent: the charts' CRD copies live in ../shared")
+    stack, _ = _lab(mutated_config)
+    assert spec_for_stack("x", stack, [REFERENCE]).operators == ("kuberay",)  # KubeRay existing, a ray-serve model
+    stack, _ = _lab(mutated_config, lambda c: c["triarch:models"].pop())
+    assert spec_for_stack("x", stack, [REFERENCE]).operators == ()  # no ray-serve model: no KubeRay to run
+    stack, _ = _lab(mutated_config, lambda c: c["triarch:observability"].update(keda="existing"))
     spec = spec_for_stack("x", stack, [REFERENCE])
-    assert spec.operators == ("keda",)
+    assert spec.operators == ("kuberay", "keda")
     assert "crd-scaledobjects.yaml" in {p.name for p in spec.crds}
 
 
@@ -403,7 +405,7 @@ def test_an_unknown_engine_is_named(capsys: pytest.CaptureFixture[str], monkeypa
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/go")
     assert main(["local", "build", "etcd", "kubelet"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: unknown engine kubelet; allowed: etcd, karpenter-kwok, keda, kubernetes, kwok, ")
+    assert err.startswith("error: unknown engine kubelet; allowed: etcd, karpenter-kwok, keda, kuberay-operator, ")
     assert err.count("\n") == 1
 
 

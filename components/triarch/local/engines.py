@@ -44,6 +44,8 @@ class Engine:
     version: str
     packages: dict[str, str]
     release: str | None = None
+    stands_in_for: str | None = None
+    """The pinned release this build takes the place of, where the module proxy does not serve that one's source."""
     replace: dict[str, str] = field(default_factory=dict)
     require: dict[str, str] = field(default_factory=dict)
     staging_replaces: bool = False
@@ -101,7 +103,8 @@ def load_engines(path: Path = PINS) -> dict[str, Engine]:
         entry = yaml.safe_dump({name: spec}, sort_keys=True)
         found[name] = Engine(
             name=name, module=spec["module"], version=spec["version"], packages=dict(spec["packages"]),
-            release=spec.get("release"), replace=dict(spec.get("replace", {})), require=dict(spec.get("require", {})),
+            release=spec.get("release"), stands_in_for=spec.get("standsInFor"), replace=dict(spec.get("replace", {})),
+            require=dict(spec.get("require", {})),
             staging_replaces=bool(spec.get("stagingReplaces", False)),
             inherit_replaces=bool(spec.get("inheritReplaces", False)), cgo=bool(spec.get("cgo", False)),
             ldflags=dict(spec.get("ldflags", {})), tags=tuple(spec.get("tags", [])), sources=spec.get("sources"),

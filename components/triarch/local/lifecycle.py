@@ -25,11 +25,13 @@ from typing import Any
 import yaml
 
 from triarch.local.engines import binary, installed, load_engines
-from triarch.local.operators import AGGREGATED_IP, OPERATORS
+from triarch.local.operators import OPERATORS
 from triarch.local.pki import FRONT_PROXY_CLIENT, Pki, write_pki
 from triarch.local.plane import (
     API_PORT,
     ETCD_PORT,
+    LOCAL_ADDRESSES,
+    POD_RANGE,
     SERVICE_RANGE,
     STORAGE_CLASS,
     Plane,
@@ -99,9 +101,9 @@ def component_args(p: Plane, pki: Pki, kwok_config: Path) -> dict[str, list[str]
         "kwok": [
             str(binary("kwok")), f"--kubeconfig={kube}", f"--config={kwok_config}",
             "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            # The addresses kwok reports for nodes and pods: values only, never reachable (the namespace has only
-            # lo), so a call to one fails at once instead of leaving the machine.
-            "--node-ip=10.0.0.1", "--cidr=10.0.0.1/16", "--node-lease-duration-seconds=40",
+            # The node address kwok reports is a value only, unreachable (the namespace has no route), so a call to a
+            # kubelet fails at once instead of leaving the machine; pods get addresses of the plane's own.
+            "--node-ip=10.0.0.1", f"--cidr={POD_RANGE}", "--node-lease-duration-seconds=40",
             "--server-address=127.0.0.1:10247"],
     }
 
@@ -203,6 +205,9 @@ def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
     try:
         subprocess.run(["ip", "netns", "exec", p.netns, "ip", "link", "set", "lo", "up"], check=True,
                        capture_output=True)
+        for address in LOCAL_ADDRESSES:
+            subprocess.run(["ip", "netns", "exec", p.netns, "ip", "addr", "add", address, "dev", "lo"], check=True,
+                           capture_output=True)
         pki = write_pki(p.directory / "pki")
         config = yaml.safe_dump(kubeconfig(spec.context, pki), sort_keys=False)
         p.kubeconfig.write_text(config)
@@ -248,8 +253,6 @@ def start_operator(p: Plane, name: str, spec: PlaneSpec | None = None) -> None:
     if name not in OPERATORS:
         raise PlaneError(f"unknown operator {name}; allowed: {', '.join(sorted(OPERATORS))}")
     operator = OPERATORS[name](p, Pki(p.directory / "pki"), spec or PlaneSpec(p.name, "", []))
-    if operator.aggregated_api:
-        _aggregated_address(p)
     _install_crds(p, operator.crds)
     _apply(p, operator.objects)
     state = p.state()
@@ -258,15 +261,6 @@ def start_operator(p: Plane, name: str, spec: PlaneSpec | None = None) -> None:
     p.state_file.write_text(json.dumps(state, indent=1))
     for apiservice in [o["metadata"]["name"] for o in operator.objects if o["kind"] == "APIService"]:
         _wait(f"{name}'s APIService {apiservice}", partial(_available, p, apiservice), started, p, START_TIMEOUT)
-
-
-def _aggregated_address(p: Plane) -> None:
-    """AGGREGATED_IP on the plane's `lo` (once): a local address, delivered inside the namespace."""
-    links = subprocess.run(p.command(["ip", "-o", "addr", "show", "dev", "lo"]), capture_output=True, text=True,
-                           check=True)
-    if AGGREGATED_IP not in links.stdout:
-        subprocess.run(p.command(["ip", "addr", "add", f"{AGGREGATED_IP}/32", "dev", "lo"]), check=True,
-                       capture_output=True)
 
 
 def _available(p: Plane, apiservice: str) -> bool:

@@ -18,10 +18,9 @@ from triarch.local.pki import Pki, issue
 from triarch.local.plane import Plane, PlaneSpec
 
 AGGREGATED_IP = "198.18.0.1"
-"""The plane's address for aggregated APIs (an operator's metrics API), added to `lo` inside its namespace.
-The API server routes to an APIService's endpoints, and Kubernetes refuses loopback addresses there; this one is
-from RFC 2544's benchmarking range (neither private nor public) and never leaves the namespace, which has no route
-anywhere else."""
+"""The plane's address for aggregated APIs (an operator's metrics API), on its `lo` (triarch.local.plane
+LOCAL_ADDRESSES): the API server routes to an APIService's endpoints, and Kubernetes refuses loopback addresses
+there."""
 KEDA_NAMESPACE = "keda"
 KEDA_GRPC = "127.0.0.1:9666"
 KEDA_ADAPTER_PORT = 6444
@@ -36,8 +35,6 @@ class Operator:
     processes: dict[str, list[str]]
     env: dict[str, str] = field(default_factory=dict)
     objects: list[dict[str, Any]] = field(default_factory=list)
-    aggregated_api: bool = False
-    """Whether it serves an aggregated API, so the plane needs its AGGREGATED_IP."""
     crds: list[Path] = field(default_factory=list)
     """CRDs of its own, installed before it starts (the chart's CRD sets come with the plane's spec)."""
 
@@ -89,8 +86,7 @@ def keda(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
         env={"WATCH_NAMESPACE": "", "KEDA_CLUSTER_OBJECT_NAMESPACE": KEDA_NAMESPACE, "POD_NAMESPACE": KEDA_NAMESPACE},
         objects=[_namespace(KEDA_NAMESPACE),
                  *aggregated_api("external.metrics.k8s.io", "v1beta1", "keda-metrics-apiserver", KEDA_NAMESPACE,
-                                 KEDA_ADAPTER_PORT, pki.ca.read_bytes())],
-        aggregated_api=True)
+                                 KEDA_ADAPTER_PORT, pki.ca.read_bytes())])
 
 
 def karpenter(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
@@ -106,5 +102,18 @@ def karpenter(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
         crds=sorted(crds.glob("*.yaml")))
 
 
-OPERATORS: dict[str, Callable[[Plane, Pki, PlaneSpec], Operator]] = {"keda": keda, "karpenter": karpenter}
+def kuberay(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
+    """The KubeRay operator: RayServices to RayClusters to head and worker pods. The pods are kwok's: nothing
+    answers on a Ray head's dashboard unless a test puts a stand-in on the pods' addresses, so without one no
+    RayService reports Ready; what the operator creates is real either way."""
+    return Operator("kuberay", {"kuberay-operator": [
+        str(binary("kuberay-operator")), f"--kubeconfig={plane.kubeconfig}", "--enable-leader-election=false",
+        "--metrics-addr=127.0.0.1:18070", "--health-probe-bind-address=127.0.0.1:18071",
+        # The dashboard and serve proxies through the API server (to the pods' addresses, which are the plane's
+        # own), not through cluster DNS, which the plane does not run.
+        "--use-kubernetes-proxy"]})
+
+
+OPERATORS: dict[str, Callable[[Plane, Pki, PlaneSpec], Operator]] = {
+    "keda": keda, "karpenter": karpenter, "kuberay": kuberay}
 """Every operator a plane can run, by the name a PlaneSpec uses."""

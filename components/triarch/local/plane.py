@@ -18,6 +18,12 @@ from triarch.local.engines import EngineError, binary, path_with_engines, user_c
 from triarch.local.pki import Pki
 
 SERVICE_RANGE = "10.96.0.0/16"
+POD_RANGE = "198.18.128.0/17"
+LOCAL_ADDRESSES = ("198.18.0.1/32", "198.18.128.1/17")
+"""Addresses of the plane's own, on its `lo`: one for aggregated APIs (operators.AGGREGATED_IP), and the range kwok
+gives pods, so a connection to a pod's address (the API server's proxy to a Service or a pod) reaches whatever
+listens on that port inside the namespace. RFC 2544's benchmarking range: neither private nor public, and never
+routed out of the namespace, which has no route anywhere else."""
 API_PORT = 6443
 ETCD_PORT = 2379
 STORAGE_CLASS = "kwok-volume"

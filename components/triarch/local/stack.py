@@ -125,7 +125,9 @@ def spec_for_stack(name: str, stack: StackConfig, references: list[Path], all_cr
         classes.append(wanted)
     copy = Path(cluster.kubeconfig_path) if not cluster.create and cluster.kubeconfig else None
     sets = list(CRD_SETS) if all_crds else existing_crd_sets(stack) + (["karpenter"] if from_zero else [])
-    operators = ("keda",) if stack.observability.keda == "existing" else ()
+    operators = tuple(name for name, runs in (
+        ("kuberay", stack.kuberay.mode == "existing" and any(m.engine == "ray-serve" for m in stack.models)),
+        ("keda", stack.observability.keda == "existing")) if runs)
     return PlaneSpec(
         name=name,
         context=cluster.context or f"triarch-{name}",
