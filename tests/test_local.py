@@ -447,3 +447,19 @@ def test_a_failed_build_names_the_command_and_what_go_said(tmp_path: Path) -> No
         engines.build(engines.load_engines()["etcd"], tmp_path, run=failing, log=lambda _: None)
     assert engines.installed(engines.load_engines()["etcd"], tmp_path) is None  # no half build is taken as built
 
+
+
+@pytest.mark.parametrize(("log", "cause"), [
+    ("I1201 starting\nError: unknown flag: --x\nUsage:\n  kube-apiserver [flags]\n", "Error: unknown flag: --x"),
+    ("flag provided but not defined: -x\nUsage of kuberay:\n  -metrics-addr string\n",
+     "flag provided but not defined: -x"),
+    ('{"level":"INFO","msg":"a"}\n{"level":"ERROR","msg":"no nodepool"}\n{"level":"INFO","msg":"b"}\n',
+     '{"level":"ERROR","msg":"no nodepool"}'),
+    ("Development Mode defaults(stacktraceLevel=Error)\nlast words\n", "last words"),
+])
+def test_a_failed_engine_is_told_by_its_own_error_line(tmp_path: Path, log: str, cause: str) -> None:
+    from triarch.local.lifecycle import failure_cause
+
+    path = tmp_path / "component.log"
+    path.write_text(log)
+    assert failure_cause(path) == cause

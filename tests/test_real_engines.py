@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 import triarch.local.lifecycle as plane_module
+import triarch.local.operators as operators_module
 from engine_tier import Lab, names, require_engines, resources_by_type
 from triarch.local.lifecycle import down, up
 from triarch.local.plane import PlaneError, PlaneSpec
@@ -183,3 +184,23 @@ def test_down_ends_every_process_of_the_plane(tmp_path: Path, monkeypatch: pytes
     assert f"triarch-{name}" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not (tmp_path / name).exists()
 
+
+
+def test_an_operator_that_does_not_come_up_is_its_own_last_words_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = _isolated(tmp_path, monkeypatch)
+    planned = operators_module.OPERATORS["kuberay"]
+
+    def broken(*args: Any) -> operators_module.Operator:
+        operator = planned(*args)
+        operator.processes["kuberay-operator"].append("--no-such-flag")
+        return operator
+
+    monkeypatch.setitem(operators_module.OPERATORS, "kuberay", broken)
+    with pytest.raises(PlaneError) as error:
+        up(PlaneSpec(name, "ctx", [], operators=("kuberay",)), log=lambda _: None)
+    message = str(error.value)
+    assert message.startswith("kuberay-operator exited while the plane started: ")
+    assert "no-such-flag" in message and "\n" not in message
+    assert f"triarch-{name}" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert _running(tmp_path) == []

@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -153,11 +154,13 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-FAILURE_LINE = re.compile(r'^(Error|error|E\d{4}|F\d{4})\b|"level":"(error|fatal)"|level=(error|fatal)')
-"""How the engines mark a fatal line: cobra's `Error:`, klog's E/F prefix, etcd's and kwok's JSON levels."""
+FAILURE_LINE = re.compile(r'^(Error|error|E\d{4}|F\d{4})\b|^flag provided but not defined|^panic:'
+                          r'|"level":"(error|fatal|dpanic|panic|ERROR|FATAL|DPANIC|PANIC)"|\blevel=(error|fatal)\b')
+"""How the engines mark a fatal line: cobra's `Error:`, Go's flag package, a panic, klog's E/F prefix, the JSON
+levels of etcd, kwok and the operators (zap, upper or lower case)."""
 
 
-def _cause(path: Path) -> str:
+def failure_cause(path: Path) -> str:
     """The line of a log that says why a process stopped: its last error line, else its last line."""
     try:
         lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
@@ -172,7 +175,7 @@ def _wait(what: str, ready: Callable[[], bool], pids: dict[str, int], p: Plane, 
     while time.monotonic() < deadline:
         for component, pid in pids.items():
             if not _alive(pid):
-                raise PlaneError(f"{component} exited while the plane started: {_cause(p.log(component))} "
+                raise PlaneError(f"{component} exited while the plane started: {failure_cause(p.log(component))} "
                                  f"(log: {p.log(component)})")
         if ready():
             return
@@ -259,8 +262,19 @@ def start_operator(p: Plane, name: str, spec: PlaneSpec | None = None) -> None:
     started = {component: _start(p, component, argv, operator.env) for component, argv in operator.processes.items()}
     state["pids"] = {**state["pids"], **started}
     p.state_file.write_text(json.dumps(state, indent=1))
+    if operator.ready:
+        _wait(f"{name} ({operator.ready})", partial(_answers, p, operator.ready), started, p, START_TIMEOUT)
     for apiservice in [o["metadata"]["name"] for o in operator.objects if o["kind"] == "APIService"]:
         _wait(f"{name}'s APIService {apiservice}", partial(_available, p, apiservice), started, p, START_TIMEOUT)
+
+
+HTTP_OK = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)"
+
+
+def _answers(p: Plane, url: str) -> bool:
+    """Whether a URL inside the plane's namespace answers 2xx."""
+    done = subprocess.run(p.command([sys.executable, "-c", HTTP_OK, url]), capture_output=True, check=False)
+    return done.returncode == 0
 
 
 def _available(p: Plane, apiservice: str) -> bool:

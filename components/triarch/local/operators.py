@@ -37,6 +37,8 @@ class Operator:
     objects: list[dict[str, Any]] = field(default_factory=list)
     crds: list[Path] = field(default_factory=list)
     """CRDs of its own, installed before it starts (the chart's CRD sets come with the plane's spec)."""
+    ready: str | None = None
+    """A health endpoint (inside the plane's namespace) that answers once it runs."""
 
 
 def _namespace(name: str) -> dict[str, Any]:
@@ -84,6 +86,7 @@ def keda(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
     return Operator(
         "keda", {"keda-operator": operator, "keda-adapter": adapter},
         env={"WATCH_NAMESPACE": "", "KEDA_CLUSTER_OBJECT_NAMESPACE": KEDA_NAMESPACE, "POD_NAMESPACE": KEDA_NAMESPACE},
+        ready="http://127.0.0.1:18081/healthz",
         objects=[_namespace(KEDA_NAMESPACE),
                  *aggregated_api("external.metrics.k8s.io", "v1beta1", "keda-metrics-apiserver", KEDA_NAMESPACE,
                                  KEDA_ADAPTER_PORT, pki.ca.read_bytes())])
@@ -99,7 +102,7 @@ def karpenter(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
         "karpenter", {"karpenter": [str(binary("karpenter-kwok"))]},
         env={"DISABLE_LEADER_ELECTION": "true", "METRICS_PORT": "18090", "HEALTH_PROBE_PORT": "18091",
              "INSTANCE_TYPES_FILE_PATH": str(types), "LOG_LEVEL": "info"},
-        crds=sorted(crds.glob("*.yaml")))
+        crds=sorted(crds.glob("*.yaml")), ready="http://127.0.0.1:18091/healthz")
 
 
 def kuberay(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
@@ -111,7 +114,7 @@ def kuberay(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
         "--metrics-addr=127.0.0.1:18070", "--health-probe-bind-address=127.0.0.1:18071",
         # The dashboard and serve proxies through the API server (to the pods' addresses, which are the plane's
         # own), not through cluster DNS, which the plane does not run.
-        "--use-kubernetes-proxy"]})
+        "--use-kubernetes-proxy"]}, ready="http://127.0.0.1:18071/healthz")
 
 
 OPERATORS: dict[str, Callable[[Plane, Pki, PlaneSpec], Operator]] = {
