@@ -248,6 +248,13 @@ def test_from_zero_the_karpenter_pools_start_empty_and_karpenter_runs(mutated_co
         spec = spec_for_stack("x", stack, [REFERENCE], from_zero=True)
         assert spec.operators == ("karpenter",) and spec.instance_types
         assert "triarch-efs" in spec.storage_classes  # the stack's claims bind on the plane's kwok volumes
+        pools = {o["metadata"]["name"]: o for o in spec.objects if o["kind"] == "NodePool"}
+        classes = {o["metadata"]["name"] for o in spec.objects if o["kind"] == "KWOKNodeClass"}
+        assert set(pools) == classes == {g["name"] for g in stack_document("prod")["triarch:nodeGroups"]}
+        for name, pool in pools.items():
+            assert pool["spec"]["template"]["spec"]["nodeClassRef"] == {
+                "group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": name}
+            assert pool["spec"]["template"]["metadata"]["labels"]["triarch.dev/pool"] == name  # the plan's pool
     with pytest.raises(engines.EngineError, match=r"^--from-zero needs a stack whose cluster Triarch creates"):
         spec_for_stack("x", from_pulumi_config(mutated_config("lab", lambda c: None)), [], from_zero=True)
 

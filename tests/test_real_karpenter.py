@@ -5,9 +5,9 @@ NodePool's limit holds; and empty nodes are consolidated as its disruption polic
 the same stack (the placement proof's pool per pod, the nodes a pool needs, the refusal of what does not fit) are held
 against what Karpenter did.
 
-What is applied is the plan's manifests (prod's AWS half stays under mocks): everything but the Helm releases, the
-EFS storage class (the plane's kwok volumes stand in) and the kinds whose operators do not run here (the RayService,
-the Prometheus Operator's monitors)."""
+`triarch local up --from-zero` installs the NodePools; the test applies the rest of the plan's manifests (prod's AWS
+half stays under mocks): everything but the Helm releases, the EFS storage class (the plane's kwok volumes stand in)
+and the kinds whose operators do not run here (the RayService, the Prometheus Operator's monitors)."""
 
 from __future__ import annotations
 
@@ -39,22 +39,11 @@ from triarch.report import plan_stack, validate_stack_file
 from triarch.scheduling import POOL_LABEL
 
 STACK = "prod"
-SKIPPED = {"StorageClass", "RayService", "PodMonitor", "ServiceMonitor", "PrometheusRule", "ScaledObject"}
+SKIPPED = {"StorageClass", "RayService", "PodMonitor", "ServiceMonitor", "PrometheusRule", "ScaledObject",
+           "NodePool", "EC2NodeClass"}
+"""Kinds not applied from the plan: the plane stands in for the storage class, installs the NodePools itself (on
+kwok node classes), and runs no KubeRay or Prometheus Operator for this stack."""
 LAUNCH_TIMEOUT = 180
-
-
-def kwok_node_class(manifest: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "karpenter.kwok.sh/v1alpha1", "kind": "KWOKNodeClass",
-            "metadata": {"name": manifest["metadata"]["name"]}}
-
-
-def on_kwok(manifest: dict[str, Any]) -> dict[str, Any]:
-    """A NodePool whose nodes Karpenter's kwok provider launches: its node class a KWOKNodeClass of the same name."""
-    pool = json.loads(json.dumps(manifest))
-    pool["spec"]["template"]["spec"]["nodeClassRef"] = {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass",
-                                                        "name": manifest["spec"]["template"]["spec"]
-                                                        ["nodeClassRef"]["name"]}
-    return pool
 
 
 @dataclass
@@ -104,8 +93,7 @@ def from_zero(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FromZero]:
     try:
         plane = up(spec_for_stack(name, validated.stack, [REFERENCE], from_zero=True), log=lambda _: None)
         before = json.loads(plane.kubectl("get", "nodes", "-o", "json").stdout)["items"]
-        applied = [kwok_node_class(m) if m["kind"] == "EC2NodeClass" else on_kwok(m) if m["kind"] == "NodePool"
-                   else m for m in manifests if m["kind"] not in SKIPPED]
+        applied = [m for m in manifests if m["kind"] not in SKIPPED]
         namespaces = [m for m in applied if m["kind"] == "Namespace"]
         plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(namespaces))
         plane.kubectl("apply", "--server-side", "-f", "-",

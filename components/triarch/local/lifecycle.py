@@ -238,6 +238,7 @@ def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
               START_TIMEOUT)
         for operator in spec.operators:
             start_operator(p, operator, spec)
+        _apply(p, spec.objects)
         _install_pulumi_plugins(p, log)
         if spec.kubeconfig_copy is not None:
             spec.kubeconfig_copy.parent.mkdir(parents=True, exist_ok=True)

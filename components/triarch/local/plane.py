@@ -51,11 +51,13 @@ class PlaneSpec:
     crds: list[Path] = field(default_factory=list)
     storage_classes: tuple[str, ...] = (STORAGE_CLASS,)
     namespaces: tuple[str, ...] = ()
+    """Namespaces the cluster's own components live in (a Prometheus Operator's, say)."""
     operators: tuple[str, ...] = ()
     """Operators the plane runs as processes (triarch.local.operators), started once the nodes are Ready."""
     instance_types: list[dict[str, Any]] = field(default_factory=list)
     """What Karpenter's kwok provider may launch: kwok's instance-types file format."""
-    """Namespaces the cluster's own components live in (a Prometheus Operator's, say)."""
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    """Objects the cluster holds once its operators run (the stack's NodePools on kwok, say)."""
     kubeconfig_copy: Path | None = None
     """Where the stack expects the kubeconfig (its triarch:cluster.kubeconfig), besides the plane's own."""
 

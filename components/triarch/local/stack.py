@@ -5,6 +5,7 @@ namespaces, kubeconfig path and context. Pure: manifests as plain dicts."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,9 @@ from triarch.config import StackConfig, driver_of
 from triarch.cost import price_table
 from triarch.local.crds import CRD_SETS, crd_files, existing_crd_sets
 from triarch.local.plane import STORAGE_CLASS, PlaneError, PlaneSpec
+from triarch.planners.models import plan_models
 from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
+from triarch.planners.objects import plan_kubernetes
 from triarch.planners.serving import EFS_STORAGE_CLASS
 from triarch.scheduling import GPU_RESOURCE, POOL_LABEL, SYSTEM_POOL
 
@@ -110,6 +113,23 @@ def instance_types(stack: StackConfig, facts: Catalog) -> list[dict[str, Any]]:
     return offered
 
 
+def on_kwok(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A created stack's NodePools for Karpenter's kwok provider: each EC2NodeClass becomes a KWOKNodeClass of the
+    same name, and each NodePool's nodeClassRef points at it; everything else about the pool is the plan's."""
+    found = []
+    for manifest in manifests:
+        if manifest["kind"] == "EC2NodeClass":
+            found.append({"apiVersion": "karpenter.kwok.sh/v1alpha1", "kind": "KWOKNodeClass",
+                          "metadata": {"name": manifest["metadata"]["name"]}})
+        elif manifest["kind"] == "NodePool":
+            pool = copy.deepcopy(manifest)
+            ref = pool["spec"]["template"]["spec"]["nodeClassRef"]
+            pool["spec"]["template"]["spec"]["nodeClassRef"] = {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass",
+                                                                "name": ref["name"]}
+            found.append(pool)
+    return found
+
+
 def spec_for_stack(name: str, stack: StackConfig, references: list[Path], all_crds: bool = False,
                    from_zero: bool = False) -> PlaneSpec:
     """The plane an adopted stack's kubeconfig and context name (a created stack gets a context of its own). From
@@ -137,5 +157,7 @@ def spec_for_stack(name: str, stack: StackConfig, references: list[Path], all_cr
         namespaces=(stack.observability.namespace,) if stack.prometheus == "existing" else (),
         operators=(*operators, "karpenter") if from_zero else operators,
         instance_types=instance_types(stack, catalog()) if from_zero else [],
+        objects=on_kwok([m for pool in plan_kubernetes(stack, plan_models(stack, catalog()), catalog())
+                         .node_pools.values() for m in pool]) if from_zero else [],
         kubeconfig_copy=copy,
     )

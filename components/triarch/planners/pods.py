@@ -48,12 +48,14 @@ def cache_claim_name(owner: str) -> str:
 def zone_spread(pool: PoolPlan, max_replicas: int) -> dict[str, Any]:
     """How a workload's replicas spread over its pool's zones.
 
-    Hard (DoNotSchedule) where the pool's zones are known and there are two replicas or more: a soft spread is
-    dropped whenever it cannot be met, and a pool scaling from zero shows the scheduler one zone (its first
-    node's), so every replica would land there. minDomains makes the scheduler treat the zones it has not seen
-    yet as empty: the second replica waits for a node in another zone, which Karpenter then launches. It is
-    capped by the zones and the pool's node count, so the spread can always be met. Where the zones are unknown
-    (existing nodes, which may carry no zone label at all) the spread stays soft.
+    Hard (DoNotSchedule) where the pool's zones are known and there are two replicas or more: the scheduler drops a
+    soft spread whenever it cannot be met when it places a pod (a pool scaling from zero may show it one zone, its
+    first node's). Karpenter 1.14 honours a soft spread when it launches nodes (preference policy Respect, its
+    default; shown on the real controller), but cluster-autoscaler and the Ignore policy do not, and the hard spread
+    holds whatever launches the nodes. minDomains makes the scheduler treat the zones it has not seen yet as empty:
+    the second replica waits for a node in another zone. It is capped by the zones and the pool's node count, so
+    the spread can always be met. Where the zones are unknown (existing nodes, which may carry no zone label at
+    all) the spread stays soft.
     """
     if pool.zones is None or max_replicas < 2:
         return {"whenUnsatisfiable": "ScheduleAnyway"}
