@@ -26,7 +26,7 @@ from conftest import REFERENCE, ROOT
 from engine_tier import Lab, scratch_project
 from triarch.local import engines
 from triarch.local.crds import crd_files
-from triarch.local.lifecycle import start_operator
+from triarch.local.lifecycle import start_operator, stop_operator
 
 STACK = "lab-keda"
 NAMESPACE = "llm-keda"
@@ -82,10 +82,11 @@ class KedaStack:
         return loaded
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def keda_stack(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KedaStack]:
     """KEDA running on the lab's plane (its CRDs, operator, adapter and APIService), the Prometheus stand-in, and
-    the lab-keda stack up with the waiting requests at zero."""
+    the lab-keda stack up with the waiting requests at zero. Afterwards the plane is as this module found it: the
+    lab's cluster has no KEDA, and other modules rely on that."""
     plane = deployed.plane
     documents = [d for f in crd_files(["keda"], [REFERENCE]) for d in yaml.safe_load_all(f.read_text()) if d]
     plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(documents))
@@ -108,8 +109,12 @@ def keda_stack(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Itera
         stack.pulumi("stack", "init", "--secrets-provider", "passphrase")
         stack.pulumi("up", "--yes", "--skip-preview")
         yield stack
+        stack.pulumi("destroy", "--yes", "--skip-preview")  # while KEDA runs: it holds its objects' finalizers
     finally:
-        standin.kill()  # the plane's down ends it too; this keeps the session tidy
+        standin.kill()
+        stop_operator(plane, "keda")
+        plane.kubectl("delete", "--ignore-not-found", "namespace", MONITORING, NAMESPACE)
+        plane.kubectl("delete", "--ignore-not-found", *[f"crd/{d['metadata']['name']}" for d in documents])
 
 
 def _wait_for(what: str, check: Any, timeout: float, stack: KedaStack) -> None:

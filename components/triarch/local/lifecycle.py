@@ -269,6 +269,28 @@ def start_operator(p: Plane, name: str, spec: PlaneSpec | None = None) -> None:
         _wait(f"{name}'s APIService {apiservice}", partial(_available, p, apiservice), started, p, START_TIMEOUT)
 
 
+def stop_operator(p: Plane, name: str) -> None:
+    """End one operator on a plane that is up and remove the objects it brought (an APIService left behind with
+    no process would fail every client's discovery); its CRDs stay with whoever installed them."""
+    if name not in OPERATORS:
+        raise PlaneError(f"unknown operator {name}; allowed: {', '.join(sorted(OPERATORS))}")
+    operator = OPERATORS[name](p, Pki(p.directory / "pki"), PlaneSpec(p.name, "", []))
+    state = p.state()
+    pids = {c: pid for c, pid in state["pids"].items() if c in operator.processes}
+    for pid in pids.values():
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids.values()):
+        time.sleep(0.2)
+    for pid in pids.values():
+        _signal(pid, signal.SIGKILL)
+    state["pids"] = {c: pid for c, pid in state["pids"].items() if c not in pids}
+    p.state_file.write_text(json.dumps(state, indent=1))
+    if operator.objects:
+        p.kubectl("delete", "--ignore-not-found", "--wait=true", "-f", "-",
+                  input=yaml.safe_dump_all(list(reversed(operator.objects)), sort_keys=False))
+
+
 HTTP_OK = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)"
 
 
