@@ -22,7 +22,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path("components/triarch")
-COPIED = ("components", "tests", "templates", "policies", "stacks", "bench", "Pulumi.yaml", "__main__.py",
+COPIED = ("components", "tests", "templates", "policies", "stacks", "bench", "tools", "Pulumi.yaml", "__main__.py",
           "pyproject.toml", "README.md")
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,11 +54,12 @@ def require_engines() -> None:
 
 def scratch_project(directory: Path, program: str | None = None) -> Path:
     """A Pulumi project in `directory` that runs Triarch's program (or `program`, a file written beside it) in the
-    project's own environment, with its stack files there too: the tests' stack config never touches stacks/.
-    The same project name as Triarch's, so the same stacks and URNs."""
+    environment running the tests (the project's, or a mutation benchmark's copy through PYTHONPATH), with its
+    stack files there too: the tests' stack config never touches stacks/. The same project name as Triarch's, so
+    the same stacks and URNs. No pyproject.toml above it, so the uv toolchain syncs nothing."""
     directory.mkdir(parents=True, exist_ok=True)
     project = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
-    project["runtime"]["options"]["virtualenv"] = str(ROOT / ".venv")
+    project["runtime"]["options"]["virtualenv"] = sys.prefix  # the environment running the tests
     project["stackConfigDir"] = "."
     if program is None:
         project["main"] = os.path.relpath(ROOT, directory)
