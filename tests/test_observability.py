@@ -133,8 +133,16 @@ def test_alerts_cover_every_layer_with_thresholds_from_the_plan(plan: Any) -> No
         name = "".join(p.capitalize() for p in model.name.split("-"))
         queued = groups["triarch-when"][f"{name}RequestsQueuedGpusIdle"]["expr"]
         assert f"> {model.sizing.engine_args['max_num_seqs']} and" in queued
-        metric = "vllm:" if model.config.engine == "vllm" else "ray_vllm_"
-        assert f'{metric}num_requests_waiting{{namespace="llm", model_name="{model.name}"}}' in queued
+        if model.config.engine == "vllm":  # vLLM's own queue, the pods of its Deployment
+            assert f'sum(vllm:num_requests_waiting{{namespace="llm", model_name="{model.name}"}})' in queued
+            assert f'exported_pod=~"{model.name}-[a-z0-9]+-[a-z0-9]+"' in queued
+        else:  # Serve's router queues beyond max_ongoing_requests; the worker group's pods as KubeRay names them
+            assert (f'sum(ray_serve_deployment_queued_queries{{namespace="llm", application="{model.name}"}})'
+                    in queued)
+            assert "ray_vllm_num_requests_waiting" not in queued
+            assert (f'exported_pod=~"llm-[a-z0-9]+-{model.pool.name}-{model.gpus_per_replica}gpu-worker-[a-z0-9]+"'
+                    in queued)
+        assert 'exported_namespace="llm"' in queued
     assert "EmbedSlowFirstToken" in groups["triarch-when"] and "> 2.5" in groups["triarch-when"][
         "EmbedSlowFirstToken"]["expr"]
     assert "ChatSlowFirstToken" not in groups["triarch-when"]  # no SLO given for chat
@@ -312,7 +320,8 @@ def test_every_metric_the_runbook_names_is_exported_by_a_pinned_release() -> Non
     assert sorted(n for n in names if not known(n)) == []
 
 
-def test_the_dcgm_exporter_runs_on_gpu_nodes_only_without_capabilities(plan: Any) -> None:
+def test_the_dcgm_exporter_runs_on_gpu_nodes_only_with_keys_its_chart_has(plan: Any) -> None:
+    """On GPU nodes only; its security as rendered (after Helm's coalescing) is tests/test_chart_values.py's."""
     from triarch.planners.monitoring import dcgm_values, keda_values
     from triarch.scheduling import GPU_TAINT_KEY
 
@@ -320,9 +329,6 @@ def test_the_dcgm_exporter_runs_on_gpu_nodes_only_without_capabilities(plan: Any
     values = dcgm_values(stack)
     assert values["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert [t["key"] for t in values["tolerations"]] == [GPU_TAINT_KEY]
-    security = values["securityContext"]
-    assert security["runAsNonRoot"] is True and security["capabilities"] == {"drop": ["ALL"]}
-    assert "add" not in security["capabilities"]  # the chart's default adds SYS_ADMIN
     for chart, ours in (("dcgm-exporter-4.8.2", values), ("keda-2.20.2", keda_values(stack))):
         path = REFERENCE / chart / "values.yaml"
         if not path.is_file():

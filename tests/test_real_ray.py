@@ -10,6 +10,7 @@ with an autoscaled model (so the head runs Ray's autoscaler) on the L4 pool."""
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from triarch.local import engines
 from triarch.offline import read_stack_config
 from triarch.planners.models import plan_models
 from triarch.planners.objects import plan_kubernetes
+from triarch.planners.observability import gpu_pods
 from triarch.scheduling import POOL_LABEL
 
 STACK = "lab-ray"
@@ -160,6 +162,21 @@ def test_each_worker_advertises_its_accelerator_type_and_lands_on_its_pool(ray_s
         assert pod["spec"]["terminationGracePeriodSeconds"] == planned_pod["terminationGracePeriodSeconds"]
         [planned_container] = planned_pod["containers"]
         assert container["lifecycle"]["preStop"] == planned_container["lifecycle"]["preStop"]
+
+
+def test_the_gpu_alerts_select_the_worker_pods_kuberay_names(ray_stack: RayStack) -> None:
+    """The DCGM selector of a Ray model's GPUs (its alerts and tests/test_alert_rules.py's scenarios) matches the
+    worker pods KubeRay names, and not its head."""
+    path = write_stack_file(ray_stack.project / "selector.yaml", ray_stack.config)
+    stack = from_pulumi_config(read_stack_config(path)[0])
+    [model] = plan_models(stack, catalog())
+    selector = gpu_pods(model, NAMESPACE)
+    pattern = re.search(r'exported_pod=~"([^"]+)"', selector)
+    assert pattern is not None and f'exported_namespace="{NAMESPACE}"' in selector
+    workers = _pods(ray_stack, "worker")
+    assert workers and all(re.fullmatch(pattern.group(1), p["metadata"]["name"]) for p in workers), [
+        p["metadata"]["name"] for p in workers]
+    assert not any(re.fullmatch(pattern.group(1), p["metadata"]["name"]) for p in _pods(ray_stack, "head"))
 
 
 def test_a_cluster_changing_upgrade_runs_the_new_cluster_beside_the_old_one(ray_stack: RayStack) -> None:

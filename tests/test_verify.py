@@ -252,3 +252,27 @@ def test_a_cluster_that_answers_but_refuses_a_query_fails(tmp_path: Path, monkey
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert main(["verify", "--stack", "local"]) == 1  # /readyz answers, the node list does not
     assert "the cluster answered but kubectl get nodes" in capsys.readouterr().err
+
+
+GPU = 'gpu="{n}",UUID="GPU-{n}",device="nvidia{n}",modelName="NVIDIA L4",Hostname="n1"'
+DCGM_EXPOSITION = "\n".join([
+    "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).",
+    "# TYPE DCGM_FI_DEV_GPU_UTIL gauge",
+    "DCGM_FI_DEV_GPU_UTIL{" + GPU.format(n=0) + ',container="vllm",namespace="llm",pod="embed-7d9c6b5f48-x2x9z"} 71',
+    "DCGM_FI_DEV_GPU_UTIL{" + GPU.format(n=1) + "} 0",
+    "DCGM_FI_DEV_FB_USED{" + GPU.format(n=0) + ',container="vllm",namespace="llm",pod="chat-1"} 1',
+]) + "\n"
+
+
+def test_the_exporter_must_name_the_pod_holding_each_serving_gpu() -> None:
+    """A non-root exporter cannot read the kubelet's pod-resources socket: its GPUs carry no pod, and the GPU alerts
+    and panels select nothing."""
+    from triarch.verify import check_gpu_pods, gpu_pod_labels
+
+    assert gpu_pod_labels(DCGM_EXPOSITION) == {("llm", "embed-7d9c6b5f48-x2x9z")}  # GPU_UTIL only, pods only
+    seen = check_gpu_pods(DCGM_EXPOSITION, "llm", ["embed-7d9c6b5f48-x2x9z"])
+    assert seen.ok and seen.layer == "where"
+    unseen = check_gpu_pods(DCGM_EXPOSITION, "llm", ["embed-7d9c6b5f48-x2x9z", "chat-1"])
+    assert not unseen.ok and unseen.message == "reports no GPU for chat-1"
+    assert "root" in unseen.fix and "pod-resources" in unseen.fix
+    assert not check_gpu_pods(DCGM_EXPOSITION, "other", ["embed-7d9c6b5f48-x2x9z"]).ok  # namespace matters

@@ -108,6 +108,18 @@ def check_drivers(nodes: list[dict[str, Any]], stack: StackConfig, models: list[
                           "" if verdict.level != "error" else "pin an AMI release whose driver the matrix accepts")
 
 
+def _holds_gpu(pod: Mapping[str, Any]) -> bool:
+    return any(GPU_RESOURCE in (c.get("resources", {}).get("limits") or {}) for c in pod["spec"]["containers"])
+
+
+def _get_text(url: str, timeout: float = 5.0) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return str(response.read().decode("utf-8", "replace"))
+    except OSError:
+        return ""
+
+
 def check_ready(workloads: list[dict[str, Any]], release: str, layer: str, what: str) -> Finding:
     """A Helm release's DaemonSets and Deployments all ready (matched by app.kubernetes.io/instance)."""
     mine = [w for w in workloads if _labels(w).get("app.kubernetes.io/instance") == release]
@@ -182,6 +194,35 @@ def check_vllm(plan: ModelPlan, base_url: str, timeout: float = 5.0) -> Iterator
                   "" if not missing else "the image's vLLM must be the pinned one (templates/compat/images.yaml)")
 
 
+DCGM_PORT = 9400
+"""The DCGM exporter's metrics port (its chart's service.port)."""
+
+
+def gpu_pod_labels(exposition: str) -> set[tuple[str, str]]:
+    """(namespace, pod) of every GPU the exporter reports as held by a pod (DCGM_FI_DEV_GPU_UTIL, its own labels,
+    before Prometheus renames them exported_*)."""
+    held = set()
+    for line in exposition.splitlines():
+        if not line.startswith("DCGM_FI_DEV_GPU_UTIL{"):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+        if found.get("pod"):
+            held.add((found.get("namespace", ""), found["pod"]))
+    return held
+
+
+def check_gpu_pods(exposition: str, namespace: str, running: list[str]) -> Finding:
+    """Where: the DCGM exporter names the serving pods holding GPUs (the alerts and the dashboard select GPUs by
+    pod); an exporter that cannot read the kubelet's pod-resources socket labels none."""
+    held = {pod for ns, pod in gpu_pod_labels(exposition) if ns == namespace}
+    unseen = sorted(set(running) - held)
+    return Finding("where", "DCGM exporter", not unseen,
+                   "names the pod of every serving GPU" if not unseen else
+                   f"reports no GPU for {', '.join(unseen)}",
+                   "" if not unseen else "the exporter must run as root to read the kubelet's pod-resources socket "
+                   "(the stack's dcgm values do); check its kubeletPath mount")
+
+
 class Unreachable(Exception):
     """No cluster answers (no kubectl, no context, or the API server does not): verify is skipped."""
 
@@ -224,13 +265,13 @@ class Cluster:
             return None
 
     @contextmanager
-    def forward(self, namespace: str, service: str) -> Iterator[str]:
-        """A local address for the service's OpenAI port, through kubectl port-forward."""
+    def forward(self, namespace: str, service: str, port: int = PORT) -> Iterator[str]:
+        """A local address for a service's port (the OpenAI port unless told), through kubectl port-forward."""
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             local = probe.getsockname()[1]
         process = subprocess.Popen(["kubectl", *self.context, "-n", namespace, "port-forward", f"svc/{service}",
-                                    f"{local}:{PORT}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                    f"{local}:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             for _ in range(50):
                 with socket.socket() as attempt:
@@ -251,13 +292,19 @@ def verify(cluster: Cluster, stack: StackConfig, models: list[ModelPlan], pools:
     if stack.device_plugin.mode == "install":
         findings.append(check_ready(cluster.items("daemonsets", "-n", device_plugin.NAMESPACE),
                                     device_plugin.RELEASE, "where", "NVIDIA device plugin"))
+    namespace = stack.serving.namespace
     if stack.prometheus != "none" and stack.observability.dcgm_exporter:
-        findings.append(check_ready(cluster.items("daemonsets", "-n", monitoring.DCGM_NAMESPACE),
-                                    monitoring.DCGM_RELEASE, "where", "DCGM exporter"))
+        ready = check_ready(cluster.items("daemonsets", "-n", monitoring.DCGM_NAMESPACE), monitoring.DCGM_RELEASE,
+                            "where", "DCGM exporter")
+        findings.append(ready)
+        running = [p["metadata"]["name"] for p in cluster.items("pods", "-n", namespace)
+                   if p.get("status", {}).get("phase") == "Running" and _holds_gpu(p)]
+        if ready.ok and running:
+            with cluster.forward(monitoring.DCGM_NAMESPACE, monitoring.DCGM_RELEASE, DCGM_PORT) as url:
+                findings.append(check_gpu_pods(_get_text(url + "/metrics"), namespace, running))
     if stack.cluster.create and stack.cluster.provisioner == "karpenter":
         findings.append(check_ready(cluster.items("deployments", "-n", karpenter.NAMESPACE), karpenter.RELEASE,
                                     "where", "Karpenter"))
-    namespace = stack.serving.namespace
     served = [m.name for m in models if m.config.engine == "ray-serve"]
     if served and stack.kuberay.mode == "install":
         findings.append(check_ready(cluster.items("deployments", "-n", KUBERAY_NAMESPACE), "kuberay-operator",

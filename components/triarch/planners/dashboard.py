@@ -19,7 +19,14 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from triarch.config import StackConfig
 from triarch.planners import pods
 from triarch.planners.models import ModelPlan
-from triarch.planners.observability import POOL_METRIC_LABEL, model_selector, vllm_metric
+from triarch.planners.observability import (
+    DCGM_NAMESPACE_LABEL,
+    DCGM_POD_LABEL,
+    POOL_METRIC_LABEL,
+    model_selector,
+    queued,
+    vllm_metric,
+)
 
 DASHBOARD_UID = "triarch-layers"
 SIDECAR_LABEL = {"grafana_dashboard": "1"}
@@ -46,9 +53,11 @@ def _where(namespace: str) -> list[Panel]:
                (f'sum(kube_pod_container_resource_requests{{namespace="{namespace}", resource="nvidia_com_gpu"}})',
                 "requested")),
         _panel("GPU utilisation per pod", "percent",
-               (f'avg by (pod) (DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}"}})', "{{pod}}")),
+               (f'avg by ({DCGM_POD_LABEL}) (DCGM_FI_DEV_GPU_UTIL{{{DCGM_NAMESPACE_LABEL}="{namespace}"}})',
+                f"{{{{{DCGM_POD_LABEL}}}}}")),
         _panel("GPU memory used per pod", "decmbytes",
-               (f'sum by (pod) (DCGM_FI_DEV_FB_USED{{namespace="{namespace}"}})', "{{pod}}")),
+               (f'sum by ({DCGM_POD_LABEL}) (DCGM_FI_DEV_FB_USED{{{DCGM_NAMESPACE_LABEL}="{namespace}"}})',
+                f"{{{{{DCGM_POD_LABEL}}}}}")),
     ]
 
 
@@ -77,7 +86,7 @@ def _when(plan: ModelPlan, namespace: str) -> list[Panel]:
     return [
         _panel(f"{plan.name}: requests running and waiting", "short",
                (f"sum({metric('num_requests_running')}{sel})", "running"),
-               (f"sum({metric('num_requests_waiting')}{sel})", "waiting")),
+               (queued(plan, namespace), "waiting")),
         _panel(f"{plan.name}: KV cache use", "percentunit",
                (f"max by (pod) ({metric('kv_cache_usage_perc')}{sel})", "{{pod}}")),
         _panel(f"{plan.name}: time to first token and between tokens", "s",

@@ -19,20 +19,24 @@ def dcgm_namespace() -> dict[str, Any]:
     return pods.namespace(
         DCGM_NAMESPACE, "privileged",
         "the DCGM exporter reads the kubelet's pod-resources socket (hostPath) to name the pod holding each GPU; "
-        "it runs non-root with no capabilities, and nothing else runs here")
+        "the socket is root's, so the exporter runs as root with every capability dropped (no SYS_ADMIN, no "
+        "privilege escalation), and nothing else runs here")
 
 
 def dcgm_values(stack: StackConfig) -> dict[str, Any]:
-    """On GPU nodes only, tolerating their taint; non-root with every capability dropped (the chart's default adds
-    SYS_ADMIN for the DCP profiling fields, DCGM_FI_PROF_*, which no Triarch alert reads: the exporter collects the
-    rest without them); a ServiceMonitor with the labels the cluster's Prometheus selects. Every key exists in the
-    chart's values.yaml (4.8.2)."""
+    """On GPU nodes only, tolerating their taint. As root, the owner of the kubelet's pod-resources socket (a
+    non-root exporter cannot open it and labels no GPU with its pod), with every capability dropped: the chart's
+    default adds SYS_ADMIN for the DCP profiling fields, DCGM_FI_PROF_*, which no Triarch alert reads. Helm merges
+    values maps key by key, so `add` is replaced by an empty list, not left out. A ServiceMonitor with the labels the
+    cluster's Prometheus selects, keeping the target's labels (the exporter's pod/namespace arrive as exported_*,
+    which the alerts and the dashboard select on). Every key exists in the chart's values.yaml (4.8.2)."""
     return {
         "nodeSelector": {GPU_PRESENT_LABEL: "true"},
         "tolerations": [gpu_toleration()],
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]}},
-        "serviceMonitor": {"enabled": True, "additionalLabels": dict(stack.observability.monitor_labels)},
+        "securityContext": {"runAsNonRoot": False, "runAsUser": 0, "allowPrivilegeEscalation": False,
+                            "capabilities": {"add": [], "drop": ["ALL"]}},
+        "serviceMonitor": {"enabled": True, "honorLabels": False,
+                           "additionalLabels": dict(stack.observability.monitor_labels)},
     }
 
 

@@ -20,7 +20,7 @@ from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
 from triarch.planners.models import ModelPlan
 from triarch.planners.nodegroups import PoolPlan
-from triarch.planners.ray import HEAD_PORTS, RAY_SERVICE
+from triarch.planners.ray import HEAD_PORTS, RAY_SERVICE, WorkerGroupKey
 from triarch.planners.serving import RAY_NODE_LABEL
 from triarch.planners.vllm import PORT, grace_period_seconds
 from triarch.scheduling import POOL_LABEL
@@ -35,6 +35,14 @@ KV_SCALE_TARGET = 0.8
 """KEDA adds a replica when the replicas' KV caches are on average this full."""
 GPU_IDLE_PERCENT = 50
 RUNBOOK = "README.md#runbook-which-layer-is-failing"
+XID_FILE = TEMPLATES_DIR / "compat" / "xid.yaml"
+XID_WINDOW_MINUTES = 15
+"""How long an alert on a new Xid stays firing: the exporter's value is the last Xid and never resets, so the
+alert is on its change, which a window turns into a signal that ends."""
+DCGM_NAMESPACE_LABEL = "exported_namespace"
+DCGM_POD_LABEL = "exported_pod"
+"""The DCGM exporter labels each GPU's series with the pod holding it (pod, namespace); its chart's ServiceMonitor
+keeps the target's own labels (honorLabels false, which Triarch sets), so Prometheus stores them as exported_*."""
 
 
 @cache
@@ -58,6 +66,34 @@ POOL_METRIC_LABEL = "label_" + re.sub(r"[./-]", "_", POOL_LABEL)
 def model_selector(plan: ModelPlan, namespace: str) -> str:
     """The PromQL label matchers of one model's vLLM metrics (vLLM labels them with the served model name)."""
     return f'{{namespace="{namespace}", model_name="{plan.name}"}}'
+
+
+def gpu_pods(plan: ModelPlan, namespace: str) -> str:
+    """The DCGM label matchers of the GPUs serving a model: the pods of its Deployment
+    (<name>-<pod-template-hash>-<suffix>), or the Ray worker pods of its worker group, which KubeRay names
+    <rayservice>-<suffix>-<group>-worker-<suffix> (the group's GPUs, shared by the models on it)."""
+    if plan.config.engine == "ray-serve":
+        group = WorkerGroupKey(plan.pool.name, plan.gpus_per_replica).name
+        pods_regex = f"{RAY_SERVICE}-[a-z0-9]+-{group}-worker-[a-z0-9]+"
+    else:
+        pods_regex = f"{plan.name}-[a-z0-9]+-[a-z0-9]+"
+    return f'{{{DCGM_NAMESPACE_LABEL}="{namespace}", {DCGM_POD_LABEL}=~"{pods_regex}"}}'
+
+
+def queued(plan: ModelPlan, namespace: str) -> str:
+    """Requests waiting for a model, where its engine queues them: vLLM's own queue for a vLLM server; Ray Serve's
+    router for a Ray Serve model (a replica takes at most max_num_seqs, so the rest wait in Serve, not in vLLM)."""
+    if plan.config.engine == "ray-serve":
+        return f'sum(ray_serve_deployment_queued_queries{{namespace="{namespace}", application="{plan.name}"}})'
+    return f"sum(vllm:num_requests_waiting{model_selector(plan, namespace)})"
+
+
+@cache
+def xid_classes() -> dict[str, list[int]]:
+    """Xid class -> codes (templates/compat/xid.yaml)."""
+    with XID_FILE.open(encoding="utf-8") as handle:
+        loaded = yaml.safe_load(handle)
+    return {name: sorted(int(code) for code in loaded[name]) for name in ("application", "pending", "node")}
 
 
 def _alert_name(name: str) -> str:
@@ -86,13 +122,14 @@ def model_alerts(plan: ModelPlan, namespace: str) -> list[Alert]:
     sel = model_selector(plan, namespace)
     seqs = plan.sizing.engine_args["max_num_seqs"]
     name = _alert_name(plan.name)
+    where = "in Ray Serve's router" if plan.config.engine == "ray-serve" else "in vLLM's queue"
     alerts = [
         Alert(f"{name}RequestsQueuedGpusIdle", "when",
-              f"sum({vllm_metric(plan, 'num_requests_waiting')}{sel}) > {seqs} and on() "
-              f'avg(DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}", pod=~"{plan.name}-.*"}}) < {GPU_IDLE_PERCENT}',
+              f"{queued(plan, namespace)} > {seqs} and on() "
+              f"avg(DCGM_FI_DEV_GPU_UTIL{gpu_pods(plan, namespace)}) < {GPU_IDLE_PERCENT}",
               QUEUE_MINUTES,
-              f"{plan.name}: more requests wait than its batch (max_num_seqs {seqs}) while its GPUs are under "
-              f"{GPU_IDLE_PERCENT}% busy: the scheduler, not the GPU, is the bottleneck"),
+              f"{plan.name}: more requests wait {where} than its batch (max_num_seqs {seqs}) while its GPUs are "
+              f"under {GPU_IDLE_PERCENT}% busy: the scheduler, not the GPU, is the bottleneck"),
         Alert(f"{name}KvCacheFull", "when", f"max({vllm_metric(plan, 'kv_cache_usage_perc')}{sel}) > {KV_FULL}", 10,
               f"{plan.name}: the KV cache is over {KV_FULL:.0%} full ({plan.sizing.kv_cache_tokens} tokens per "
               "replica): requests are preempted or wait; add replicas or lower max_model_len"),
@@ -114,23 +151,55 @@ def pool_alerts(pool: PoolPlan) -> list[Alert]:
     """Where: the GPUs a pool's nodes should advertise (nodes x schedulable GPUs per node) against what they do."""
     nodes = f'kube_node_labels{{{POOL_METRIC_LABEL}="{pool.name}"}}'
     name = _alert_name(pool.name)
+    # A node without the resource has no allocatable series at all: absent counts as zero GPUs, or the alert would
+    # be blind exactly when the device plugin never registered on the pool's nodes.
     return [Alert(
         f"{name}GpusMissing", "where",
-        f"count({nodes}) * {pool.schedulable_gpus_per_node} > sum(kube_node_status_allocatable"
-        f'{{resource="nvidia_com_gpu"}} * on(node) group_left() {nodes})', 10,
+        f"count({nodes}) * {pool.schedulable_gpus_per_node} > (sum(kube_node_status_allocatable"
+        f'{{resource="nvidia_com_gpu"}} * on(node) group_left() {nodes}) or on() vector(0))', 10,
         f"pool {pool.name}: its nodes advertise fewer GPUs than {pool.schedulable_gpus_per_node} each: the device "
         "plugin is not running there, or a GPU fell off the bus (XID 79)")]
 
 
+def _xid_is(codes: list[int]) -> str:
+    last = "DCGM_FI_DEV_XID_ERRORS"
+    return " or ".join(f"{last} == {code}" for code in codes)
+
+
+def xid_alerts() -> list[Alert]:
+    """A GPU's new Xid, by its class: the node's GPU failed (page), a fix waits for a reset, an application faulted
+    (warn), or a code Triarch does not classify (warn). On change only: the exporter keeps the last Xid forever."""
+    classes = xid_classes()
+    changed = f"changes(DCGM_FI_DEV_XID_ERRORS[{XID_WINDOW_MINUTES}m]) > 0"
+    known = [code for codes in classes.values() for code in codes]
+
+    def on_change(value: str) -> str:
+        return f"max by (Hostname, gpu) (({value}) and on(Hostname, gpu) ({changed}))"
+
+    return [
+        Alert("GpuXidNodeError", "where", on_change(_xid_is(classes["node"])), 0,
+              "a GPU reported an Xid of its hardware or link (the value: 79 fell off the bus, 48/94/95 memory, "
+              "74 NVLink): drain the node", "critical"),
+        Alert("GpuXidResetPending", "where", on_change(_xid_is(classes["pending"])), 0,
+              "a GPU retired a page or remapped a row (Xid 63): drain the node and reset the GPU to use it"),
+        Alert("GpuXidApplicationError", "where", on_change(_xid_is(classes["application"])), 0,
+              "an application faulted on a GPU (Xid 13/31/43/45): the GPU is fine; see the serving pod's logs"),
+        Alert("GpuXidUnclassified", "where",
+              on_change("DCGM_FI_DEV_XID_ERRORS > 0 unless (" + _xid_is(known) + ")"), 0,
+              "a GPU reported an Xid Triarch does not classify: look it up in NVIDIA's Xid catalog"),
+    ]
+
+
 def cluster_alerts(namespace: str, with_ray: bool) -> list[Alert]:
     alerts = [
-        Alert("GpuXidError", "where", "max by (Hostname, gpu) (DCGM_FI_DEV_XID_ERRORS) > 0", 1,
-              "a GPU reported an XID error (the value is the XID: 79 fell off the bus, 48/63/64/94/95 memory)",
-              "critical"),
-        Alert("GpuMemoryRowRemapFailure", "where",
-              "max by (Hostname, gpu) (DCGM_FI_DEV_ROW_REMAP_FAILURE) > 0 or "
-              "max by (Hostname, gpu) (DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS) > 0", 1,
-              "a GPU has uncorrectable memory errors: drain the node and replace the GPU", "critical"),
+        *xid_alerts(),
+        Alert("GpuMemoryRowRemapFailure", "where", "max by (Hostname, gpu) (DCGM_FI_DEV_ROW_REMAP_FAILURE) > 0", 1,
+              "a GPU could not remap a row of its memory: drain the node and replace the GPU", "critical"),
+        Alert("GpuMemoryRowRemapPending", "where",
+              f"max by (Hostname, gpu) (increase(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS[{XID_WINDOW_MINUTES}m])) "
+              "> 0", 1,
+              "a GPU remapped a row after an uncorrectable memory error: the remap takes effect at the next GPU "
+              "reset; drain the node and reset the GPU"),
         Alert("ServingPodsPending", "where",
               f'sum by (pod) (kube_pod_status_phase{{namespace="{namespace}", phase="Pending"}}) > 0', 15,
               f"a pod in {namespace} waits for a node: no pool has a free GPU (see the pool's max, its instance "

@@ -1,0 +1,117 @@
+"""Every Helm release's values as Helm renders them: our overrides coalesced onto the pinned chart's defaults
+(../shared/reference), then held to the security defaults. The overrides alone say nothing: Helm merges maps key by
+key, so a `drop` beside the chart's `add: [SYS_ADMIN]` keeps the add."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import REFERENCE, STACK_NAMES, StackPlan
+from triarch.helm_values import coalesce, privilege_findings
+
+CHART_DEFAULTS = {
+    ("dcgm-exporter", "4.8.2"): "dcgm-exporter-4.8.2/values.yaml",
+    ("nvidia-device-plugin", "0.20.0"): "nvidia-device-plugin-v0.20.0/values.yaml",
+    ("kuberay-operator", "1.7.0"): "kuberay-v1.7.0/values.yaml",
+    ("oci://public.ecr.aws/karpenter/karpenter", "1.14.1"): "karpenter-v1.14.1/values.yaml",
+    ("keda", "2.20.2"): "keda-2.20.2/values.yaml",
+    ("kube-prometheus-stack", "88.5.3"): "prometheus-operator-v0.93.1/kube-prometheus-stack-88.5.3-values.yaml",
+}
+"""The chart's own values.yaml for each chart and version Triarch pins (CRD-only charts have no pods)."""
+PRIVILEGED_AS_SHIPPED = {
+    "nvidia-device-plugin": "GPU feature discovery runs privileged as the chart ships it (its namespace's "
+                            "pod-security reason says so)",
+}
+"""Releases whose coalesced values keep a privilege on purpose, with the reason their namespace carries."""
+
+
+def test_coalescing_follows_helms_rules() -> None:
+    chart = {"securityContext": {"runAsUser": 0, "capabilities": {"add": ["SYS_ADMIN"], "drop": ["ALL"]}},
+             "args": ["-f", "default.csv"], "service": {"port": 9400, "type": "ClusterIP"}}
+    ours = {"securityContext": {"runAsUser": 1000, "capabilities": {"drop": ["ALL"]}}, "args": ["-x"],
+            "service": {"type": None}}
+    assert coalesce(chart, ours) == {
+        "securityContext": {"runAsUser": 1000, "capabilities": {"add": ["SYS_ADMIN"], "drop": ["ALL"]}},  # maps merge
+        "args": ["-x"],  # lists replace
+        "service": {"port": 9400},  # null deletes
+    }
+    assert chart["securityContext"]["runAsUser"] == 0  # the defaults are not touched
+    assert coalesce(chart, {"securityContext": {"capabilities": {"add": []}}})["securityContext"]["capabilities"] == {
+        "add": [], "drop": ["ALL"]}
+
+
+def test_privileges_are_found_wherever_a_chart_nests_them() -> None:
+    values = {"a": {"securityContext": {"privileged": True}},
+              "b": [{"containerSecurityContext": {"capabilities": {"add": ["CAP_SYS_ADMIN", "NET_BIND_SERVICE"]}}}],
+              "c": {"securityContext": {"allowPrivilegeEscalation": True, "capabilities": {"add": []}}}}
+    assert privilege_findings(values, frozenset({"NET_BIND_SERVICE"})) == [
+        "a.securityContext.privileged: true", "b[0].containerSecurityContext.capabilities.add: ['SYS_ADMIN']",
+        "c.securityContext.allowPrivilegeEscalation: true"]
+
+
+def _defaults(chart: str, version: str) -> dict[str, Any]:
+    relative = CHART_DEFAULTS.get((chart, version))
+    assert relative is not None, f"no reference values named for chart {chart} {version}: add it to CHART_DEFAULTS"
+    path = REFERENCE / relative
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: ../shared is not checked out here")
+    loaded: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return loaded
+
+
+def _releases(plan: StackPlan) -> list[tuple[str, dict[str, Any]]]:
+    crds_only = ("oci://public.ecr.aws/karpenter/karpenter-crd", "prometheus-operator-crds")
+    return [(r.name, r.inputs) for r in plan.of_type("kubernetes:helm.sh/v3:Release")
+            if r.inputs.get("chart") not in crds_only]
+
+
+@pytest.mark.parametrize("stack", STACK_NAMES)
+def test_every_release_renders_without_privileges_it_does_not_explain(shipped: dict[str, StackPlan],
+                                                                      stack: str) -> None:
+    for name, props in _releases(shipped[stack]):
+        values = coalesce(_defaults(str(props["chart"]), str(props["version"])), dict(props.get("values") or {}))
+        found = privilege_findings(values, frozenset({"NET_BIND_SERVICE"}))
+        if name in PRIVILEGED_AS_SHIPPED:
+            continue
+        assert found == [], f"{stack}: release {name}"
+
+
+def test_the_dcgm_exporter_renders_as_root_without_capabilities(shipped: dict[str, StackPlan]) -> None:
+    """Root (the pod-resources socket is root's: a non-root exporter labels no GPU with its pod), nothing added,
+    nothing escalated; the chart's SYS_ADMIN gone after coalescing, not only absent from our values."""
+    [props] = [p for n, p in _releases(shipped["prod"]) if n == "dcgm-exporter"]
+    defaults = _defaults("dcgm-exporter", "4.8.2")
+    assert defaults["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]  # what the chart ships
+    values = coalesce(defaults, dict(props["values"]))
+    context = values["securityContext"]
+    assert context["runAsUser"] == 0 and context["runAsNonRoot"] is False
+    assert context["capabilities"] == {"add": [], "drop": ["ALL"]}
+    assert context["allowPrivilegeEscalation"] is False
+    assert values["serviceMonitor"]["honorLabels"] is False  # the exporter's pod label arrives as exported_pod
+    assert values["kubernetes"]["enablePodLabels"] is False and values["arguments"] == [
+        "-f", "/etc/dcgm-exporter/default-counters.csv"]  # the counters the alerts read
+
+
+def test_the_privileged_releases_say_why_on_their_namespace(shipped: dict[str, StackPlan]) -> None:
+    namespaces = {o["metadata"]["name"]: o for o in shipped["prod"].objects("Namespace")}
+    privileged = {}
+    for name, props in _releases(shipped["prod"]):
+        values = coalesce(_defaults(str(props["chart"]), str(props["version"])), dict(props.get("values") or {}))
+        if privilege_findings(values, frozenset({"NET_BIND_SERVICE"})):
+            privileged[name] = props
+    assert sorted(privileged) == sorted(PRIVILEGED_AS_SHIPPED)
+    for props in privileged.values():
+        namespace = namespaces[str(props["namespace"])]
+        assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+        assert namespace["metadata"]["annotations"]["triarch.dev/pod-security-reason"]
+
+
+def test_reference_paths_exist_where_shared_is_checked_out() -> None:
+    if not REFERENCE.is_dir():
+        pytest.skip(f"{REFERENCE} is absent: ../shared is not checked out here")
+    assert [p for p in CHART_DEFAULTS.values() if not (REFERENCE / p).is_file()] == []
+    assert isinstance(REFERENCE, Path)
