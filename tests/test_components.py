@@ -54,6 +54,7 @@ NODE_POLICY_ARNS = {
 VPC_CNI_POLICY_ARN = "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"
 CLUSTER_POLICY_ARN = "arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"
 EFS_CSI_POLICY_ARN = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
+EBS_CSI_POLICY_ARN = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
 BROAD_POLICIES = ("AdministratorAccess", "PowerUserAccess", "IAMFullAccess", "FullAccess")
 
 
@@ -443,7 +444,7 @@ def test_stack_grants_only_the_node_cluster_and_storage_driver_policies(planned:
     all_arns = [r.inputs["policyArn"] for r in of_type(run, POLICY_ATTACHMENT)]
     # The nodes carry no network permissions: the VPC CNI has its own role.
     assert sorted(all_arns) == sorted([*NODE_POLICY_ARNS, *NODE_POLICY_ARNS, CLUSTER_POLICY_ARN, EFS_CSI_POLICY_ARN,
-                                       VPC_CNI_POLICY_ARN])
+                                       EBS_CSI_POLICY_ARN, VPC_CNI_POLICY_ARN])
     # Pod roles are assumed through EKS Pod Identity by one service account of this cluster: Karpenter's through
     # an association of its own, the add-ons' (VPC CNI, EFS CSI) through the add-on.
     roles_by_urn = {r.urn: r for r in of_type(run, "aws:iam/role:Role")}
@@ -456,8 +457,8 @@ def test_stack_grants_only_the_node_cluster_and_storage_driver_policies(planned:
         for entry in addon.inputs.get("podIdentityAssociations", []):
             [role_urn] = addon.property_dependencies["podIdentityAssociations"]
             pod_roles[role_urn] = ("kube-system", entry["serviceAccount"])
-    assert sorted(pod_roles.values()) == [("kube-system", "aws-node"), ("kube-system", "efs-csi-controller-sa"),
-                                          ("kube-system", "karpenter")]
+    assert sorted(pod_roles.values()) == [("kube-system", "aws-node"), ("kube-system", "ebs-csi-controller-sa"),
+                                          ("kube-system", "efs-csi-controller-sa"), ("kube-system", "karpenter")]
     for role_urn, (namespace, service_account) in pod_roles.items():
         [statement] = json.loads(roles_by_urn[role_urn].inputs["assumeRolePolicy"])["Statement"]
         assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}

@@ -178,7 +178,8 @@ def test_a_planted_token_appears_in_no_output(tmp_path: Path, capsys: pytest.Cap
     if where == "encrypted":
         assert written, "an encrypted token plans"
         document = json.loads((tmp_path / "plan" / "plan.json").read_text(encoding="utf-8"))
-        [secret] = [r for r in document["resources"] if r["type"] == "kubernetes:core/v1:Secret"]
+        [secret] = [r for r in document["resources"] if r["type"] == "kubernetes:core/v1:Secret"
+                    and r["inputs"]["metadata"]["name"] == "hf-token"]
         assert secret["inputs"]["stringData"] == {"token": "[secret]"}
 
 

@@ -206,7 +206,8 @@ def test_the_model_cache_is_encrypted_with_the_key_and_reached_by_the_nodes_only
     for mount_target in plan.of_type("aws:efs/mountTarget:MountTarget"):
         assert mount_target.property_dependencies["securityGroups"] == (group.urn,)
     # The StorageClass waits for the policy, so no volume is provisioned on an unprotected file system.
-    [storage_class] = [r for r in plan.of_type("kubernetes:storage.k8s.io/v1:StorageClass")]
+    [storage_class] = [r for r in plan.of_type("kubernetes:storage.k8s.io/v1:StorageClass")
+                       if r.inputs["metadata"]["name"] == "triarch-efs"]
     assert policy.urn in plan.dependencies[storage_class.urn]
 
 
@@ -226,9 +227,9 @@ def test_an_api_key_reaches_every_vllm_server_from_a_secret(tmp_path: Path) -> N
     config = vllm_only(stack_document("dev"))
     config["triarch:vllmApiKey"] = {"secure": "AAABA" + API_KEY}
     plan = plan_config("dev", config, tmp_path)
-    secrets = {s["metadata"]["name"]: s for s in plan.objects("Secret")}
+    secrets = {s["metadata"]["name"]: s for s in plan.objects("Secret") if s["metadata"]["namespace"] == "llm"}
     assert set(secrets) == {"vllm-api-key"}
-    [secret] = [r for r in plan.of_type("kubernetes:core/v1:Secret")]
+    [secret] = [r for r in plan.of_type("kubernetes:core/v1:Secret") if r.inputs["metadata"]["namespace"] == "llm"]
     assert secret.inputs["stringData"] == {"key": "[secret]"}
     deployments = plan.objects("Deployment")
     assert deployments

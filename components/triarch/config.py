@@ -243,6 +243,12 @@ class ObservabilityConfig(_Model):
     keda: Literal["none", "existing", "install"] = "none"
     """KEDA for `engine: vllm` models with `autoscaling` (a ScaledObject each): one the cluster runs, or the pinned
     chart Triarch installs."""
+    storage_gib: int = Field(50, ge=10, le=16384)
+    """With prometheus: install, the size of Prometheus' volume (a claim that survives restarts; on a created cluster
+    encrypted EBS gp3, on an adopted one the cluster's default class). Data beyond 85% of it is dropped oldest
+    first."""
+    retention: str = Field("15d", pattern=r"^[1-9][0-9]*(h|d|w|y)$")
+    """With prometheus: install, how long Prometheus keeps samples (its --storage.tsdb.retention.time)."""
 
 
 class ImagesConfig(_Model):
@@ -557,7 +563,7 @@ def driver_of(group: NodeGroupConfig, facts: Catalog) -> str:
 # --- reading Pulumi config -------------------------------------------------------------------------------
 
 TOP_LEVEL_KEYS = {to_camel(name): name for name in StackConfig.model_fields if name != "aws_region"}
-SECRET_KEYS = {"hfToken", "vllmApiKey"}
+SECRET_KEYS = {"hfToken", "vllmApiKey", "grafanaAdminPassword"}
 """Triarch keys read as Pulumi secrets by the program, never into the model (so never into a message)."""
 
 

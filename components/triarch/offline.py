@@ -35,7 +35,7 @@ PROJECT = "triarch"
 KNOWN_AFTER_APPLY = "<known after apply>"
 SECRET = "[secret]"
 SECRET_INPUTS = {"kubernetes:core/v1:Secret": ("data", "stringData")}
-PLAIN_TEXT_REFUSED = ("triarch:hfToken", "triarch:vllmApiKey")
+PLAIN_TEXT_REFUSED = ("triarch:hfToken", "triarch:vllmApiKey", "triarch:grafanaAdminPassword")
 """Keys that must be Pulumi secrets (`secure:` in the stack file), never plain text."""
 
 NOT_MANIFESTS = ("kubernetes:helm.sh/", "pulumi:providers:", "kubernetes:yaml")
@@ -95,6 +95,12 @@ class _EngineLog(logging.Logger):
         self.run.warnings.append(record.getMessage())
 
 
+GENERATED_OUTPUTS: dict[str, dict[str, str]] = {
+    "random:index/randomPassword:RandomPassword": {"result": "<generated at apply>"},
+}
+"""Outputs a provider generates without the cloud (a random password): the mock gives a placeholder, which every
+consumer holds as a Pulumi secret, so a plan shows only that it is one."""
+
 COMPUTED_NESTED_OUTPUTS: dict[str, tuple[tuple[str, str], ...]] = {
     "aws:eks/cluster:Cluster": (("vpcConfig", "clusterSecurityGroupId"), ("vpcConfig", "vpcId")),
 }
@@ -105,6 +111,9 @@ COMPUTED_NESTED_OUTPUTS: dict[str, tuple[tuple[str, str], ...]] = {
 class _PreviewMocks(pulumi.runtime.Mocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
         outputs = dict(args.inputs)
+        if args.typ in GENERATED_OUTPUTS:
+            # A value the provider generates at apply, known to be a string: a map holding it keeps its keys.
+            outputs.update(GENERATED_OUTPUTS[args.typ])
         for parent, key in COMPUTED_NESTED_OUTPUTS.get(args.typ, ()):
             if isinstance(outputs.get(parent), dict):
                 outputs[parent] = {**outputs[parent], key: UNKNOWN}
@@ -129,8 +138,8 @@ class _RecordingMonitor(MockMonitor):
                 if isinstance(inputs.get(parent), dict):
                     inputs[parent].pop(key, None)  # an output the mock added, not an input
             for key in SECRET_INPUTS.get(request.type, ()):
-                if key in inputs:
-                    inputs[key] = dict.fromkeys(inputs[key], SECRET)
+                if key in inputs:  # a map keeps its keys; a map whose keys are not known yet is one secret
+                    inputs[key] = dict.fromkeys(inputs[key], SECRET) if isinstance(inputs[key], Mapping) else SECRET
             by_property = {key: tuple(sorted(set(deps.urns))) for key, deps in request.propertyDependencies.items()
                            if deps.urns}
             self.run.resources.append(Registered(

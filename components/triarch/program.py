@@ -62,6 +62,8 @@ def main() -> Platform:
     secrets = {key: value for key in sorted(SECRET_KEYS) if (value := config.get_secret(key)) is not None}
     platform = Platform("triarch", stack, catalog(), models, objects, secrets)
     pulumi.export("pools", [p.name for p in platform.pools])
+    if platform.prometheus_stack is not None:
+        pulumi.export("grafanaAdminPassword", platform.prometheus_stack.admin_password)
     pulumi.export("models", {p.name: {"engine": p.config.engine, "tensorParallelSize": p.sizing.tensor_parallel_size,
                                       "kvCacheTokens": p.sizing.kv_cache_tokens,
                                       "sizedForVllm": p.sizing.vllm_version} for p in models})

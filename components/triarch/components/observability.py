@@ -7,9 +7,11 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+import pulumi_random as random
 
 from triarch.catalog import Chart
 from triarch.components.manifests import helm_release, register
+from triarch.planners.monitoring import GRAFANA_ADMIN_SECRET, GRAFANA_ADMIN_USER, GRAFANA_SECRET_KEYS
 
 
 class ChartAddOn(pulumi.ComponentResource):
@@ -28,19 +30,35 @@ class ChartAddOn(pulumi.ComponentResource):
 
 class PrometheusStack(pulumi.ComponentResource):
     """kube-prometheus-stack in its namespace, after the Prometheus Operator's CRDs in a release of their own (so a
-    chart bump upgrades them; anything that ships a ServiceMonitor waits for `crds`)."""
+    chart bump upgrades them; anything that ships a ServiceMonitor waits for `crds`), with Grafana's admin password
+    a Pulumi secret (given, or generated once) and Prometheus' volume on `after`'s storage."""
 
     def __init__(self, name: str, charts: tuple[Chart, Chart], namespace: dict[str, Any], values: dict[str, Any],
-                 releases: tuple[str, str], provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None) -> None:
+                 releases: tuple[str, str], provider: k8s.Provider, admin_password: pulumi.Output[str] | None = None,
+                 after: list[pulumi.Resource] | None = None, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:observability:PrometheusStack", name, None, opts)
         crd_chart, chart = charts
         crd_release, release = releases
         self.namespace = register(namespace, pulumi.ResourceOptions(parent=self, provider=provider))
         ns = namespace["metadata"]["name"]
-        self.crds = helm_release(crd_release, crd_chart, ns, {},
-                                 pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.namespace]))
+        in_namespace = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.namespace])
+        if admin_password is None:
+            # Generated once and kept in the state (a Pulumi secret); `pulumi stack output grafanaAdminPassword
+            # --show-secrets` reads it.
+            generated = random.RandomPassword(f"{name}-grafana-admin", length=32, special=False,
+                                              opts=pulumi.ResourceOptions(parent=self))
+            admin_password = generated.result
+        given: pulumi.Output[str] = admin_password
+        self.admin_password: pulumi.Output[str] = pulumi.Output.secret(given)
+        self.admin_secret = k8s.core.v1.Secret(
+            f"{name}-grafana-admin", metadata={"name": GRAFANA_ADMIN_SECRET, "namespace": ns}, type="Opaque",
+            string_data={GRAFANA_SECRET_KEYS["user"]: GRAFANA_ADMIN_USER,
+                         GRAFANA_SECRET_KEYS["password"]: self.admin_password},
+            opts=in_namespace)
+        self.crds = helm_release(crd_release, crd_chart, ns, {}, in_namespace)
         self.release = helm_release(release, chart, ns, values,
-                                    pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.crds]),
+                                    pulumi.ResourceOptions(parent=self, provider=provider,
+                                                           depends_on=[self.crds, self.admin_secret, *(after or [])]),
                                     skip_crds=True)
         self.register_outputs({"status": self.release.status})
 

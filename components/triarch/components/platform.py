@@ -12,7 +12,7 @@ from triarch.components.karpenter import Karpenter, KarpenterPool
 from triarch.components.nodegroups import ExistingGpuPool, ManagedNodeGroup, gpu_node_group
 from triarch.components.observability import ChartAddOn, Observability, PrometheusStack
 from triarch.components.serving import KubeRayOperator, RayServing, ServingNamespace, VllmServer
-from triarch.components.storage import SharedModelStore
+from triarch.components.storage import BlockStorage, SharedModelStore
 from triarch.config import SYSTEM_RELEASE_TABLE, StackConfig
 from triarch.planners.device_plugin import device_plugin_values
 from triarch.planners.models import ModelPlan
@@ -65,7 +65,7 @@ class Platform(pulumi.ComponentResource):
             self.cluster: EksCluster | AdoptedCluster = EksCluster(
                 stack.cluster.name, stack, facts, system_release_version(stack, facts), opts=child)
             eks = self.cluster
-            self._prometheus(stack, eks.provider)
+            self._prometheus(stack, eks.provider, secrets)
             plans = [plan_eks_pool(stack, group, facts) for group in stack.node_groups]
             self.pools = [plan.pool for plan in plans]
             if any(plan.provisioner == "karpenter" for plan in plans):
@@ -85,7 +85,7 @@ class Platform(pulumi.ComponentResource):
                         opts=pulumi.ResourceOptions(parent=self, depends_on=eks.node_prerequisites)))
         else:
             self.cluster = AdoptedCluster(stack.cluster.name, stack.cluster, opts=child)
-            self._prometheus(stack, self.cluster.provider)
+            self._prometheus(stack, self.cluster.provider, secrets)
             for group in stack.node_groups:
                 pool = plan_pool(stack, group, facts)
                 self.pools.append(pool)
@@ -104,13 +104,21 @@ class Platform(pulumi.ComponentResource):
         self._serve(stack, models, objects, secrets)
         self.register_outputs({"pools": [p.name for p in self.pools]})
 
-    def _prometheus(self, stack: StackConfig, provider: k8s.Provider) -> None:
+    def _prometheus(self, stack: StackConfig, provider: k8s.Provider, secrets: dict[str, pulumi.Output[str]]
+                    ) -> None:
         if stack.prometheus != "install":
             return
+        self.block_storage: BlockStorage | None = None
+        after: list[pulumi.Resource] = []
+        if isinstance(self.cluster, EksCluster):
+            self.block_storage = BlockStorage(f"{stack.cluster.name}-block", self.cluster, stack.cluster.name,
+                                              stack.cluster.kubernetes_version, provider,
+                                              opts=pulumi.ResourceOptions(parent=self))
+            after.append(self.block_storage)
         self.prometheus_stack = PrometheusStack(
             PROMETHEUS_RELEASE, (charts()["prometheus-operator-crds"], charts()["kube-prometheus-stack"]),
             prometheus_namespace(stack), prometheus_values(stack), (PROMETHEUS_CRDS_RELEASE, PROMETHEUS_RELEASE),
-            provider, opts=pulumi.ResourceOptions(parent=self))
+            provider, secrets.get("grafanaAdminPassword"), after, opts=pulumi.ResourceOptions(parent=self))
         self.monitor_crds = [self.prometheus_stack.crds]
 
     def _serve(self, stack: StackConfig, models: list[ModelPlan], objects: KubernetesPlan,

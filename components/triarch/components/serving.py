@@ -47,7 +47,9 @@ class ServingNamespace(pulumi.ComponentResource):
         in_namespace = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.namespace])
         self.network_policies = [register(p, in_namespace) for p in policies]
         self.secrets: dict[str, k8s.core.v1.Secret] = {}
-        for key, value in secrets.items():
+        for key, value in sorted(secrets.items()):
+            if key not in SECRET_OBJECTS:
+                continue  # not the serving pods' (the Grafana admin's, say)
             suffix, secret, field = SECRET_OBJECTS[key]
             self.secrets[key] = k8s.core.v1.Secret(
                 f"{name}-{suffix}", metadata={"name": secret, "namespace": namespace["metadata"]["name"]},

@@ -13,10 +13,14 @@ from triarch.components.cluster import EksCluster, pinned_addon_version
 from triarch.components.manifests import register
 from triarch.planners.iam import file_system_policy, pod_identity_trust
 from triarch.planners.pods import RUN_AS
-from triarch.planners.serving import EFS_STORAGE_CLASS
+from triarch.planners.serving import BLOCK_STORAGE_CLASS, EFS_STORAGE_CLASS, block_storage_class
 
 EFS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
 EFS_CSI_SERVICE_ACCOUNT = "efs-csi-controller-sa"
+EBS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
+EBS_CSI_SERVICE_ACCOUNT = "ebs-csi-controller-sa"
+"""The policy and service account the EKS add-on documents for the EBS CSI driver (docs.aws.amazon.com/eks/latest/
+userguide/add-ons-aws-ebs-csi-driver.html; Pod Identity since v1.26.0-eksbuild.1, retreive-iam-info.html)."""
 
 
 class SharedModelStore(pulumi.ComponentResource):
@@ -72,3 +76,28 @@ class SharedModelStore(pulumi.ComponentResource):
         }, pulumi.ResourceOptions(parent=self, provider=provider,
                                   depends_on=[self.driver, self.file_system_policy, *self.mount_targets]))
         self.register_outputs({"fileSystemId": self.file_system.id})
+
+
+class BlockStorage(pulumi.ComponentResource):
+    """EBS for what needs a local filesystem (Prometheus' TSDB: its docs refuse NFS, EFS included): the EBS CSI
+    driver (pod identity, no node permissions) and an encrypted gp3 class that binds where the pod lands."""
+
+    def __init__(self, name: str, eks: EksCluster, cluster_name: str, kubernetes_version: str,
+                 provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("triarch:storage:BlockStorage", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.driver_role = aws.iam.Role(f"{name}-ebs-csi", assume_role_policy=pod_identity_trust(
+            cluster_name, "kube-system", EBS_CSI_SERVICE_ACCOUNT), opts=child)
+        policy = aws.iam.RolePolicyAttachment(f"{name}-ebs-csi", role=self.driver_role.name,
+                                              policy_arn=EBS_CSI_POLICY, opts=child)
+        self.driver = aws.eks.Addon(
+            f"{name}-ebs-csi-driver", cluster_name=eks.cluster.name, addon_name="aws-ebs-csi-driver",
+            addon_version=pinned_addon_version(kubernetes_version, "aws-ebs-csi-driver"),
+            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
+            pod_identity_associations=[{"role_arn": self.driver_role.arn,
+                                        "service_account": EBS_CSI_SERVICE_ACCOUNT}],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[eks.system_nodes, eks.addons["eks-pod-identity-agent"],
+                                                                 policy]))
+        self.storage_class = register(block_storage_class(), pulumi.ResourceOptions(
+            parent=self, provider=provider, depends_on=[self.driver]))
+        self.register_outputs({"storageClass": BLOCK_STORAGE_CLASS})

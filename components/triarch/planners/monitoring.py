@@ -7,6 +7,7 @@ from typing import Any
 
 from triarch.config import StackConfig
 from triarch.planners import pods
+from triarch.planners.serving import BLOCK_STORAGE_CLASS
 from triarch.scheduling import GPU_PRESENT_LABEL, POOL_LABEL, SYSTEM_POOL, gpu_toleration
 
 DCGM_NAMESPACE = "gpu-monitoring"
@@ -58,6 +59,10 @@ PROMETHEUS_RELEASE = "kube-prometheus-stack"
 """Its name shapes the Services (kube-prometheus-stack-prometheus, the URL KEDA queries by default) and the
 `release` label its Prometheus selects monitors and rules by (observability.monitorLabels' default)."""
 PROMETHEUS_CRDS_RELEASE = "prometheus-operator-crds"
+GRAFANA_ADMIN_SECRET = "grafana-admin"
+GRAFANA_ADMIN_USER = "admin"
+GRAFANA_SECRET_KEYS = {"user": "admin-user", "password": "admin-password"}
+"""The Secret Grafana reads its admin credentials from (its chart's admin.existingSecret, userKey, passwordKey)."""
 
 
 def prometheus_namespace(stack: StackConfig) -> dict[str, Any]:
@@ -76,11 +81,25 @@ def prometheus_values(stack: StackConfig) -> dict[str, Any]:
     values: dict[str, Any] = {
         "crds": {"enabled": False},
         "kube-state-metrics": {"metricLabelsAllowlist": [f"nodes=[{POOL_LABEL}]"]},
+        # The admin password from a Secret Triarch writes (a Pulumi secret), never the chart's default.
+        "grafana": {"admin": {"existingSecret": GRAFANA_ADMIN_SECRET, "userKey": GRAFANA_SECRET_KEYS["user"],
+                              "passwordKey": GRAFANA_SECRET_KEYS["password"]}},
     }
+    # Its data on a volume claim that outlives the pod, within the volume (retentionSize, in Prometheus' GB, base 2).
+    claim: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
+                             "resources": {"requests": {"storage": f"{stack.observability.storage_gib}Gi"}}}
+    if stack.cluster.create:
+        claim["storageClassName"] = BLOCK_STORAGE_CLASS
+    spec: dict[str, Any] = {
+        "retention": stack.observability.retention,
+        "retentionSize": f"{stack.observability.storage_gib * 85 // 100}GB",
+        "storageSpec": {"volumeClaimTemplate": {"spec": claim}},
+    }
+    values["prometheus"] = {"prometheusSpec": spec}
     if stack.cluster.create:
         system = {POOL_LABEL: SYSTEM_POOL}
         values["prometheusOperator"] = {"nodeSelector": system}
-        values["prometheus"] = {"prometheusSpec": {"nodeSelector": system}}
+        spec["nodeSelector"] = system
         values["alertmanager"] = {"alertmanagerSpec": {"nodeSelector": system}}
         values["kube-state-metrics"]["nodeSelector"] = system
     return values

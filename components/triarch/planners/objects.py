@@ -88,6 +88,11 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
                 node_pools[group.name] = [karpenter.node_class(plan, stack.cluster.name), karpenter.node_pool(plan)]
                 owners += [(Owner(f"triarch:nodeGroups[{i}].name", group.name), o) for o in node_pools[group.name]]
 
+    if "grafanaAdminPassword" in set(secrets) and stack.prometheus != "install":
+        raise ConfigError("triarch:grafanaAdminPassword", None,
+                          f"is set, but Triarch installs no Grafana here (observability.prometheus is "
+                          f"'{stack.prometheus}')", "unset it (pulumi config rm triarch:grafanaAdminPassword), or "
+                          "observability.prometheus: install", show_value=False)
     result = KubernetesPlan(device_plugin=device_plugin, node_pools=node_pools, owners=owners)
     if not models:
         check_objects(owners)

@@ -9,6 +9,18 @@ from triarch.config import StackConfig
 from triarch.planners import pods
 
 EFS_STORAGE_CLASS = "triarch-efs"
+BLOCK_STORAGE_CLASS = "triarch-gp3"
+"""A created cluster's block storage (EBS gp3) for what needs a local filesystem: Prometheus' TSDB."""
+
+
+def block_storage_class() -> dict[str, Any]:
+    """Encrypted gp3 (the driver's `encrypted` defaults to false), bound where the pod is scheduled (an EBS volume
+    lives in one zone), growable in place (a bigger Prometheus volume is an edit, not a new claim); parameters of the
+    aws-ebs-csi-driver (docs/parameters.md)."""
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": BLOCK_STORAGE_CLASS, "labels": {"app.kubernetes.io/managed-by": "triarch"}},
+            "provisioner": "ebs.csi.aws.com", "parameters": {"type": "gp3", "encrypted": "true"},
+            "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer", "allowVolumeExpansion": True}
 """The shared-filesystem class a created cluster gets, so every replica reads one model cache."""
 
 
