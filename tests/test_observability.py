@@ -374,3 +374,34 @@ def test_a_created_cluster_installs_prometheus_and_monitors_wait_for_its_crds(sh
     assert monitors and all(crds in prod.dependencies[r.urn] for r in monitors)
     for chart in ("karpenter", "kuberay-operator", "dcgm-exporter"):  # they ship ServiceMonitors
         assert crds in prod.dependencies[releases[chart].urn], chart
+
+
+def test_every_vllm_name_triarch_reads_is_in_both_pinned_releases() -> None:
+    """templates/compat/metrics.yaml's vLLM list (what the plan checks queries against), held to the releases."""
+    names = metric_names()["vllm"]["names"]
+    assert "kv_cache_usage_perc" in names and len(names) >= 7
+    assert [n for n in names if f"vllm:{n}" not in reference_lines("vllm-0.33.0", "metrics.txt")] == []
+    assert [n for n in names if f"vllm:{n}" not in reference_lines("vllm-0.29.0", "metrics.txt")] == []
+
+
+@pytest.mark.parametrize(("broken", "said"), [
+    (lambda plan, name: "vllm:gpu_cache_usage_ratio" if name == "kv_cache_usage_perc" else f"vllm:{name}",
+     "error: alert EmbedKvCacheFull: its query selects vllm:gpu_cache_usage_ratio, which no pinned exporter "
+     "emits (templates/compat/metrics.yaml)"),
+    (lambda plan, name: "vllm:kv_cache_usage_perc{" if name == "kv_cache_usage_perc" else f"vllm:{name}",
+     "error: alert EmbedKvCacheFull: its query does not parse"),
+])
+def test_a_query_that_cannot_work_fails_the_plan(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str], broken: Any, said: str) -> None:
+    from triarch import cli
+    from triarch.planners import observability
+
+    real = observability.vllm_metric
+    monkeypatch.setattr(observability, "vllm_metric", lambda plan, name: broken(plan, name)
+                        if plan.name == "embed" else real(plan, name))
+    code = cli.main(["plan", "--stack", "prod", "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert code == 2
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(said), captured.err
+    assert not (tmp_path / "out").exists()

@@ -17,11 +17,12 @@ from triarch.config import StackConfig
 from triarch.errors import ConfigError
 from triarch.planners import karpenter, monitoring, pods
 from triarch.planners.capacity import check_capacity
-from triarch.planners.dashboard import dashboard_config_map
+from triarch.planners.dashboard import dashboard, dashboard_config_map
 from triarch.planners.device_plugin import NAMESPACE as DEVICE_PLUGIN_NAMESPACE
 from triarch.planners.models import ModelPlan
 from triarch.planners.nodegroups import plan_eks_pool
 from triarch.planners.observability import observability_manifests, scrape_policy
+from triarch.planners.queries import check_queries, shipped_queries
 from triarch.planners.ray import RAY_SERVICE, ray_manifests
 from triarch.planners.serving import KUBERAY_NAMESPACE, network_policies, serving_settings
 from triarch.planners.vllm import vllm_manifests
@@ -150,6 +151,7 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
         owners.append((Owner("triarch:observability.keda", "install"), monitoring.keda_namespace()))
     observability = observability_manifests(stack, models, settings)
     if observability:
+        check_queries(shipped_queries(observability, dashboard(stack, models, settings.namespace)))
         observability.append(dashboard_config_map(stack, models, settings.namespace))
     owners += [(Owner("triarch:observability.prometheus", stack.prometheus), o)
                for o in observability]
