@@ -276,3 +276,76 @@ def test_the_exporter_must_name_the_pod_holding_each_serving_gpu() -> None:
     assert not unseen.ok and unseen.message == "reports no GPU for chat-1"
     assert "root" in unseen.fix and "pod-resources" in unseen.fix
     assert not check_gpu_pods(DCGM_EXPOSITION, "other", ["embed-7d9c6b5f48-x2x9z"]).ok  # namespace matters
+
+
+def prod_plan() -> tuple[Any, Any]:
+    from conftest import stack_path
+    from triarch.planners.objects import plan_kubernetes
+
+    stack = from_pulumi_config(read_stack_config(stack_path("prod"))[0])
+    models = plan_models(stack, catalog())
+    return stack, plan_kubernetes(stack, models, catalog())
+
+
+def test_verify_reads_the_series_the_alerts_read() -> None:
+    from triarch.verify import alert_series, check_alert_series
+
+    _, objects = prod_plan()
+    series = alert_series(objects.observability)
+    # the selectors as the alerts write them, labels and all, each with the alerts reading it
+    assert sorted(series["DCGM_FI_DEV_XID_ERRORS"]) == ["GpuXidApplicationError", "GpuXidNodeError",
+                                                        "GpuXidResetPending", "GpuXidUnclassified"]
+    assert series['ray_serve_deployment_queued_queries{application="chat",namespace="llm"}'] == [
+        "ChatRequestsQueuedGpusIdle"]
+    assert 'vllm:kv_cache_usage_perc{model_name="embed",namespace="llm"}' in series
+    everything = check_alert_series(series, lambda selector: 3)
+    assert [(f.ok, f.message) for f in everything] == [(True, f"holds every series the alerts read ({len(series)})")]
+    # a DCGM exporter scraped with its labels honoured has no exported_pod: the GPU alerts read nothing
+    lacking = check_alert_series(series, lambda selector: 0 if "exported_pod" in selector else 1)
+    assert lacking and not any(f.ok for f in lacking)
+    assert all("exported_pod" in f.message and "exported_*" in f.fix for f in lacking)
+    assert "(ChatRequestsQueuedGpusIdle read it)" in " ".join(f.message for f in lacking)
+    [silent] = check_alert_series(series, lambda selector: None)
+    assert not silent.ok and silent.message == "does not answer queries"
+
+
+def test_the_prometheus_url_names_the_service_to_forward() -> None:
+    from triarch.verify import prometheus_service
+
+    assert prometheus_service("http://kube-prometheus-stack-prometheus.monitoring.svc:9090") == (
+        "monitoring", "kube-prometheus-stack-prometheus", 9090)
+    assert prometheus_service("http://prom.obs.svc.cluster.local") == ("obs", "prom", 80)
+    assert prometheus_service("https://prometheus.example.com") is None  # not in the cluster: nothing to forward
+
+
+def test_prometheus_is_asked_how_many_series_it_holds(serve: Any) -> None:
+    from triarch.verify import prometheus_count
+
+    asked: list[str] = []
+
+    class Prometheus(Server):
+        @property
+        def handler(self) -> type[BaseHTTPRequestHandler]:
+            class Handler(BaseHTTPRequestHandler):
+                def do_GET(self) -> None:
+                    import urllib.parse
+
+                    query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)["query"][0]
+                    asked.append(query)
+                    result = [{"metric": {}, "value": [0, "2"]}] if "DCGM" in query else []
+                    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}})
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(body.encode())
+
+                def log_message(self, format: str, *args: object) -> None:
+                    return
+
+            return Handler
+
+    url = serve(Prometheus())
+    assert prometheus_count(url, 'DCGM_FI_DEV_GPU_UTIL{exported_namespace="llm"}') == 2
+    assert prometheus_count(url, "vllm:num_requests_waiting") == 0
+    assert asked == ['count(DCGM_FI_DEV_GPU_UTIL{exported_namespace="llm"})', "count(vllm:num_requests_waiting)"]
+    assert prometheus_count("http://127.0.0.1:9", "up", timeout=1) is None

@@ -16,10 +16,12 @@ import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from triarch.catalog import Catalog
@@ -28,8 +30,10 @@ from triarch.matrix import Node, check_image_on_node, images_by_engine
 from triarch.planners import device_plugin, karpenter, monitoring
 from triarch.planners.models import ModelPlan
 from triarch.planners.nodegroups import PoolPlan
+from triarch.planners.observability import observability_manifests
+from triarch.planners.queries import selectors
 from triarch.planners.ray import RAY_SERVICE
-from triarch.planners.serving import KUBERAY_NAMESPACE
+from triarch.planners.serving import KUBERAY_NAMESPACE, serving_settings
 from triarch.planners.vllm import PORT
 from triarch.scheduling import POOL_LABEL
 
@@ -223,6 +227,59 @@ def check_gpu_pods(exposition: str, namespace: str, running: list[str]) -> Findi
                    "(the stack's dcgm values do); check its kubeletPath mount")
 
 
+def alert_series(objects: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Every series selector the plan's alerts read (as PromQL, labels and all) -> the alerts reading it."""
+    found: dict[str, list[str]] = {}
+    for obj in objects:
+        if obj["kind"] != "PrometheusRule":
+            continue
+        for group in obj["spec"]["groups"]:
+            for rule in group["rules"]:
+                for selector in selectors(rule["expr"]):
+                    found.setdefault(selector, [])
+                    if rule["alert"] not in found[selector]:
+                        found[selector].append(rule["alert"])
+    return dict(sorted(found.items()))
+
+
+def check_alert_series(series: Mapping[str, list[str]], count: Callable[[str], int | None]) -> list[Finding]:
+    """How: the cluster's Prometheus holds a series for every selector an alert reads (`count` answers how many, or
+    None when Prometheus does not answer). An alert whose series Prometheus lacks can never fire."""
+    missing = []
+    for selector, alerts in series.items():
+        found = count(selector)
+        if found is None:
+            return [Finding("where", "Prometheus", False, "does not answer queries",
+                            "kubectl -n <observability.namespace> get pods (is Prometheus running?)")]
+        if found == 0:
+            missing.append((selector, alerts))
+    if not missing:
+        return [Finding("where", "Prometheus", True, f"holds every series the alerts read ({len(series)})")]
+    return [Finding("where", "Prometheus", False, f"holds no series {selector} ({', '.join(alerts)} read it)",
+                    "check the monitor that scrapes it (its labels: observability.monitorLabels) and the labels its "
+                    "exporter gives (the DCGM exporter's pod and namespace arrive as exported_*)")
+            for selector, alerts in missing]
+
+
+def prometheus_service(url: str) -> tuple[str, str, int] | None:
+    """(namespace, service, port) of an in-cluster Prometheus URL (http://<service>.<namespace>.svc[...]:<port>)."""
+    match = re.fullmatch(r"https?://([a-z0-9-]+)\.([a-z0-9-]+)\.svc(?:\.cluster\.local)?(?::(\d+))?/?", url)
+    if match is None:
+        return None
+    return match.group(2), match.group(1), int(match.group(3) or 80)
+
+
+def prometheus_count(base_url: str, selector: str, timeout: float = 10.0) -> int | None:
+    """How many series Prometheus holds for a selector (its HTTP query API), None when it does not answer."""
+    query = urllib.parse.urlencode({"query": f"count({selector})"})
+    try:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/api/v1/query?{query}", timeout=timeout) as response:
+            result = json.loads(response.read().decode("utf-8"))["data"]["result"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return int(float(result[0]["value"][1])) if result else 0
+
+
 class Unreachable(Exception):
     """No cluster answers (no kubectl, no context, or the API server does not): verify is skipped."""
 
@@ -302,6 +359,11 @@ def verify(cluster: Cluster, stack: StackConfig, models: list[ModelPlan], pools:
         if ready.ok and running:
             with cluster.forward(monitoring.DCGM_NAMESPACE, monitoring.DCGM_RELEASE, DCGM_PORT) as url:
                 findings.append(check_gpu_pods(_get_text(url + "/metrics"), namespace, running))
+    target = prometheus_service(stack.observability.prometheus_url)
+    if stack.prometheus != "none" and models and target is not None:
+        series = alert_series(observability_manifests(stack, models, serving_settings(stack, False, False)))
+        with cluster.forward(target[0], target[1], target[2]) as url:
+            findings += check_alert_series(series, partial(prometheus_count, url))
     if stack.cluster.create and stack.cluster.provisioner == "karpenter":
         findings.append(check_ready(cluster.items("deployments", "-n", karpenter.NAMESPACE), karpenter.RELEASE,
                                     "where", "Karpenter"))

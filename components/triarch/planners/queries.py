@@ -20,13 +20,13 @@ class QueryError(TriarchError):
     """A shipped query that cannot work: one line naming where it is and the series or the parse error."""
 
 
-def selected_metrics(expr: str) -> list[str]:
-    """The metric name of every vector selector in a PromQL expression (parsed, not matched by pattern)."""
-    names: list[str] = []
+def _vector_selectors(expr: str) -> list[Any]:
+    """The vector selector nodes of a parsed PromQL expression, in order (range selectors' included)."""
+    nodes: list[Any] = []
 
     def walk(node: Any) -> None:
         if type(node).__name__ == "VectorSelector":
-            names.append(str(node.name))
+            nodes.append(node)
         for attr in ("lhs", "rhs", "expr", "vector_selector", "param"):
             child = getattr(node, attr, None)
             if child is not None and hasattr(child, "prettify"):
@@ -35,7 +35,17 @@ def selected_metrics(expr: str) -> list[str]:
             walk(child)
 
     walk(promql_parser.parse(expr))
-    return names
+    return nodes
+
+
+def selected_metrics(expr: str) -> list[str]:
+    """The metric name of every vector selector in a PromQL expression (parsed, not matched by pattern)."""
+    return [str(node.name) for node in _vector_selectors(expr)]
+
+
+def selectors(expr: str) -> list[str]:
+    """Every vector selector of a PromQL expression as PromQL (its metric and label matchers), each once."""
+    return list(dict.fromkeys(str(node.prettify()) for node in _vector_selectors(expr)))
 
 
 def exported(name: str) -> bool:
