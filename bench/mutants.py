@@ -3,7 +3,8 @@ fresh copy of the project (the working tree is never touched) and the tests it n
 they pass survives. Run: `uv run --extra test python bench/mutants.py [--only ID ...] [--confirm]`.
 
 `--confirm` re-runs each survivor against the whole suite, so a survivor is a bug no test catches, not one the
-named tests happen to miss. Exit code 1 when a mutant survives. Not part of .ci/run (about ten minutes).
+named tests happen to miss. Exit code 1 when a mutant survives. Not part of .ci/run (about an hour: the real-engine
+mutants each start a plane).
 """
 
 from __future__ import annotations
