@@ -193,7 +193,7 @@ def test_diff_json_marks_an_unintended_stateful_replacement(tmp_path: Path, caps
                        *marks)
     assert code == 0
     assert out.startswith("### `triarch diff` of `dev`")
-    assert "no unintended replacement" in out.splitlines()[0]
+    assert "no unintended replacement or removal" in out.splitlines()[0]
 
 
 def test_diff_against_a_git_ref_plans_it_in_a_worktree(capsys: pytest.CaptureFixture[str]) -> None:
@@ -258,3 +258,95 @@ def test_outputs_the_mock_fills_in_are_not_recorded_as_inputs(base: dict[str, di
     [cluster] = [r for r in base["prod"]["resources"] if r["type"] == "aws:eks/cluster:Cluster"]
     assert "clusterSecurityGroupId" not in cluster["inputs"]["vpcConfig"]
     assert "vpcId" not in cluster["inputs"]["vpcConfig"]
+
+
+def test_renaming_the_cluster_counts_its_destruction_and_the_provider_change(base: dict[str, dict[str, Any]],
+                                                                              tmp_path: Path) -> None:
+    """A user's edit: `cluster.name: llm-prod` -> `llm-prod-b`. The EKS cluster, VPC, file system, key and log group
+    go (removed under their old names): stateful removals the gate counts. The Kubernetes provider is renamed with
+    the cluster and now targets the new one (its kubeconfig comes from the new cluster): the namespaces and claims
+    whose inputs did not change are created there, replaced, not unchanged."""
+    result = diff_plans(base["prod"], edited("prod", lambda c: c["triarch:cluster"].update(name="llm-prod-b"),
+                                             tmp_path))
+    removed = {d.type for d in result.blocking if d.kind == "removed"}
+    assert {"aws:eks/cluster:Cluster", "aws:ec2/vpc:Vpc", "aws:efs/fileSystem:FileSystem", "aws:kms/key:Key",
+            "aws:cloudwatch/logGroup:LogGroup"} <= removed
+    [namespace] = [d for d in result.of("replaced")
+                   if d.type == "kubernetes:core/v1:Namespace" and d.name.endswith("llm")]
+    assert namespace.cause.startswith("its provider changes to another target (llm-prod-k8s -> llm-prod-b-k8s)")
+    claims = [d for d in result.of("replaced") if d.type == "kubernetes:core/v1:PersistentVolumeClaim"]
+    assert claims and all(d.stateful and "provider changes" in d.cause for d in claims)
+    assert not [d for d in result.differences if d.type.startswith("kubernetes:") and d.kind == "changed"
+                and d.inputs == []]
+    # marked intended, nothing blocks
+    again = diff_plans(base["prod"], edited("prod", lambda c: c["triarch:cluster"].update(name="llm-prod-b"),
+                                            tmp_path / "again"), intended=[d.urn for d in result.blocking])
+    assert again.blocking == []
+
+
+def test_a_removed_stateful_resource_blocks_the_gate(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Dropping the only Ray Serve models removes the Ray cache claim: `triarch diff` exits 1 and says so."""
+    config = stack_document("prod")
+    config["triarch:models"] = [m for m in config["triarch:models"] if m.get("engine", "vllm") != "ray-serve"]
+    (tmp_path / "head").mkdir()
+    head = write_stack_file(tmp_path / "head" / "Pulumi.prod.yaml", config)
+    assert cli.main(["plan", "--stack", "prod", "--out", str(tmp_path / "base")]) == 0
+    capsys.readouterr()
+    code = cli.main(["diff", "--base", str(tmp_path / "base"), "--stack-file", str(head)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "stateful replacement(s) or removal(s) not marked intended (--intended NAME marks one)" in out
+    assert "persistentvolumeclaim-llm-llm-hf-cache" in out
+
+
+def test_an_edited_stack_file_is_compared_with_the_bases_own(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    """A reviewer's edit in a copy of prod's stack file, diffed against a git ref: the base is the ref's own
+    prod stack file, not the edited copy (which would show no difference), and the output says so."""
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, check=False).returncode != 0:
+        pytest.skip("not a git checkout")
+    config = stack_document("prod")
+    next(m for m in config["triarch:models"] if m["name"] == "embed")["maxModelLen"] = 4096
+    edited_file = write_stack_file(tmp_path / "Pulumi.prod.yaml", config)
+    code, out, err = run(capsys, "--base", "HEAD", "--stack-file", str(edited_file))
+    assert code in (0, 1), err
+    lines = out.splitlines()
+    assert lines[1] == f"compared: base HEAD:stacks/Pulumi.prod.yaml, head {edited_file}"
+    assert "no differences" not in out and "deployment-llm-embed" in out
+
+
+def test_the_base_of_a_stack_file_in_the_repository_is_that_file_at_the_ref() -> None:
+    from triarch.baseline import base_source
+
+    assert base_source("main", "prod", ROOT / "stacks" / "Pulumi.prod.yaml") == (
+        ["--stack-file", "stacks/Pulumi.prod.yaml"], "main:stacks/Pulumi.prod.yaml")
+    assert base_source("main", "prod-b", Path("/elsewhere/Pulumi.prod-b.yaml")) == (
+        ["--stack", "prod-b"], "main:stacks/Pulumi.prod-b.yaml")
+    assert base_source("main", "prod", None) == (["--stack", "prod"], "main:stacks/Pulumi.prod.yaml")
+
+
+def test_plans_of_two_stacks_are_not_compared_unless_asked(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    """prod's stack file copied as prod-b.yaml and compared with prod's plan: every URN differs by the stack name,
+    so the diff refuses (one line, exit 2) unless --across-stacks says it is meant."""
+    assert cli.main(["plan", "--stack", "prod", "--out", str(tmp_path / "prod")]) == 0
+    capsys.readouterr()
+    other = write_stack_file(tmp_path / "Pulumi.prod-b.yaml", stack_document("prod"))
+    code, out, err = run(capsys, "--base", str(tmp_path / "prod"), "--stack-file", str(other))
+    assert code == 2 and out == ""
+    assert err.splitlines() == [
+        f"error: --base: the plan in {tmp_path / 'prod'} plans stack 'prod' and the head is stack 'prod-b': URNs "
+        "carry the stack name, so every resource would differ; allowed: the same stack (--stack prod), or "
+        "--across-stacks to compare them anyway"]
+    code, out, _ = run(capsys, "--base", str(tmp_path / "prod"), "--stack-file", str(other), "--across-stacks")
+    assert code in (0, 1) and "compared: base the plan in" in out
+
+
+def test_a_provider_renamed_with_the_same_target_moves_nothing(base: dict[str, dict[str, Any]],
+                                                               tmp_path: Path) -> None:
+    """An adopted cluster renamed (`cluster.name`), same kubeconfig and context: the provider's name changes, its
+    target does not, and the real engine diffs each object as before (tests/test_real_diff.py, cluster-renamed):
+    nothing is replaced for its provider."""
+    result = diff_plans(base["local"], edited("local", lambda c: c["triarch:cluster"].update(name="local-b"), tmp_path))
+    assert not [d for d in result.differences if "provider" in d.cause]
+    assert not [d for d in result.of("replaced") if d.type == "kubernetes:core/v1:Namespace"]

@@ -80,10 +80,14 @@ def test_plan_json_shape(plans: dict[str, Planned], stack: str) -> None:
     assert urns == sorted(urns), "resources are written in URN order, so plans of one stack are byte-identical"
     assert len(set(urns)) == len(urns)
     for resource in resources:
-        # ignoreChanges only where the program sets it (a few resources), so most plans read as before.
-        assert set(resource) - {"ignoreChanges"} == {"type", "name", "urn", "parent", "dependencies",
-                                                     "propertyDependencies", "inputs"}, resource
+        # ignoreChanges only where the program sets it (a few resources), so most plans read as before; provider
+        # where the resource has an explicit one (a provider of the plan, by URN).
+        assert set(resource) - {"ignoreChanges", "provider"} == {"type", "name", "urn", "parent", "dependencies",
+                                                                 "propertyDependencies", "inputs"}, resource
         assert resource.get("ignoreChanges", ["x"]), resource["name"]
+        assert resource.get("provider", urns[0]) in urns, resource["name"]
+        if resource["type"].startswith("kubernetes:"):  # every Kubernetes object goes to the stack's own cluster
+            assert "pulumi:providers:kubernetes::" in resource["provider"], resource["name"]
         assert isinstance(resource["type"], str) and resource["type"].count(":") >= 2
         assert isinstance(resource["name"], str) and resource["name"]
         assert resource["urn"].endswith(f"{resource['type']}::{resource['name']}")

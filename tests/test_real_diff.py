@@ -68,6 +68,8 @@ CONFIG_EDITS: dict[str, Edit] = {
     "pool-max": lambda c: _pool(c, "a10g").update(max=6),
     "cache-size": lambda c: _model(c, "chat").update(cacheGiB=64),
     "slo-threshold": lambda c: _model(c, "chat").update(timeToFirstTokenSloSeconds=1.5),
+    # the Kubernetes provider is named after the cluster: every object changes provider, with the same target
+    "cluster-renamed": lambda c: c["triarch:cluster"].update(name="lab-b"),
 }
 
 OPS = {"create": "added", "delete": "removed", "update": "changed", "replace": "replaced",

@@ -214,7 +214,7 @@ def test_the_comment_puts_replacements_first_then_guardrails_by_layer_then_cost(
     assert 'model_chat["chat (ray-serve): 2 GPU x 1-4"]' in text
     assert failures(root) == ["broken: does not plan: triarch:cluster: bad",
                               "prod: 1 mandatory guardrail violation(s)",
-                              "prod: 1 unintended stateful replacement(s): llm-prod-models-fs"]
+                              "prod: 1 unintended stateful replacement(s) or removal(s): llm-prod-models-fs"]
 
 
 def test_comment_strict_fails_only_on_what_blocks(tmp_path: Path, prod_plan: Path,
@@ -224,7 +224,7 @@ def test_comment_strict_fails_only_on_what_blocks(tmp_path: Path, prod_plan: Pat
     assert cli.main(["comment", str(root), "--out", str(out)]) == 0
     assert out.read_text(encoding="utf-8").startswith(MARKER)
     assert cli.main(["comment", str(root), "--strict", "--out", str(out)]) == 1
-    assert "review: prod: 1 unintended stateful replacement(s)" in capsys.readouterr().err
+    assert "review: prod: 1 unintended stateful replacement(s) or removal(s)" in capsys.readouterr().err
     # Intended, advisory only, and every stack planned: nothing blocks.
     (root / "errors" / "broken.txt").unlink()
     check = json.loads((root / "check" / "prod.json").read_text(encoding="utf-8"))

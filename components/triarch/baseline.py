@@ -34,6 +34,22 @@ def base_plan(base: str, stack_args: list[str]) -> tuple[dict[str, Any], dict[st
         return load_plan(out), load_capacity(out)
 
 
+def base_source(base: str, stack: str, stack_file: Path | None) -> tuple[list[str], str]:
+    """How a git base is planned, and the words that say what the base is: a plan directory as it is; a ref with
+    its own stack file (the same path as of that ref for a file in this repository, else the ref's stack of that
+    name)."""
+    if Path(base).is_dir():
+        return [], f"the plan in {base}"
+    if stack_file is not None:
+        try:
+            relative = stack_file.resolve().relative_to(PROJECT_ROOT.resolve())
+        except ValueError:
+            relative = None
+        if relative is not None:
+            return ["--stack-file", str(relative)], f"{base}:{relative}"
+    return ["--stack", stack], f"{base}:stacks/Pulumi.{stack}.yaml"
+
+
 def plan_at(ref: str, stack_args: list[str], out: Path, option: str = "--at") -> str:
     """`triarch plan` as of a git ref: the ref's code, templates and stack files in a temporary worktree, this
     environment's dependencies; the plan (plan.json, manifests, and what that ref's code writes besides) in `out`.

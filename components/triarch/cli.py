@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from triarch.errors import EXIT_USAGE, TriarchError
 
@@ -131,11 +131,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if any(f.enforcement == "mandatory" for f in findings) else 0
 
 
+def _same_stack(base: dict[str, Any], name: str, base_from: str, across: bool) -> None:
+    """Two plans of different stacks differ in every URN: refused unless asked for."""
+    base_stack = str(base.get("stack") or "")
+    if base_stack and base_stack != name and not across:
+        raise TriarchError(
+            f"--base: {base_from} plans stack {base_stack!r} and the head is stack {name!r}: URNs carry the stack "
+            f"name, so every resource would differ; allowed: the same stack (--stack {base_stack}), or "
+            "--across-stacks to compare them anyway")
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     import json
     import tempfile
 
-    from triarch.baseline import base_plan
+    from triarch.baseline import base_plan, base_source
     from triarch.cost import capacity_change
     from triarch.diff import diff_plans, load_capacity, load_plan
     from triarch.report import diff_markdown, diff_text, plan_stack, validate_stack_file
@@ -145,11 +155,18 @@ def cmd_diff(args: argparse.Namespace) -> int:
             head_dir = Path(args.plan)
             head = load_plan(head_dir, option="--plan")
             name = str(head.get("stack") or head_dir.name)
-            base, base_capacity = base_plan(args.base, ["--stack", name])
+            head_source = f"the plan in {head_dir}"
+            stack_args, base_from = base_source(args.base, name, None)
+            base, base_capacity = base_plan(args.base, stack_args)
+            _same_stack(base, name, base_from, args.across_stacks)
         else:
             name, path = _stack_source(args)
-            stack_args = ["--stack-file", str(path.resolve())] if args.stack_file else ["--stack", name]
+            head_source = str(path)
+            # A git base is planned with its own stack file: the same file as of that ref (or, for a file
+            # outside the repository, the ref's stack of that name), never the edited one.
+            stack_args, base_from = base_source(args.base, name, path if args.stack_file else None)
             base, base_capacity = base_plan(args.base, stack_args)
+            _same_stack(base, name, base_from, args.across_stacks)
             validated = validate_stack_file(name, path)
             head_dir = Path(scratch)
             with progress(f"planning stack {name} and comparing it with {args.base}"):
@@ -157,12 +174,14 @@ def cmd_diff(args: argparse.Namespace) -> int:
             head = load_plan(head_dir)
         result = diff_plans(base, head, intended=args.intended or [])
         result.capacity = capacity_change(base_capacity, load_capacity(head_dir))
+    compared = f"compared: base {base_from}, head {head_source}"
     if args.format == "json":
-        print(json.dumps(result.as_json(), indent=2, sort_keys=True))
+        print(json.dumps({**result.as_json(), "compared": {"base": base_from, "head": head_source}}, indent=2,
+                         sort_keys=True))
     elif args.format == "markdown":
-        print(diff_markdown(result, name, args.base))
+        print(diff_markdown(result, name, args.base, compared))
     else:
-        print(diff_text(result, name, args.base))
+        print(diff_text(result, name, args.base, compared))
     return 1 if result.blocking else 0
 
 
@@ -337,14 +356,18 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=cmd_check)
 
     diff = commands.add_parser("diff", help="what a change does to a live stack: added, removed, changed and "
-                                            "replaced resources (exit 1 on an unintended stateful replacement)")
+                                            "replaced resources (exit 1 on an unintended stateful replacement or "
+                                            "removal)")
     diff.add_argument("--base", required=True, help="a plan directory, or a git ref of this repository (planned in a "
                                                     "temporary worktree with its own code and stack file)")
     head = diff.add_mutually_exclusive_group(required=True)
     head.add_argument("--stack", "--head", dest="stack", help="a stack of this project (the head)")
-    head.add_argument("--stack-file", help="any Pulumi stack file (planned with the base's code too)")
+    head.add_argument("--stack-file", help="any Pulumi stack file (a git base plans the same file as of that ref, "
+                                           "or the ref's stack of that name for a file outside the repository)")
     head.add_argument("--plan", help="a plan directory written by `triarch plan` (the head, planned already)")
     diff.add_argument("--format", choices=["text", "json", "markdown"], default="text")
+    diff.add_argument("--across-stacks", action="store_true",
+                      help="compare plans of two different stacks (every URN differs)")
     diff.add_argument("--intended", action="append", metavar="NAME",
                       help="a resource (name or URN) whose replacement is intended; repeatable")
     diff.set_defaults(handler=cmd_diff)

@@ -101,8 +101,8 @@ class Diff:
 
     @property
     def blocking(self) -> list[Difference]:
-        """Stateful replacements nobody said they intended."""
-        return [d for d in self.of("replaced") if d.stateful and not d.intended]
+        """Stateful replacements and removals nobody said they intended: either way the state is gone."""
+        return [d for d in [*self.of("replaced"), *self.of("removed")] if d.stateful and not d.intended]
 
     def as_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {kind: [d.as_json() for d in self.of(kind)] for kind in KINDS}
@@ -190,6 +190,21 @@ def _resources(plan: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {r["urn"]: r for r in plan["resources"] if not _is_component(r["type"])}
 
 
+def _provider_moves(old: str, new: str, before: Mapping[str, Mapping[str, Any]],
+                    after: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether a resource's provider now points somewhere else. A provider renamed with the same configuration (an
+    adopted cluster's kubeconfig and context) moves nothing: the real engine diffs the resource as before. One whose
+    configuration changes, or comes from other resources (a renamed EKS cluster's endpoint), targets another
+    cluster: its resources are created there."""
+    if old == new:
+        return False
+    was, now = before.get(old), after.get(new)
+    if was is None or now is None:
+        return True
+    return bool(was["inputs"] != now["inputs"]
+                or was.get("propertyDependencies", {}) != now.get("propertyDependencies", {}))
+
+
 def _is_component(resource_type: str) -> bool:
     return resource_type.startswith("triarch:") or resource_type == "pulumi:pulumi:Stack"
 
@@ -209,7 +224,11 @@ def diff_plans(base: Mapping[str, Any], head: Mapping[str, Any], intended: Itera
         if paths:
             changed[urn] = paths
         forcing = _replacing(paths, rule)
-        if forcing:
+        old_provider, new_provider = before[urn].get("provider"), after[urn].get("provider")
+        if old_provider and new_provider and _provider_moves(old_provider, new_provider, before, after):
+            replaced[urn] = (f"its provider changes to another target ({old_provider.rsplit('::', 1)[-1]} -> "
+                             f"{new_provider.rsplit('::', 1)[-1]}): it is created there and deleted here")
+        elif forcing:
             replaced[urn] = f"{', '.join(forcing)} cannot change in place"
     # A replaced resource gets new ids: an input whose value only the cloud knows and that comes from it (the
     # engine's property dependencies) changes too; where that input cannot change in place, the resource is

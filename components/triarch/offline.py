@@ -55,6 +55,8 @@ class Registered:
     """Top-level input -> the URNs its value comes from (a value only the cloud knows follows those resources)."""
     ignore_changes: tuple[str, ...] = ()
     """Input paths Pulumi keeps at their old value on an update (the resource's ignoreChanges option)."""
+    provider: str | None = None
+    """The URN of the resource's explicit provider (a default provider is left out: its version may move freely)."""
 
 
 @dataclass
@@ -145,8 +147,16 @@ class _RecordingMonitor(MockMonitor):
             self.run.resources.append(Registered(
                 request.type, request.name, response.urn, request.parent or None, bool(request.custom), inputs,
                 tuple(sorted(set(request.dependencies))), dict(sorted(by_property.items())),
-                tuple(request.ignoreChanges)))
+                tuple(request.ignoreChanges), explicit_provider(request.provider)))
         return response
+
+
+def explicit_provider(reference: str) -> str | None:
+    """The provider's URN from a provider reference (`<urn>::<id>`), None for none or a default provider."""
+    if not reference:
+        return None
+    urn = reference.rsplit("::", 1)[0]
+    return None if urn.rsplit("::", 1)[-1].startswith("default") else urn
 
 
 def _run_project_program() -> None:
@@ -322,7 +332,8 @@ def plan_document(run: PlanRun) -> dict[str, Any]:
         "resources": [
             {"type": r.type, "name": r.name, "urn": r.urn, "parent": r.parent, "dependencies": list(r.dependencies),
              "propertyDependencies": {k: list(v) for k, v in r.property_dependencies.items()},
-             **({"ignoreChanges": list(r.ignore_changes)} if r.ignore_changes else {}), "inputs": r.inputs}
+             **({"ignoreChanges": list(r.ignore_changes)} if r.ignore_changes else {}),
+             **({"provider": r.provider} if r.provider else {}), "inputs": r.inputs}
             for r in sorted(run.resources, key=lambda r: r.urn)
         ],
     }

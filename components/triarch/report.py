@@ -220,8 +220,8 @@ def _diff_line(d: Difference) -> str:
     return f"  {mark} {d.type} {d.name}{inputs}: {d.cause}{intended}"
 
 
-def diff_text(result: Diff, stack: str, base: str) -> str:
-    lines = [f"triarch diff: stack {stack} against {base}"]
+def diff_text(result: Diff, stack: str, base: str, compared: str = "") -> str:
+    lines = [f"triarch diff: stack {stack} against {base}", *([compared] if compared else [])]
     for kind in DIFF_KINDS:
         found = result.of(kind)
         if found:
@@ -238,16 +238,18 @@ def diff_text(result: Diff, stack: str, base: str) -> str:
     if not result.differences and not result.engine:
         lines += ["", "no differences"]
     blocking = result.blocking
-    lines += ["", f"{len(blocking)} stateful replacement(s) not marked intended"
+    lines += ["", f"{len(blocking)} stateful replacement(s) or removal(s) not marked intended"
               + (" (--intended NAME marks one)" if blocking else "")]
     return "\n".join(lines)
 
 
-def diff_markdown(result: Diff, stack: str, base: str) -> str:
+def diff_markdown(result: Diff, stack: str, base: str, compared: str = "") -> str:
     blocking = result.blocking
-    verdict = f"{len(blocking)} unintended stateful replacement(s)" if blocking else "no unintended replacement"
+    verdict = (f"{len(blocking)} unintended stateful replacement(s) or removal(s)" if blocking
+               else "no unintended replacement or removal")
     counts = ", ".join(f"{len(result.of(k))} {k}" for k in DIFF_KINDS)
-    lines = [f"### `triarch diff` of `{stack}` against `{base}`: {verdict}", "", counts]
+    lines = [f"### `triarch diff` of `{stack}` against `{base}`: {verdict}", "", *([compared, ""] if compared else []),
+             counts]
     rows = [d for kind in DIFF_KINDS for d in result.of(kind)]
     if rows:
         lines += ["", "| | change | resource | inputs | cause |", "|---|---|---|---|---|"]

@@ -70,9 +70,9 @@ def failures(directory: Path) -> list[str]:
                 found.append(f"{stack}: {len(mandatory)} mandatory guardrail violation(s)")
         diff = _load(directory / "diff" / f"{stack}.json")
         if diff is not None:
-            blocking = [d for d in diff["replaced"] if d["stateful"] and not d.get("intended")]
+            blocking = [d for d in [*diff["replaced"], *diff["removed"]] if d["stateful"] and not d.get("intended")]
             if blocking:
-                found.append(f"{stack}: {len(blocking)} unintended stateful replacement(s): "
+                found.append(f"{stack}: {len(blocking)} unintended stateful replacement(s) or removal(s): "
                              + ", ".join(d["name"] for d in blocking))
     return found
 
@@ -184,7 +184,7 @@ def review_markdown(directory: Path, base_ref: str | None = None, head_ref: str 
     failing = failures(directory)
     refs = f" of `{head_ref[:12]}` against `{base_ref[:12]}`" if head_ref and base_ref else ""
     verdict = (":x: " + "; ".join(failing)) if failing else ":white_check_mark: no mandatory violation, no " \
-        "unintended stateful replacement"
+        "unintended stateful replacement or removal"
     lines = [MARKER, f"## Triarch review{refs}", "", verdict, ""]
     if not stacks:
         lines.append("No stack was planned.")
