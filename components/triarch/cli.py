@@ -149,6 +149,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from triarch.cost import capacity_change
     from triarch.diff import diff_plans, load_capacity, load_plan
     from triarch.report import diff_markdown, diff_text, plan_stack, validate_stack_file
+    from triarch.service_rules import refusals
 
     with tempfile.TemporaryDirectory() as scratch:
         if args.plan:
@@ -172,6 +173,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
             with progress(f"planning stack {name} and comparing it with {args.base}"):
                 plan_stack(validated, head_dir)
             head = load_plan(head_dir)
+        refused = refusals(base, head)
+        if refused:  # what AWS would refuse, before any table says "updated in place"
+            raise TriarchError(refused[0])
         result = diff_plans(base, head, intended=args.intended or [])
         result.capacity = capacity_change(base_capacity, load_capacity(head_dir))
     compared = f"compared: base {base_from}, head {head_source}"

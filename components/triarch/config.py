@@ -521,9 +521,13 @@ def _check_ami_release(stack: StackConfig, ami_type: str, release_name: str | No
                           f"is not a known {shown or ami_type} release in templates/compat/amis.yaml "
                           "(the driver it ships must be known)", ", ".join(sorted(releases)))
     if kubernetes not in releases[release_name].release_versions:
+        fitting = sorted(r for r, a in releases.items() if kubernetes in a.release_versions)
+        known = sorted({v for a in releases.values() for v in a.release_versions}, key=lambda v: tuple(
+            int(part) for part in v.split(".")))
         raise ConfigError(path, release_name, f"has no AMI for Kubernetes {kubernetes}",
-                          f"a release for {kubernetes}: " + ", ".join(
-                              sorted(r for r, a in releases.items() if kubernetes in a.release_versions)))
+                          f"a release for {kubernetes}: " + ", ".join(fitting) if fitting else
+                          f"no {shown or ami_type} release in templates/compat/amis.yaml has one; a Kubernetes "
+                          f"version one has ({', '.join(known)}), or add the release with its source")
 
 
 def pool_provisioner(cluster: ClusterConfig, group: NodeGroupConfig) -> Literal[PoolProvisioner, "existing"]:

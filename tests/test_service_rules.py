@@ -1,0 +1,89 @@
+"""What AWS refuses on an update of a live stack, as a user's edit of prod meets it: `triarch diff` refuses the
+change in one line with what works instead (templates/compat/service-rules.yaml, each rule with its source)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import StackPlan, plan_config, stack_document, write_stack_file
+from test_security import refusal
+from triarch import cli
+from triarch.offline import plan_document
+from triarch.service_rules import refusals
+
+
+def document(plan: StackPlan) -> dict[str, Any]:
+    return plan_document(plan.run)
+
+
+def edited(edit: Any, tmp_path: Path) -> dict[str, Any]:
+    config = stack_document("prod")
+    edit(config)
+    return document(plan_config("prod", config, tmp_path))
+
+
+@pytest.fixture(scope="module")
+def prod(shipped: dict[str, StackPlan]) -> dict[str, Any]:
+    return document(shipped["prod"])
+
+
+@pytest.mark.parametrize(("version", "said"), [
+    ("1.34", "triarch:cluster.kubernetesVersion: 1.35 -> 1.34 goes down, which EKS refuses; allowed: 1.35 or newer "
+             "(an older version needs a new cluster, a new cluster.name)"),
+    ("1.36", None),
+])
+def test_kubernetes_goes_up_one_minor_at_a_time(prod: dict[str, Any], tmp_path: Path, version: str,
+                                                said: str | None) -> None:
+    head = edited(lambda c: c["triarch:cluster"].update(kubernetesVersion=version), tmp_path)
+    assert refusals(prod, head) == ([said] if said else [])
+
+
+def test_a_skipped_minor_is_refused_with_the_step_between(prod: dict[str, Any]) -> None:
+    """1.35 -> 1.37: no AMI release Triarch knows runs 1.37, so the plan is edited at the document level."""
+    head = {**prod, "resources": [
+        {**r, "inputs": {**r["inputs"], "version": "1.37"}} if r["type"] == "aws:eks/cluster:Cluster" else r
+        for r in prod["resources"]]}
+    assert refusals(prod, head) == [
+        "triarch:cluster.kubernetesVersion: 1.35 -> 1.37 skips a minor, which EKS refuses (one minor per update); "
+        "allowed: 1.36 first (a `pulumi up`), then 1.37"]
+
+
+def test_a_zone_the_cluster_was_not_created_in_is_refused(prod: dict[str, Any], tmp_path: Path) -> None:
+    head = edited(lambda c: c["triarch:cluster"]["zones"].insert(0, "us-east-1d"), tmp_path)
+    assert refusals(prod, head) == [
+        "triarch:cluster.zones: us-east-1d is not a zone the cluster was created in (us-east-1a, us-east-1b, "
+        "us-east-1c), and EKS takes new subnets only there; allowed: the zones it has, or a new cluster (a new "
+        "cluster.name)"]
+    # fewer zones, a renamed (so new) cluster: nothing refused
+    assert refusals(prod, edited(lambda c: c["triarch:cluster"]["zones"].pop(), tmp_path / "fewer")) == []
+    renamed = edited(lambda c: c["triarch:cluster"].update(name="llm-prod-b", zones=["us-east-1d", "us-east-1a"]),
+                     tmp_path / "renamed")
+    assert refusals(prod, renamed) == []
+
+
+def test_diff_refuses_in_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert cli.main(["plan", "--stack", "prod", "--out", str(tmp_path / "base")]) == 0
+    capsys.readouterr()
+    config = stack_document("prod")
+    config["triarch:cluster"]["kubernetesVersion"] = "1.34"
+    (tmp_path / "head").mkdir()
+    head = write_stack_file(tmp_path / "head" / "Pulumi.prod.yaml", config)
+    code = cli.main(["diff", "--base", str(tmp_path / "base"), "--stack-file", str(head)])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.strip().splitlines()[-1] == (
+        "error: triarch:cluster.kubernetesVersion: 1.35 -> 1.34 goes down, which EKS refuses; allowed: 1.35 or newer "
+        "(an older version needs a new cluster, a new cluster.name)")
+
+
+def test_a_version_no_known_ami_runs_names_the_versions_that_do(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    config = stack_document("prod")
+    config["triarch:cluster"]["kubernetesVersion"] = "1.37"
+    line = refusal(tmp_path, config, capsys)
+    assert "has no AMI for Kubernetes 1.37; allowed: no AL2023 release in templates/compat/amis.yaml has one; a " \
+           "Kubernetes version one has (" in line
+    assert "1.36)" in line and "a release for 1.37: ;" not in line
