@@ -159,6 +159,15 @@ def test_a_vllm_release_change_lists_what_the_new_release_removed(tmp_path: Path
                          "(templates/compat/vllm-changes.yaml)"]
 
 
+def test_a_vllm_release_change_of_one_engine_is_noted_where_the_other_runs_it(tmp_path: Path) -> None:
+    """prod runs both engines: its Ray LLM image carries vLLM 0.29.0. Moving the vLLM server from 0.29.0 to 0.33.0
+    is a release change of that engine, noted although the stack as a whole still runs 0.29.0."""
+    old = edited("prod", lambda c: c.update({"triarch:images": {"vllm": "vllm/vllm-openai:v0.29.0"}}), tmp_path / "o")
+    new = document(plan_config("prod", stack_document("prod"), tmp_path / "n"))
+    notes = diff_plans(old, new).vllm
+    assert any(n.startswith("vLLM 0.29.0 -> 0.33.0: engine args removed:") for n in notes), notes
+
+
 def test_plans_without_urns_are_read_with_the_urns_they_would_have(base: dict[str, dict[str, Any]]) -> None:
     """A base planned before plan.json carried URNs: each URN is rebuilt from the type, name and parent."""
     for doc in base.values():

@@ -313,11 +313,23 @@ def engine_changes(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[Eng
     return changes
 
 
-def _vllm_versions(plan: Mapping[str, Any]) -> set[str]:
+ENGINE_OF_TYPE = {"kubernetes:apps/v1:Deployment": "vllm", "kubernetes:ray.io/v1:RayService": "ray-serve"}
+"""Which serving engine a workload's containers run: a vLLM server's Deployment, Ray Serve LLM's RayService."""
+
+
+def _vllm_versions(plan: Mapping[str, Any]) -> dict[str, set[str]]:
+    """The vLLM releases each serving engine runs (one image per engine: the vLLM server's, Ray LLM's)."""
     facts = catalog()
-    images = {str(c.get("image")) for r in plan["resources"] for c in _containers(r["inputs"])}
-    versions = {facts.images[i].vllm for i in images if i in facts.images}
-    return {v for v in versions if v is not None}
+    found: dict[str, set[str]] = {}
+    for resource in plan["resources"]:
+        engine = ENGINE_OF_TYPE.get(resource["type"])
+        if engine is None:
+            continue
+        for container in _containers(resource["inputs"]):
+            image = facts.images.get(str(container.get("image")))
+            if image is not None and image.vllm is not None:
+                found.setdefault(engine, set()).add(image.vllm)
+    return found
 
 
 def _containers(value: Any) -> list[Mapping[str, Any]]:
@@ -336,22 +348,23 @@ def vllm_changes() -> list[dict[str, Any]]:
 
 
 def vllm_release_changes(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
-    """What the vLLM releases the head moves to no longer have, for each release the base ran and the head
-    does not."""
-    notes = []
-    old, new = _vllm_versions(base), _vllm_versions(head)
-    for gone in sorted(old - new):
-        for arrived in sorted(new - old):
-            entry = next((c for c in vllm_changes() if c["from"] == gone and c["to"] == arrived), None)
-            if entry is None:
-                notes.append(f"vLLM {gone} -> {arrived}: no record of what this release removed "
-                             "(templates/compat/vllm-changes.yaml)")
-                continue
-            for what, key in (("engine args", "removedEngineArgs"), ("server flags", "removedFrontendArgs"),
-                              ("metrics", "removedMetrics")):
-                names = entry.get(key) or []
-                if names:
-                    notes.append(f"vLLM {gone} -> {arrived}: {what} removed: {', '.join(names)}")
+    """What the vLLM releases the head moves to no longer have, engine by engine: a release one engine leaves is
+    noted even where the other engine still runs it (Ray LLM's vLLM and the vLLM server's differ)."""
+    notes: list[str] = []
+    before, after = _vllm_versions(base), _vllm_versions(head)
+    moves = sorted({(gone, arrived) for engine in sorted(set(before) & set(after))
+                    for gone in before[engine] - after[engine] for arrived in after[engine] - before[engine]})
+    for gone, arrived in moves:
+        entry = next((c for c in vllm_changes() if c["from"] == gone and c["to"] == arrived), None)
+        if entry is None:
+            notes.append(f"vLLM {gone} -> {arrived}: no record of what this release removed "
+                         "(templates/compat/vllm-changes.yaml)")
+            continue
+        for what, key in (("engine args", "removedEngineArgs"), ("server flags", "removedFrontendArgs"),
+                          ("metrics", "removedMetrics")):
+            names = entry.get(key) or []
+            if names:
+                notes.append(f"vLLM {gone} -> {arrived}: {what} removed: {', '.join(names)}")
     return notes
 
 
