@@ -148,6 +148,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from triarch.baseline import base_plan, base_source
     from triarch.cost import capacity_change
     from triarch.diff import diff_plans, load_capacity, load_plan
+    from triarch.effects import traffic_effects
     from triarch.report import diff_markdown, diff_text, plan_stack, validate_stack_file
     from triarch.service_rules import refusals
 
@@ -177,7 +178,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
         if refused:  # what AWS would refuse, before any table says "updated in place"
             raise TriarchError(refused[0])
         result = diff_plans(base, head, intended=args.intended or [])
-        result.capacity = capacity_change(base_capacity, load_capacity(head_dir))
+        head_capacity = load_capacity(head_dir)
+        result.capacity = capacity_change(base_capacity, head_capacity)
+        result.effects = traffic_effects(result, base, head, base_capacity, head_capacity)
     compared = f"compared: base {base_from}, head {head_source}"
     if args.format == "json":
         print(json.dumps({**result.as_json(), "compared": {"base": base_from, "head": head_source}}, indent=2,

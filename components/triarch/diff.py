@@ -95,6 +95,8 @@ class Diff:
     """Flags and metrics of the base's vLLM release that the head's release no longer has."""
     capacity: dict[str, Any] | None = None
     """GPUs and monthly cost per pool, before and after (triarch.cost.capacity_change); None without capacity.json."""
+    effects: list[str] = field(default_factory=list)
+    """What the change does to running traffic (triarch.effects), beyond the resources it changes."""
 
     def of(self, kind: Kind) -> list[Difference]:
         return [d for d in self.differences if d.kind == kind]
@@ -111,6 +113,7 @@ class Diff:
                                   for e in self.engine]
         document["vllm"] = self.vllm
         document["capacity"] = self.capacity
+        document["effects"] = self.effects
         return document
 
 

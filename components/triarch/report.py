@@ -222,6 +222,8 @@ def _diff_line(d: Difference) -> str:
 
 def diff_text(result: Diff, stack: str, base: str, compared: str = "") -> str:
     lines = [f"triarch diff: stack {stack} against {base}", *([compared] if compared else [])]
+    if result.effects:
+        lines += ["", "Effects on running traffic", *(f"  {effect}" for effect in result.effects)]
     for kind in DIFF_KINDS:
         found = result.of(kind)
         if found:
@@ -249,7 +251,8 @@ def diff_markdown(result: Diff, stack: str, base: str, compared: str = "") -> st
                else "no unintended replacement or removal")
     counts = ", ".join(f"{len(result.of(k))} {k}" for k in DIFF_KINDS)
     lines = [f"### `triarch diff` of `{stack}` against `{base}`: {verdict}", "", *([compared, ""] if compared else []),
-             counts]
+             *(["**Effects on running traffic**", "", *(f"- {e}" for e in result.effects), ""] if result.effects
+               else []), counts]
     rows = [d for kind in DIFF_KINDS for d in result.of(kind)]
     if rows:
         lines += ["", "| | change | resource | inputs | cause |", "|---|---|---|---|---|"]

@@ -1,0 +1,99 @@
+"""What a change does to running traffic, beyond which resources change: the controllers' reactions that the
+resource tables do not show. KubeRay starts a whole new Ray cluster when the cluster's spec changes (every Ray
+Serve model restarts there), Karpenter replaces the nodes of a pool whose template drifts, EKS rolls a managed node
+group, clients lose a Service name, and Pulumi deletes last, so a model's old replicas hold their GPUs while its
+new ones start. Pure: the diff, both plans and both capacity reports in, sentences out."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from triarch.diff import Diff, Difference
+
+RAY_SERVICE = "kubernetes:ray.io/v1:RayService"
+NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
+NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+SERVICE = "kubernetes:core/v1:Service"
+REPLICA_FIELDS = re.compile(r"^spec\.rayClusterConfig\.workerGroupSpecs\[\d+\]\.(replicas|minReplicas|maxReplicas)$")
+"""Worker counts KubeRay scales in place (the autoscaler's own fields); any other change of the cluster's spec
+makes KubeRay start a new Ray cluster and switch to it once it serves (its zero-downtime upgrade)."""
+NODE_GROUP_ROLL = ("launchTemplate", "releaseVersion", "version", "amiType", "instanceTypes")
+"""Managed node group inputs EKS applies by replacing the group's nodes one by one (an update, not a new group)."""
+
+
+def _ray_effects(difference: Difference) -> list[str]:
+    cluster = [p for p in difference.inputs if p.startswith("spec.rayClusterConfig") and not REPLICA_FIELDS.match(p)]
+    if cluster:
+        shown = ", ".join(cluster[:3]) + (f" and {len(cluster) - 3} more" if len(cluster) > 3 else "")
+        return [f"RayService {difference.name}: KubeRay starts a new Ray cluster beside the running one and moves "
+                f"traffic once it serves; every Ray Serve model restarts there (caused by {shown})"]
+    if any(p.startswith("spec.serveConfigV2") for p in difference.inputs):
+        return [f"RayService {difference.name}: the Serve applications are redeployed on the running Ray cluster "
+                "(serveConfigV2); the changed models' replicas restart, the others keep serving"]
+    return []
+
+
+def _pool_effects(difference: Difference) -> list[str]:
+    if difference.type == NODE_POOL and any(p.startswith("spec.template") for p in difference.inputs):
+        return [f"NodePool {difference.name}: Karpenter replaces every node of the pool (drift), as its disruption "
+                "budget allows; their pods move"]
+    if difference.type == NODE_CLASS and any(p.startswith("spec") for p in difference.inputs):
+        return [f"EC2NodeClass {difference.name}: Karpenter replaces every node launched with it (drift), as the "
+                "NodePool's disruption budget allows; their pods move"]
+    if difference.type == NODE_GROUP and difference.kind == "changed" and any(
+            p.split(".")[0].split("[")[0] in NODE_GROUP_ROLL for p in difference.inputs):
+        return [f"node group {difference.name}: EKS rolls its nodes one by one; their pods move"]
+    if difference.type == NODE_GROUP and difference.kind == "replaced":
+        return [f"node group {difference.name}: a new group comes up, then the old one drains and goes; every pod "
+                "there moves (the Ray heads run on the system nodes)"]
+    return []
+
+
+def _service_names(plan: Mapping[str, Any]) -> set[str]:
+    return {str(r["inputs"].get("metadata", {}).get("name")) for r in plan["resources"] if r["type"] == SERVICE}
+
+
+def _transient_gpus(base_capacity: Mapping[str, Any], head_capacity: Mapping[str, Any]) -> list[str]:
+    """Pulumi deletes last: a vLLM model gone from the head keeps its GPUs until the update's end, while the head's
+    replicas start. Where a pool cannot hold both, the new replicas wait."""
+    found = []
+    head_models = {m["name"]: m for m in head_capacity.get("models", [])}
+    pools = {p["name"]: p for p in head_capacity.get("pools", [])}
+    leaving: dict[str, int] = {}
+    for model in base_capacity.get("models", []):
+        if model["name"] not in head_models and model.get("engine") == "vllm":
+            leaving[model["pool"]] = leaving.get(model["pool"], 0) + int(model["replicasMax"]) * int(
+                model["gpusPerReplica"])
+    for pool, gpus in sorted(leaving.items()):
+        if pool not in pools:
+            continue
+        demand = sum(int(m["replicasMax"]) * int(m["gpusPerReplica"]) for m in head_models.values()
+                     if m["pool"] == pool)
+        holds = int(pools[pool]["gpusAtMax"])
+        if demand + gpus > holds:
+            found.append(f"pool {pool}: the removed models' {gpus} GPU(s) stay in use until Pulumi deletes them, "
+                         f"last, while the head needs {demand}: {demand + gpus} at once, and the pool holds {holds}; "
+                         "the new replicas wait Pending until then (or raise the pool's max first)")
+    return found
+
+
+def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, Any],
+                    base_capacity: Mapping[str, Any] | None, head_capacity: Mapping[str, Any] | None) -> list[str]:
+    """One sentence per effect on running traffic, in a fixed order."""
+    found: list[str] = []
+    for difference in sorted(result.differences, key=lambda d: (d.type, d.name)):
+        if difference.type == RAY_SERVICE and difference.kind in ("changed", "replaced"):
+            found += _ray_effects(difference)
+        elif difference.kind in ("changed", "replaced"):
+            found += _pool_effects(difference)
+    gone = sorted(_service_names(base) - _service_names(head))
+    if gone:
+        came = sorted(_service_names(head) - _service_names(base))
+        found.append(f"clients: Service(s) {', '.join(gone)} go" + (f", {', '.join(came)} come" if came else "")
+                     + ": clients calling the old name (and served model name) fail until they change")
+    if base_capacity and head_capacity:
+        found += _transient_gpus(base_capacity, head_capacity)
+    return found
