@@ -145,13 +145,16 @@ def test_summary_names_each_node_group_and_its_gpu(capsys: pytest.CaptureFixture
         assert product in rows[0], rows[0]
 
 
-def test_summary_prices_each_pool_at_min_and_max(plans: dict[str, Planned]) -> None:
+def test_summary_prices_each_pool_idle_at_min_and_max(plans: dict[str, Planned]) -> None:
     """prod on 2026-12-01 list prices: L4 pool 0-6 g6.2xlarge at $0.9776/h, A100 pool 0-2 p4de.24xlarge at
-    $27.44705/h, 730 h a month; both start at zero nodes."""
+    $27.44705/h, 730 h a month; both start at zero nodes. Idle, with no traffic: embed's 2 fixed replicas and qwen's
+    minimum 1 hold 3 L4 GPUs (3 nodes of one GPU: $2,141), chat's minimum 1 Ray worker of 2 GPUs holds one p4de
+    ($20,036); with the fixed $442 + $73 + $99, $22,790 a month before a single request."""
     section = plans["prod"].stdout.split("\nCapacity and cost per month", 1)[1].split("\n\n", 1)[0]
     rows = {line.split()[0]: line.split() for line in section.splitlines()[2:]}
-    assert rows["l4"][1:] == ["g6.2xlarge", "0-6", "0-6", "$0", "$4,282"]
-    assert rows["a100"][1:] == ["p4de.24xlarge", "0-2", "0-16", "$0", "$40,073"]
+    assert rows["l4"][1:] == ["g6.2xlarge", "0-6", "0-6", "3", "node(s)", "$2,141", "$0", "$4,282"]
+    assert rows["a100"][1:] == ["p4de.24xlarge", "0-2", "0-16", "1", "node(s)", "$20,036", "$0", "$40,073"]
+    assert rows["total"][1:] == ["$22,790", "$613", "$45,409"]
     assert "on-demand list prices in us-east-1, 2026-12-01" in section
     assert "GPUs held (per replica x replicas): embed 1 x 2 on l4, chat 2 x 1-4 on a100, qwen 1 x 1-3 on l4" in section
 

@@ -103,8 +103,9 @@ def test_a_capacity_change_compares_pools_by_name() -> None:
     rows = {row["pool"]: row for row in change["pools"]}
     assert rows["a100"]["before"] is None and rows["a100"]["after"]["gpusAtMax"] == 8
     assert rows["l4"]["before"]["maxNodes"] == 2 and rows["l4"]["after"]["maxNodes"] == 3
-    assert change["total"] == {"before": {"monthlyUsdAtMin": 100, "monthlyUsdAtMax": 1560},
-                               "after": {"monthlyUsdAtMin": 100, "monthlyUsdAtMax": None}}
+    # capacity.json written before the idle floor existed: its idle total is unknown, not zero
+    assert change["total"] == {"before": {"monthlyUsdIdle": None, "monthlyUsdAtMin": 100, "monthlyUsdAtMax": 1560},
+                               "after": {"monthlyUsdIdle": None, "monthlyUsdAtMin": 100, "monthlyUsdAtMax": None}}
     unknown_base = capacity_change(None, head)
     assert unknown_base is not None and unknown_base["baseKnown"] is False
     assert all(row["before"] is None for row in unknown_base["pools"])

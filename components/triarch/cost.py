@@ -121,11 +121,21 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
         low, high = replica_bounds(plan)
         uses.append({"name": plan.name, "engine": plan.config.engine, "pool": plan.pool.name,
                      "gpusPerReplica": plan.gpus_per_replica, "replicasMin": low, "replicasMax": high})
+    for pool_row, group in zip(pools, stack.node_groups, strict=True):
+        # The idle floor: what runs with no traffic at all. Fixed replicas and autoscaling minimums (a Ray worker
+        # group keeps its models' minimum replicas as workers) hold their GPUs, so their nodes stay up.
+        held = sum(replica_bounds(m)[0] * m.gpus_per_replica for m in models if m.pool.name == group.name)
+        schedulable = int(pool_row["gpusPerNode"]) * int(pool_row["timeSlicedWays"] or 1)
+        nodes = max(group.min, -(-held // schedulable))
+        price = table.instance(region, group.instance_type)
+        pool_row.update({"gpusIdle": held, "nodesIdle": nodes, "monthlyUsdIdle": _monthly(price, nodes, table)})
+    at_idle: list[float | None] = [row["monthlyUsdIdle"] for row in pools] + [row["monthlyUsdAtMin"] for row in fixed]
     at_min: list[float | None] = [row["monthlyUsdAtMin"] for row in [*pools, *fixed]]
     at_max: list[float | None] = [row["monthlyUsdAtMax"] for row in [*pools, *fixed]]
     return {
         "stack": name, "region": region, "pricesRetrieved": table.retrieved, "hoursPerMonth": table.hours_per_month,
         "pools": pools, "fixed": fixed, "models": uses,
+        "monthlyUsdIdle": _sum(at_idle) if region else None,
         "monthlyUsdAtMin": _sum(at_min) if region else None,
         "monthlyUsdAtMax": _sum(at_max) if region else None,
     }
@@ -134,14 +144,16 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
 def _pool_view(pool: dict[str, Any] | None) -> dict[str, Any] | None:
     if pool is None:
         return None
-    keys = ("instanceType", "minNodes", "maxNodes", "gpusAtMin", "gpusAtMax", "monthlyUsdAtMin", "monthlyUsdAtMax")
+    keys = ("instanceType", "minNodes", "maxNodes", "gpusAtMin", "gpusAtMax", "monthlyUsdAtMin", "monthlyUsdAtMax",
+            "nodesIdle", "monthlyUsdIdle")
     return {key: pool.get(key) for key in keys}
 
 
 def _totals(document: dict[str, Any] | None) -> dict[str, Any] | None:
     if document is None:
         return None
-    return {"monthlyUsdAtMin": document.get("monthlyUsdAtMin"), "monthlyUsdAtMax": document.get("monthlyUsdAtMax")}
+    return {"monthlyUsdIdle": document.get("monthlyUsdIdle"), "monthlyUsdAtMin": document.get("monthlyUsdAtMin"),
+            "monthlyUsdAtMax": document.get("monthlyUsdAtMax")}
 
 
 def capacity_change(base: dict[str, Any] | None, head: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -190,15 +190,18 @@ def capacity_lines(capacity: dict[str, Any]) -> list[str]:
     where = f"on-demand list prices in {capacity['region']}, {capacity['pricesRetrieved']}" if capacity["region"] \
         else "existing nodes: no price"
     lines = [f"Capacity and cost per month ({where}; {capacity['hoursPerMonth']:g} h)"]
-    rows = [["pool", "instance", "nodes", "GPUs", "at min", "at max"]]
+    rows = [["pool", "instance", "nodes", "GPUs", "idle", "at min", "at max"]]
     for pool in capacity["pools"]:
         rows.append([pool["name"], pool["instanceType"] or "existing", f"{pool['minNodes']}-{pool['maxNodes']}",
-                     f"{pool['gpusAtMin']}-{pool['gpusAtMax']}", usd(pool["monthlyUsdAtMin"]),
+                     f"{pool['gpusAtMin']}-{pool['gpusAtMax']}",
+                     f"{pool['nodesIdle']} node(s) {usd(pool['monthlyUsdIdle'])}", usd(pool["monthlyUsdAtMin"]),
                      usd(pool["monthlyUsdAtMax"])])
     for item in capacity["fixed"]:
-        rows.append([item["name"], "", "", "", usd(item["monthlyUsdAtMin"]), usd(item["monthlyUsdAtMax"])])
+        rows.append([item["name"], "", "", "", usd(item["monthlyUsdAtMin"]), usd(item["monthlyUsdAtMin"]),
+                     usd(item["monthlyUsdAtMax"])])
     if capacity["region"]:
-        rows.append(["total", "", "", "", usd(capacity["monthlyUsdAtMin"]), usd(capacity["monthlyUsdAtMax"])])
+        rows.append(["total", "", "", "", usd(capacity["monthlyUsdIdle"]), usd(capacity["monthlyUsdAtMin"]),
+                     usd(capacity["monthlyUsdAtMax"])])
     lines += _table(rows)
     if capacity["models"]:
         held = ", ".join(f"{m['name']} {m['gpusPerReplica']} x {m['replicasMin']}"
@@ -280,19 +283,23 @@ def _range(low: Any, high: Any, money: bool = False) -> str:
 def _pool_cell(view: dict[str, Any] | None) -> str:
     if view is None:
         return "-"
+    idle = (f"idle {view['nodesIdle']} node(s) {usd(view.get('monthlyUsdIdle'))}, "
+            if view.get("nodesIdle") is not None else "")
     return (f"{view['instanceType'] or 'existing'} x {_range(view['minNodes'], view['maxNodes'])}, "
-            f"{_range(view['gpusAtMin'], view['gpusAtMax'])} GPUs, "
+            f"{_range(view['gpusAtMin'], view['gpusAtMax'])} GPUs, {idle}"
             f"{_range(view['monthlyUsdAtMin'], view['monthlyUsdAtMax'], money=True)}")
 
 
 def _total_cell(total: dict[str, Any] | None) -> str:
     if total is None:
         return "unknown (the base wrote no capacity.json)"
-    return _range(total["monthlyUsdAtMin"], total["monthlyUsdAtMax"], money=True)
+    idle = f"idle {usd(total['monthlyUsdIdle'])}, " if total.get("monthlyUsdIdle") is not None else ""
+    return idle + _range(total["monthlyUsdAtMin"], total["monthlyUsdAtMax"], money=True)
 
 
 def capacity_change_lines(change: dict[str, Any]) -> list[str]:
-    lines = ["Capacity and cost per month (at min nodes - at max nodes)"]
+    lines = ["Capacity and cost per month (idle: what fixed replicas and autoscaling minimums hold; at min nodes - "
+             "at max nodes)"]
     for row in change["pools"]:
         before, after = _pool_cell(row["before"]), _pool_cell(row["after"])
         lines.append(f"  {row['pool']}: {after}" if before == after else f"  {row['pool']}: {before} -> {after}")

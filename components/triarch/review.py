@@ -159,14 +159,16 @@ def _stack_section(directory: Path, stack: str) -> list[str]:
                       *(f"- {p}" for p in check["placement"]), "", "</details>"]
     lines.append("")
 
+    heading = ("**Capacity and cost per month** (idle: what fixed replicas and autoscaling minimums hold; at min "
+               "nodes - at max nodes):")
     if diff is not None and diff.get("capacity"):
-        lines += ["**Capacity and cost per month** (at min nodes - at max nodes):", "",
-                  *capacity_change_table(diff["capacity"])]
+        lines += [heading, "", *capacity_change_table(diff["capacity"])]
     elif capacity is not None:
-        lines += ["**Capacity and cost per month** (at min nodes - at max nodes):", "",
-                  "| pool | head |", "|---|---|"]
+        lines += [heading, "", "| pool | head |", "|---|---|"]
         for pool in capacity["pools"]:
-            lines.append(f"| `{pool['name']}` | {pool['gpusAtMin']}-{pool['gpusAtMax']} GPUs, "
+            idle = f"idle {pool['nodesIdle']} node(s) {usd(pool.get('monthlyUsdIdle'))}, " \
+                if pool.get("nodesIdle") is not None else ""
+            lines.append(f"| `{pool['name']}` | {pool['gpusAtMin']}-{pool['gpusAtMax']} GPUs, {idle}"
                          f"{usd(pool['monthlyUsdAtMin'])}-{usd(pool['monthlyUsdAtMax'])} |")
     if capacity is not None:
         if capacity.get("region"):
