@@ -152,6 +152,42 @@ def test_empty_nodes_are_consolidated_as_the_disruption_policy_says(from_zero: F
     from_zero.wait("the empty nodes consolidated", lambda: not from_zero.pool_nodes("l4"), 240)
 
 
+def test_a_zone_without_capacity_leaves_a_replica_pending_not_doubled_up(from_zero: FromZero) -> None:
+    """The hard zone spread's promise, on real Karpenter: when the pool can launch in one zone only (the others
+    out of capacity), the second replica waits rather than joining the first in that zone. A soft spread would not
+    wait: Karpenter relaxes a preference it cannot meet and launches a second node in the same zone. Runs after the
+    consolidation scenario, so the pool is empty already."""
+    plane = from_zero.plane
+    plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=0")
+    plane.kubectl("delete", "pods", "-n", "llm", "-l", "app.kubernetes.io/instance=embed", "--force",
+                  "--grace-period=0")
+    plane.kubectl("patch", "nodepool", "l4", "--type=merge",
+                  "-p", json.dumps({"spec": {"disruption": {"consolidateAfter": "5s"}}}))
+    from_zero.wait("the l4 pool empty", lambda: not from_zero.pool_nodes("l4"), 240)
+    [pool] = [m for m in from_zero.manifests if m["kind"] == "NodePool" and m["metadata"]["name"] == "l4"]
+    requirements = pool["spec"]["template"]["spec"]["requirements"]
+    [(index, zones)] = [(i, r["values"]) for i, r in enumerate(requirements)
+                        if r["key"] == "topology.kubernetes.io/zone"]
+    assert len(zones) >= 2
+    only = zones[0]
+    plane.kubectl("patch", "nodepool", "l4", "--type=json", "-p", json.dumps([
+        {"op": "replace", "path": f"/spec/template/spec/requirements/{index}/values", "value": [only]}]))
+    try:
+        [deployment] = [m for m in from_zero.manifests
+                        if m["kind"] == "Deployment" and m["metadata"]["name"] == "embed"]
+        assert deployment["spec"]["replicas"] == 2
+        plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=2")
+        from_zero.wait("one embed replica Running", lambda: _running(from_zero.pods("embed")) == 1)
+        time.sleep(20)  # two batch windows and more: a second node in the same zone would be launching by now
+        nodes = from_zero.pool_nodes("l4")
+        assert [n["metadata"]["labels"]["topology.kubernetes.io/zone"] for n in nodes] == [only]
+        phases = sorted(p["status"].get("phase") for p in from_zero.pods("embed"))
+        assert phases == ["Pending", "Running"]
+    finally:  # the zones back, for the scenario after this one
+        plane.kubectl("patch", "nodepool", "l4", "--type=json", "-p", json.dumps([
+            {"op": "replace", "path": f"/spec/template/spec/requirements/{index}/values", "value": zones}]))
+
+
 def test_the_nodepool_limit_holds_where_the_plan_refuses(from_zero: FromZero, tmp_path: Path) -> None:
     stack_config = read_stack_config(stack_path(STACK))[0]
     stack = from_pulumi_config(stack_config)
@@ -168,33 +204,3 @@ def test_the_nodepool_limit_holds_where_the_plan_refuses(from_zero: FromZero, tm
     assert len(from_zero.pool_nodes("l4")) == most
     pending = [p for p in from_zero.pods("embed") if p["status"].get("phase") == "Pending"]
     assert len(pending) == 1
-
-
-def test_a_zone_without_capacity_leaves_a_replica_pending_not_doubled_up(from_zero: FromZero) -> None:
-    """The hard zone spread's promise, on real Karpenter: when the pool can launch in one zone only (the others
-    out of capacity), the second replica waits rather than joining the first in that zone. A soft spread would not
-    wait: Karpenter relaxes a preference it cannot meet and launches a second node in the same zone."""
-    plane = from_zero.plane
-    plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=0")
-    plane.kubectl("delete", "pods", "-n", "llm", "-l", "app.kubernetes.io/instance=embed", "--force",
-                  "--grace-period=0")
-    plane.kubectl("patch", "nodepool", "l4", "--type=merge",
-                  "-p", json.dumps({"spec": {"disruption": {"consolidateAfter": "5s"}}}))
-    from_zero.wait("the l4 pool empty", lambda: not from_zero.pool_nodes("l4"), 240)
-    [pool] = [m for m in from_zero.manifests if m["kind"] == "NodePool" and m["metadata"]["name"] == "l4"]
-    requirements = pool["spec"]["template"]["spec"]["requirements"]
-    [(index, zones)] = [(i, r["values"]) for i, r in enumerate(requirements)
-                        if r["key"] == "topology.kubernetes.io/zone"]
-    assert len(zones) >= 2
-    only = zones[0]
-    plane.kubectl("patch", "nodepool", "l4", "--type=json", "-p", json.dumps([
-        {"op": "replace", "path": f"/spec/template/spec/requirements/{index}/values", "value": [only]}]))
-    [deployment] = [m for m in from_zero.manifests if m["kind"] == "Deployment" and m["metadata"]["name"] == "embed"]
-    assert deployment["spec"]["replicas"] == 2
-    plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=2")
-    from_zero.wait("one embed replica Running", lambda: _running(from_zero.pods("embed")) == 1)
-    time.sleep(20)  # two batch windows and more: a second node in the same zone would be launching by now
-    nodes = from_zero.pool_nodes("l4")
-    assert [n["metadata"]["labels"]["topology.kubernetes.io/zone"] for n in nodes] == [only]
-    phases = sorted(p["status"].get("phase") for p in from_zero.pods("embed"))
-    assert phases == ["Pending", "Running"]
