@@ -24,6 +24,7 @@ from triarch.planners.karpenter import controller_values
 from triarch.planners.models import plan_models
 from triarch.planners.objects import plan_kubernetes
 from triarch.planners.observability import metric_names
+from triarch.planners.queries import selected_metrics as selectors
 from triarch.planners.vllm import grace_period_seconds
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
@@ -72,24 +73,6 @@ def expressions(objects: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
     for scaled in of_kind(objects, "ScaledObject"):
         for trigger in scaled["spec"]["triggers"]:
             yield f"{scaled['metadata']['name']}/{trigger['name']}", trigger["metadata"]["query"]
-
-
-def selectors(expr: str) -> list[str]:
-    """Metric names of every vector selector in a PromQL expression (parsed, not matched by pattern)."""
-    names: list[str] = []
-
-    def walk(node: Any) -> None:
-        if type(node).__name__ == "VectorSelector":
-            names.append(node.name)
-        for attr in ("lhs", "rhs", "expr", "vector_selector", "param"):
-            child = getattr(node, attr, None)
-            if child is not None and hasattr(child, "prettify"):
-                walk(child)
-        for child in getattr(node, "args", None) or []:
-            walk(child)
-
-    walk(promql_parser.parse(expr))
-    return names
 
 
 def reference_lines(*parts: str) -> set[str]:

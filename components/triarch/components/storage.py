@@ -23,6 +23,25 @@ EBS_CSI_SERVICE_ACCOUNT = "ebs-csi-controller-sa"
 userguide/add-ons-aws-ebs-csi-driver.html; Pod Identity since v1.26.0-eksbuild.1, retreive-iam-info.html)."""
 
 
+
+def csi_driver(name: str, eks: EksCluster, cluster_name: str, kubernetes_version: str, addon: str,
+               service_account: str, policy_arn: str, parent: pulumi.Resource) -> tuple[aws.iam.Role, aws.eks.Addon]:
+    """An AWS CSI driver as its EKS add-on, pinned, with a role of its own through Pod Identity (no node
+    permissions): the role `<name>`, its policy, and the add-on `<name>-driver`."""
+    child = pulumi.ResourceOptions(parent=parent)
+    role = aws.iam.Role(name, assume_role_policy=pod_identity_trust(cluster_name, "kube-system", service_account),
+                        opts=child)
+    policy = aws.iam.RolePolicyAttachment(name, role=role.name, policy_arn=policy_arn, opts=child)
+    driver = aws.eks.Addon(
+        f"{name}-driver", cluster_name=eks.cluster.name, addon_name=addon,
+        addon_version=pinned_addon_version(kubernetes_version, addon),
+        resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
+        pod_identity_associations=[{"role_arn": role.arn, "service_account": service_account}],
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=[eks.system_nodes, eks.addons["eks-pod-identity-agent"],
+                                                               policy]))
+    return role, driver
+
+
 class SharedModelStore(pulumi.ComponentResource):
     def __init__(self, name: str, eks: EksCluster, cluster_name: str, kubernetes_version: str,
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None) -> None:
@@ -51,18 +70,8 @@ class SharedModelStore(pulumi.ComponentResource):
                                 security_groups=[self.security_group.id], opts=child)
             for zone, subnet in network.private_subnet_by_zone.items()
         ]
-        self.driver_role = aws.iam.Role(f"{name}-efs-csi", assume_role_policy=pod_identity_trust(
-            cluster_name, "kube-system", EFS_CSI_SERVICE_ACCOUNT), opts=child)
-        policy = aws.iam.RolePolicyAttachment(f"{name}-efs-csi", role=self.driver_role.name,
-                                              policy_arn=EFS_CSI_POLICY, opts=child)
-        self.driver = aws.eks.Addon(
-            f"{name}-efs-csi-driver", cluster_name=eks.cluster.name, addon_name="aws-efs-csi-driver",
-            addon_version=pinned_addon_version(kubernetes_version, "aws-efs-csi-driver"),
-            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
-            pod_identity_associations=[{"role_arn": self.driver_role.arn,
-                                        "service_account": EFS_CSI_SERVICE_ACCOUNT}],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[eks.system_nodes, eks.addons["eks-pod-identity-agent"],
-                                                                 policy]))
+        self.driver_role, self.driver = csi_driver(f"{name}-efs-csi", eks, cluster_name, kubernetes_version,
+                                                   "aws-efs-csi-driver", EFS_CSI_SERVICE_ACCOUNT, EFS_CSI_POLICY, self)
         self.storage_class = register({
             "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
             "metadata": {"name": EFS_STORAGE_CLASS, "labels": {"app.kubernetes.io/managed-by": "triarch"}},
@@ -85,19 +94,8 @@ class BlockStorage(pulumi.ComponentResource):
     def __init__(self, name: str, eks: EksCluster, cluster_name: str, kubernetes_version: str,
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:storage:BlockStorage", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        self.driver_role = aws.iam.Role(f"{name}-ebs-csi", assume_role_policy=pod_identity_trust(
-            cluster_name, "kube-system", EBS_CSI_SERVICE_ACCOUNT), opts=child)
-        policy = aws.iam.RolePolicyAttachment(f"{name}-ebs-csi", role=self.driver_role.name,
-                                              policy_arn=EBS_CSI_POLICY, opts=child)
-        self.driver = aws.eks.Addon(
-            f"{name}-ebs-csi-driver", cluster_name=eks.cluster.name, addon_name="aws-ebs-csi-driver",
-            addon_version=pinned_addon_version(kubernetes_version, "aws-ebs-csi-driver"),
-            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
-            pod_identity_associations=[{"role_arn": self.driver_role.arn,
-                                        "service_account": EBS_CSI_SERVICE_ACCOUNT}],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[eks.system_nodes, eks.addons["eks-pod-identity-agent"],
-                                                                 policy]))
+        self.driver_role, self.driver = csi_driver(f"{name}-ebs-csi", eks, cluster_name, kubernetes_version,
+                                                   "aws-ebs-csi-driver", EBS_CSI_SERVICE_ACCOUNT, EBS_CSI_POLICY, self)
         self.storage_class = register(block_storage_class(), pulumi.ResourceOptions(
             parent=self, provider=provider, depends_on=[self.driver]))
         self.register_outputs({"storageClass": BLOCK_STORAGE_CLASS})

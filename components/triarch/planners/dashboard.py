@@ -118,9 +118,9 @@ def dashboard(stack: StackConfig, models: list[ModelPlan], namespace: str) -> di
     return built
 
 
-def dashboard_config_map(stack: StackConfig, models: list[ModelPlan], namespace: str) -> dict[str, Any]:
-    """The dashboard as a ConfigMap in the Prometheus namespace, for Grafana's sidecar."""
-    body = json.dumps(dashboard(stack, models, namespace), sort_keys=True, indent=1)
+def dashboard_config_map(stack: StackConfig, board: dict[str, Any]) -> dict[str, Any]:
+    """The dashboard (`dashboard()`'s model) as a ConfigMap in the Prometheus namespace, for Grafana's sidecar."""
+    body = json.dumps(board, sort_keys=True, indent=1)
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": DASHBOARD_UID, "namespace": stack.observability.namespace,
                          "labels": {**SIDECAR_LABEL, **pods.MANAGED_BY}},

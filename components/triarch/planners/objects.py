@@ -151,8 +151,9 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
         owners.append((Owner("triarch:observability.keda", "install"), monitoring.keda_namespace()))
     observability = observability_manifests(stack, models, settings)
     if observability:
-        check_queries(shipped_queries(observability, dashboard(stack, models, settings.namespace)))
-        observability.append(dashboard_config_map(stack, models, settings.namespace))
+        board = dashboard(stack, models, settings.namespace)
+        check_queries(shipped_queries(observability, board))
+        observability.append(dashboard_config_map(stack, board))
     owners += [(Owner("triarch:observability.prometheus", stack.prometheus), o)
                for o in observability]
     check_objects(owners)
