@@ -33,6 +33,15 @@ class TypeRule:
     unordered: tuple[str, ...]
     stateful: str | None
     """Why replacing it loses something (None: nothing is lost but a moment of service)."""
+    lost_on_removal: str | None = None
+    """Why deleting it loses something although a replacement does not (a Secret: its replacement carries the
+    same value, its removal leaves the pods that read it without)."""
+
+    def loses(self, kind: str) -> str | None:
+        """What a difference of this kind loses (None: nothing)."""
+        if kind == "added":
+            return None
+        return self.stateful or (self.lost_on_removal if kind == "removed" else None)
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,8 @@ def rules(path: Path = COMPAT_DIR / "replacement.yaml") -> Rules:
         replace_on = tuple(entry.get("replaceOn") or ())
         if name.startswith("kubernetes:"):
             replace_on = (*always, *replace_on)
-        types[name] = TypeRule(replace_on, tuple(entry.get("unordered") or ()), entry.get("stateful"))
+        types[name] = TypeRule(replace_on, tuple(entry.get("unordered") or ()), entry.get("stateful"),
+                               entry.get("lostOnRemoval"))
     return Rules(types, always)
 
 
@@ -250,8 +260,9 @@ def diff_plans(base: Mapping[str, Any], head: Mapping[str, Any], intended: Itera
     def difference(kind: Kind, resource: Mapping[str, Any], paths: list[str], cause: str) -> Difference:
         rule = rules_.of(resource["type"])
         is_marked = resource["name"] in marked or resource["urn"] in marked
-        return Difference(kind, resource["type"], resource["name"], resource["urn"], paths, rule.stateful is not None,
-                          cause if rule.stateful is None or kind == "added" else f"{cause}; {rule.stateful}",
+        lost = rule.loses(kind)
+        return Difference(kind, resource["type"], resource["name"], resource["urn"], paths,
+                          rule.stateful is not None or lost is not None, cause if lost is None else f"{cause}; {lost}",
                           is_marked)
 
     for urn in sorted(set(after) - set(before)):

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from triarch.report import capacity_change_table, usd
+from triarch.report import capacity_change_table, usage_line, usd
 
 MARKER = "<!-- triarch-review -->"
 """The first line of the comment: the workflow updates the comment that starts with it instead of adding one."""
@@ -111,7 +111,9 @@ def _stack_section(directory: Path, stack: str) -> list[str]:
     diff = _load(directory / "diff" / f"{stack}.json")
     capacity = _load(directory / "head" / stack / "capacity.json")
     mandatory = [v for v in (check or {}).get("violations", []) if v["enforcementLevel"] == "mandatory"]
-    blocking = [d for d in (diff or {}).get("replaced", []) if d["stateful"] and not d.get("intended")]
+    # Replacements, and removals that lose state: what the change cannot undo.
+    lossy = [*(diff or {}).get("replaced", []), *(d for d in (diff or {}).get("removed", []) if d["stateful"])]
+    blocking = [d for d in lossy if d["stateful"] and not d.get("intended")]
     ok = check is not None and not mandatory and not blocking
     lines = [f"### {':white_check_mark:' if ok else ':x:'} `{stack}`", ""]
 
@@ -121,14 +123,15 @@ def _stack_section(directory: Path, stack: str) -> list[str]:
     else:
         counts = ", ".join(f"{len(diff[k])} {k}" for k in ("replaced", "added", "removed", "changed"))
         lines.append(f"**Diff against the base:** {counts}.")
-        if diff["replaced"]:
-            lines += ["", "| | replaced | inputs | why |", "|---|---|---|---|"]
-            for d in diff["replaced"]:
+        if lossy:
+            lines += ["", "| | replaced or removed | inputs | why |", "|---|---|---|---|"]
+            for d in lossy:
                 mark = ":warning: stateful" if d["stateful"] and not d.get("intended") else \
                     ("intended" if d.get("intended") else "")
-                inputs = ", ".join(d["inputs"])
+                inputs = ", ".join(d["inputs"]) or ("removed" if d in diff["removed"] else "")
                 lines.append(f"| {mark} | `{d['type']}` `{d['name']}` | {inputs} | {_cell(d['cause'])} |")
-        other = [(kind, d) for kind in ("added", "removed", "changed") for d in diff[kind]]
+        other = [(kind, d) for kind in ("added", "removed", "changed") for d in diff[kind]
+                 if not (kind == "removed" and d["stateful"])]
         if other:
             lines += ["", f"<details><summary>{len(other)} added, removed or changed in place</summary>", "",
                       *(f"- {kind}: `{d['type']}` `{d['name']}`"
@@ -170,7 +173,16 @@ def _stack_section(directory: Path, stack: str) -> list[str]:
                 if pool.get("nodesIdle") is not None else ""
             lines.append(f"| `{pool['name']}` | {pool['gpusAtMin']}-{pool['gpusAtMax']} GPUs, {idle}"
                          f"{usd(pool['monthlyUsdAtMin'])}-{usd(pool['monthlyUsdAtMax'])} |")
+        for item in capacity.get("fixed", []):
+            lines.append(f"| {item['name']} | idle {usd(item.get('monthlyUsdIdle'))}, "
+                         f"{usd(item['monthlyUsdAtMin'])}-{usd(item['monthlyUsdAtMax'])} |")
+        if capacity.get("region"):
+            lines.append(f"| **total** | idle {usd(capacity.get('monthlyUsdIdle'))}, "
+                         f"{usd(capacity['monthlyUsdAtMin'])}-{usd(capacity['monthlyUsdAtMax'])} |")
     if capacity is not None:
+        if capacity.get("usage"):
+            lines += ["", "Billed by use, not in the total: " + "; ".join(usage_line(u) for u in capacity["usage"])
+                      + "."]
         if capacity.get("region"):
             spot = any(p.get("capacityType") == "SPOT" for p in capacity["pools"])
             lines += ["", f"On-demand list prices, {capacity['region']}, retrieved {capacity['pricesRetrieved']} "
