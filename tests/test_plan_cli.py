@@ -149,12 +149,17 @@ def test_summary_prices_each_pool_idle_at_min_and_max(plans: dict[str, Planned])
     """prod on 2026-12-01 list prices: L4 pool 0-6 g6.2xlarge at $0.9776/h, A100 pool 0-2 p4de.24xlarge at
     $27.44705/h, 730 h a month; both start at zero nodes. Idle, with no traffic: embed's 2 fixed replicas and qwen's
     minimum 1 hold 3 L4 GPUs (3 nodes of one GPU: $2,141), chat's minimum 1 Ray worker of 2 GPUs holds one p4de
-    ($20,036); with the fixed $442 + $73 + $99, $22,790 a month before a single request."""
+    ($20,036); with the fixed costs, $22,919 a month before a single request: 3 system m7i.xlarge at $0.2016/h
+    ($442), the control plane ($73), 3 NAT gateways at $0.045/h ($99) and their 3 addresses at $0.005/h ($11), root
+    volumes at $0.08 per GiB-month (idle 3 x 50 + 3 x 200 + 1 x 500 = 1,250 GiB, $100; at max 6 x 50 + 6 x 200 +
+    2 x 500 = 2,500 GiB, $200), Prometheus' 50 GiB ($4), the weights on EFS at $0.30 ($14)."""
     section = plans["prod"].stdout.split("\nCapacity and cost per month", 1)[1].split("\n\n", 1)[0]
     rows = {line.split()[0]: line.split() for line in section.splitlines()[2:]}
     assert rows["l4"][1:] == ["g6.2xlarge", "0-6", "0-6", "3", "node(s)", "$2,141", "$0", "$4,282"]
     assert rows["a100"][1:] == ["p4de.24xlarge", "0-2", "0-16", "1", "node(s)", "$20,036", "$0", "$40,073"]
-    assert rows["total"][1:] == ["$22,790", "$613", "$45,409"]
+    assert rows["total"][1:] == ["$22,919", "$654", "$45,638"]
+    [disks] = [line.split() for line in section.splitlines() if line.strip().startswith("EBS root volumes")]
+    assert disks[-3:] == ["$100", "$12", "$200"] and disks[5:8] == ["1250", "GiB,", "150-2500"]
     assert "on-demand list prices in us-east-1, 2026-12-01" in section
     assert "GPUs held (per replica x replicas): embed 1 x 2 on l4, chat 2 x 1-4 on a100, qwen 1 x 1-3 on l4" in section
 

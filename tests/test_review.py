@@ -14,7 +14,7 @@ from conftest import stack_document, write_stack_file
 from triarch import cli
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
-from triarch.cost import Price, PriceTable, capacity_change, capacity_report, price_table
+from triarch.cost import Price, PriceTable, Rate, capacity_change, capacity_report, price_table
 from triarch.diff import Difference
 from triarch.offline import read_stack_config
 from triarch.planners.models import plan_models
@@ -25,8 +25,13 @@ TABLE = PriceTable(
     retrieved="2026-12-01", hours_per_month=730,
     instances={"us-east-1": {"g6.xlarge": Price(1.0, SOURCE, None), "g6.2xlarge": Price(2.0, SOURCE, None),
                              "m7i.large": Price(0.1, SOURCE, None), "m7i.xlarge": Price(0.2, SOURCE, None)}},
-    fixed={"us-east-1": {"eksControlPlane": Price(0.1, SOURCE, None), "natGateway": Price(0.05, SOURCE, None)}},
-    not_offered={})
+    fixed={"us-east-1": {"eksControlPlane": Price(0.1, SOURCE, None), "natGateway": Price(0.05, SOURCE, None),
+                         "publicIpv4": Price(0.01, SOURCE, None)}},
+    not_offered={},
+    storage={"us-east-1": {"ebsGp3": Rate(0.1, SOURCE, None), "efsStandard": Rate(0.3, SOURCE, None)}},
+    usage={"us-east-1": {"natGatewayProcessed": Rate(0.05, SOURCE, None), "efsElasticRead": Rate(0.03, SOURCE, None),
+                         "efsElasticWrite": Rate(0.06, SOURCE, None), "logsIngested": Rate(0.5, SOURCE, None),
+                         "logsStored": Rate(0.03, SOURCE, None)}})
 """Round prices, so every expected figure below is arithmetic a reader can redo."""
 
 
@@ -44,15 +49,27 @@ def test_dev_costs_its_pool_at_min_and_max_plus_the_fixed_part(tmp_path: Path) -
     # dev: one L4 pool of g6.xlarge (1 GPU), 0-2 nodes, at $1/h for 730 h.
     assert (pool["name"], pool["gpusAtMin"], pool["gpusAtMax"]) == ("l4", 0, 2)
     assert (pool["monthlyUsdAtMin"], pool["monthlyUsdAtMax"]) == (0, 1460)
-    fixed = {item["name"].split(" (")[0]: (item["monthlyUsdAtMin"], item["monthlyUsdAtMax"]) for item in
+    fixed = {item["key"]: (item["monthlyUsdIdle"], item["monthlyUsdAtMin"], item["monthlyUsdAtMax"]) for item in
              capacity["fixed"]}
     system = stack_document("dev")["triarch:cluster"]["systemNodeGroup"]
-    assert system.get("instanceType", "m7i.large") == "m7i.large"
-    low, high = system.get("min", 2), system.get("max", 4)
-    assert fixed == {"system nodes": (round(0.1 * low * 730, 2), round(0.1 * high * 730, 2)),
-                     "EKS control plane": (73, 73), "NAT gateways": (36.5, 36.5)}
-    assert capacity["monthlyUsdAtMin"] == round(0 + 0.1 * low * 730 + 73 + 36.5, 2)
-    assert capacity["monthlyUsdAtMax"] == round(1460 + 0.1 * high * 730 + 73 + 36.5, 2)
+    assert system.get("instanceType", "m7i.large") == "m7i.large" and "diskGiB" not in system
+    assert (system.get("min", 2), system.get("max", 4)) == (2, 4)
+    # Root volumes: 50 GiB per system node (2-4), 200 GiB per L4 node (idle 1: embed's replica), at $0.1 per GiB-month.
+    # Prometheus: 50 GiB at $0.1. EFS: Qwen3-Embedding-0.6B's 0.6B bf16 weights, 1.1 GiB at $0.3.
+    assert fixed == {"systemNodes": (146, 146, 292), "eksControlPlane": (73, 73, 73), "natGateways": (36.5, 36.5, 36.5),
+                     "publicIpv4": (7.3, 7.3, 7.3), "ebsRootVolumes": (30, 10, 60), "prometheusVolume": (5, 5, 5),
+                     "efsModelCaches": (0.33, 0.33, 0.33)}
+    [efs] = [item for item in capacity["fixed"] if item["key"] == "efsModelCaches"]
+    assert "1.1 GiB" in efs["name"]
+    assert capacity["monthlyUsdIdle"] == round(730 + 146 + 73 + 36.5 + 7.3 + 30 + 5 + 0.33, 2)
+    assert capacity["monthlyUsdAtMin"] == round(0 + 146 + 73 + 36.5 + 7.3 + 10 + 5 + 0.33, 2)
+    assert capacity["monthlyUsdAtMax"] == round(1460 + 292 + 73 + 36.5 + 7.3 + 60 + 5 + 0.33, 2)
+    # What is billed by use has a rate and, where one event's size is known, its price; never a monthly figure.
+    usage = {item["key"]: item for item in capacity["usage"]}
+    assert set(usage) == {"natGatewayProcessed", "efsElasticRead", "efsElasticWrite", "logsIngested", "logsStored"}
+    assert usage["efsElasticRead"]["usd"] == 0.03 and "embed $0.03" in usage["efsElasticRead"]["perEvent"]
+    assert usage["logsIngested"]["perEvent"] is None
+    assert not any("monthlyUsd" in key for item in capacity["usage"] for key in item)
     [model] = capacity["models"]
     assert (model["name"], model["pool"], model["gpusPerReplica"], model["replicasMin"]) == ("embed", "l4", 1, 1)
 
@@ -84,7 +101,12 @@ def test_the_shipped_price_table_prices_every_instance_type_in_the_stacks_region
         missing = sorted(set(facts.instances) - set(table.instances[region]) - set(table.not_offered[region]))
         assert missing == [], f"{region}: no price for {missing}"
         assert set(table.instances[region]).isdisjoint(table.not_offered[region])
-        assert set(table.fixed[region]) == {"eksControlPlane", "natGateway"}
+        assert set(table.fixed[region]) == {"eksControlPlane", "natGateway", "publicIpv4"}
+        assert set(table.storage[region]) == {"ebsGp3", "efsStandard"}
+        assert set(table.usage[region]) == {"natGatewayProcessed", "efsElasticRead", "efsElasticWrite",
+                                            "logsIngested", "logsStored"}
+        for rate in [*table.storage[region].values(), *table.usage[region].values()]:
+            assert rate.source.startswith("https://") and rate.source_date and rate.usd > 0
     for prices in table.instances.values():
         for name, price in prices.items():
             assert price.source.startswith("https://") and price.hourly_usd > 0, name
@@ -251,3 +273,22 @@ def test_a_long_comment_is_cut_below_githubs_limit(tmp_path: Path, prod_plan: Pa
     (root / "check" / "prod.json").write_text(json.dumps(check), encoding="utf-8")
     text = review_markdown(root)
     assert len(text) < 65_536 and "the `triarch-review` artifact hold all of it" in text
+
+
+def test_a_stateful_removal_fails_the_stack_section_and_leads_it(tmp_path: Path, prod_plan: Path) -> None:
+    """The stack's own verdict counts removals as the review's failures do: a deleted Secret is shown in the table
+    of what cannot be undone, not folded into the details."""
+    root = review_dir(tmp_path, prod_plan)
+    (root / "check" / "prod.json").write_text(json.dumps({"stack": "prod", "violations": []}), encoding="utf-8")
+    secret = Difference("removed", "kubernetes:core/v1:Secret", "secret-llm-hf-token", "urn:s", [], True,
+                        "gone from the head; the pods that read it fail").as_json()
+    diff = json.loads((root / "diff" / "prod.json").read_text(encoding="utf-8"))
+    diff.update(replaced=[], removed=[secret])
+    (root / "diff" / "prod.json").write_text(json.dumps(diff), encoding="utf-8")
+    (root / "errors" / "broken.txt").unlink()
+    text = review_markdown(root)
+    assert "### :x: `prod`" in text
+    table = text.split("| | replaced or removed | inputs | why |", 1)[1].split("\n\n", 1)[0]
+    assert "`secret-llm-hf-token` | removed |" in table
+    assert "- removed: `kubernetes:core/v1:Secret`" not in text
+    assert failures(root) == ["prod: 1 unintended stateful replacement(s) or removal(s): secret-llm-hf-token"]

@@ -1,12 +1,14 @@
-"""What a stack holds and what it costs: per pool the GPUs and the monthly price at `min` and at `max` nodes, per
-model the GPUs it holds, and the cluster's fixed costs. Prices are on-demand list prices from
-templates/compat/prices.yaml, each with its source and date; a price the table lacks is reported as unknown,
-never guessed. Written next to plan.json as capacity.json, so `triarch diff` and the pull-request comment can
-compare two plans without planning again."""
+"""What a stack holds and what it costs: per pool the GPUs and the monthly price idle, at `min` and at `max` nodes,
+per model the GPUs it holds, the cluster's fixed costs (system nodes, control plane, NAT gateways and their public
+addresses, root volumes, Prometheus' volume, the model caches' file system), and the rates of what is billed by use
+(data through the NAT, file system reads and writes, control-plane logs), whose quantity depends on traffic and so is
+never added to a total. Prices are on-demand list prices from templates/compat/prices.yaml, each with its source and
+date; a price the table lacks is reported as unknown, never guessed. Written next to plan.json as capacity.json, so
+`triarch diff` and the pull-request comment can compare two plans without planning again."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -15,6 +17,7 @@ from triarch.config import StackConfig
 from triarch.paths import COMPAT_DIR
 from triarch.planners.models import ModelPlan, replica_bounds
 from triarch.planners.nodegroups import plan_pool
+from triarch.tuner import GIB
 
 CAPACITY_FILE = "capacity.json"
 
@@ -22,6 +25,14 @@ CAPACITY_FILE = "capacity.json"
 @dataclass(frozen=True)
 class Price:
     hourly_usd: float
+    source: str
+    source_date: str | None
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A price per unit of something stored (GB-month) or moved (GB)."""
+    usd: float
     source: str
     source_date: str | None
 
@@ -36,6 +47,11 @@ class PriceTable:
     """Region -> eksControlPlane / natGateway -> hourly price."""
     not_offered: dict[str, dict[str, str]]
     """Region -> instance type -> why it has no on-demand price there (e.g. sold as Capacity Blocks only)."""
+    storage: dict[str, dict[str, Rate]] = field(default_factory=dict)
+    """Region -> ebsGp3 / efsStandard -> USD per GB-month."""
+    usage: dict[str, dict[str, Rate]] = field(default_factory=dict)
+    """Region -> natGatewayProcessed / efsElasticRead / efsElasticWrite / logsIngested / logsStored -> USD per GB
+    (logsStored: per GB-month)."""
 
     def instance(self, region: str | None, instance_type: str | None) -> Price | None:
         if region is None or instance_type is None:
@@ -51,6 +67,14 @@ def _price(entry: dict[str, Any] | None, sources: dict[str, str]) -> Price | Non
     return Price(float(entry["hourlyUsd"]), sources.get(source, source), None if date is None else str(date))
 
 
+def _rate(entry: dict[str, Any] | None, sources: dict[str, str]) -> Rate | None:
+    if not entry or entry.get("usd") is None:
+        return None
+    source = str(entry["source"])
+    date = entry.get("sourceDate")
+    return Rate(float(entry["usd"]), sources.get(source, source), None if date is None else str(date))
+
+
 @cache
 def price_table() -> PriceTable:
     """templates/compat/prices.yaml: a row's `source` is a URL or a key of its `sources`."""
@@ -59,17 +83,35 @@ def price_table() -> PriceTable:
     instances: dict[str, dict[str, Price]] = {}
     fixed: dict[str, dict[str, Price]] = {}
     not_offered: dict[str, dict[str, str]] = {}
+    storage: dict[str, dict[str, Rate]] = {}
+    usage: dict[str, dict[str, Rate]] = {}
     for region, entries in (raw.get("regions") or {}).items():
         rows = entries.get("instances") or {}
         instances[region] = {name: p for name, e in rows.items() if (p := _price(e, sources)) is not None}
         not_offered[region] = {name: str(e["notOffered"]) for name, e in rows.items() if e.get("notOffered")}
-        fixed[region] = {name: p for name in ("eksControlPlane", "natGateway")
+        fixed[region] = {name: p for name in ("eksControlPlane", "natGateway", "publicIpv4")
                          if (p := _price(entries.get(name), sources)) is not None}
-    return PriceTable(str(raw["retrieved"]), float(raw["hoursPerMonth"]), instances, fixed, not_offered)
+        storage[region] = {name: r for name, e in (entries.get("storage") or {}).items()
+                           if (r := _rate(e, sources)) is not None}
+        usage[region] = {name: r for name, e in (entries.get("usage") or {}).items()
+                         if (r := _rate(e, sources)) is not None}
+    return PriceTable(str(raw["retrieved"]), float(raw["hoursPerMonth"]), instances, fixed, not_offered, storage,
+                      usage)
 
 
 def _monthly(price: Price | None, count: int, table: PriceTable) -> float | None:
     return None if price is None else round(price.hourly_usd * count * table.hours_per_month, 2)
+
+
+def _stored(rate: Rate | None, gib: float) -> float | None:
+    return None if rate is None else round(rate.usd * gib, 2)
+
+
+def _fixed(key: str, name: str, idle: float | None, low: float | None, high: float | None,
+           source: Price | Rate | None) -> dict[str, Any]:
+    """One fixed-cost line; `key` stays the same when the name's counts change, so two plans compare by it."""
+    return {"key": key, "name": name, "monthlyUsdIdle": idle, "monthlyUsdAtMin": low, "monthlyUsdAtMax": high,
+            "priceSource": source.source if source else None}
 
 
 def _sum(values: list[float | None]) -> float | None:
@@ -97,25 +139,6 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
             "monthlyUsdAtMin": _monthly(price, group.min, table), "monthlyUsdAtMax": _monthly(price, group.max, table),
             "priceSource": price.source if price else None,
         })
-    fixed: list[dict[str, Any]] = []
-    if cluster.create:
-        system = cluster.system_node_group
-        price = table.instance(region, system.instance_type)
-        fixed.append({"name": f"system nodes ({system.instance_type} x {system.min}-{system.max})",
-                      "monthlyUsdAtMin": _monthly(price, system.min, table),
-                      "monthlyUsdAtMax": _monthly(price, system.max, table),
-                      "priceSource": price.source if price else None})
-        fixed_prices = table.fixed.get(region or "", {})
-        control_plane = fixed_prices.get("eksControlPlane")
-        fixed.append({"name": "EKS control plane", "monthlyUsdAtMin": _monthly(control_plane, 1, table),
-                      "monthlyUsdAtMax": _monthly(control_plane, 1, table),
-                      "priceSource": control_plane.source if control_plane else None})
-        nat = fixed_prices.get("natGateway")
-        gateways = len(cluster.zones) if cluster.nat_gateways == "perZone" else 1
-        fixed.append({"name": f"NAT gateways ({gateways}, before data processing)",
-                      "monthlyUsdAtMin": _monthly(nat, gateways, table),
-                      "monthlyUsdAtMax": _monthly(nat, gateways, table),
-                      "priceSource": nat.source if nat else None})
     uses = []
     for plan in models:
         low, high = replica_bounds(plan)
@@ -129,16 +152,96 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
         nodes = max(group.min, -(-held // schedulable))
         price = table.instance(region, group.instance_type)
         pool_row.update({"gpusIdle": held, "nodesIdle": nodes, "monthlyUsdIdle": _monthly(price, nodes, table)})
-    at_idle: list[float | None] = [row["monthlyUsdIdle"] for row in pools] + [row["monthlyUsdAtMin"] for row in fixed]
+    fixed = fixed_costs(stack, models, pools, table) if cluster.create and region else []
+    at_idle: list[float | None] = [row["monthlyUsdIdle"] for row in [*pools, *fixed]]
     at_min: list[float | None] = [row["monthlyUsdAtMin"] for row in [*pools, *fixed]]
     at_max: list[float | None] = [row["monthlyUsdAtMax"] for row in [*pools, *fixed]]
     return {
         "stack": name, "region": region, "pricesRetrieved": table.retrieved, "hoursPerMonth": table.hours_per_month,
         "pools": pools, "fixed": fixed, "models": uses,
+        "usage": usage_rates(stack, models, table) if cluster.create and region else [],
         "monthlyUsdIdle": _sum(at_idle) if region else None,
         "monthlyUsdAtMin": _sum(at_min) if region else None,
         "monthlyUsdAtMax": _sum(at_max) if region else None,
     }
+
+
+def fixed_costs(stack: StackConfig, models: list[ModelPlan], pools: list[dict[str, Any]],
+                table: PriceTable) -> list[dict[str, Any]]:
+    """A created cluster's costs besides its GPU nodes, idle, at min and at max: they do not depend on traffic."""
+    cluster, region = stack.cluster, stack.aws_region or ""
+    system = cluster.system_node_group
+    hourly = table.fixed.get(region, {})
+    storage = table.storage.get(region, {})
+    price = table.instance(region, system.instance_type)
+    low, high = _monthly(price, system.min, table), _monthly(price, system.max, table)
+    rows = [_fixed("systemNodes", f"system nodes ({system.instance_type} x {system.min}-{system.max})", low, low,
+                   high, price)]
+    control_plane = hourly.get("eksControlPlane")
+    one = _monthly(control_plane, 1, table)
+    rows.append(_fixed("eksControlPlane", "EKS control plane", one, one, one, control_plane))
+    gateways = len(cluster.zones) if cluster.nat_gateways == "perZone" else 1
+    nat = _monthly(hourly.get("natGateway"), gateways, table)
+    rows.append(_fixed("natGateways", f"NAT gateways ({gateways}, before data processed)", nat, nat, nat,
+                       hourly.get("natGateway")))
+    ipv4 = _monthly(hourly.get("publicIpv4"), gateways, table)
+    rows.append(_fixed("publicIpv4", f"public IPv4 addresses ({gateways}, the NAT gateways' Elastic IPs)", ipv4, ipv4,
+                       ipv4, hourly.get("publicIpv4")))
+    # Every node's root volume is gp3, sized by its pool's diskGiB: it costs while the node runs.
+    disks = {group.name: group.disk_gib for group in stack.node_groups}
+    gib = {when: system.disk_gib * count + sum(disks[p["name"]] * int(p[nodes]) for p in pools)
+           for when, count, nodes in (("idle", system.min, "nodesIdle"), ("min", system.min, "minNodes"),
+                                      ("max", system.max, "maxNodes"))}
+    gp3 = storage.get("ebsGp3")
+    name = f"EBS root volumes (gp3: idle {gib['idle']} GiB, {gib['min']}-{gib['max']} GiB)"
+    rows.append(_fixed("ebsRootVolumes", name,
+                       _stored(gp3, gib["idle"]), _stored(gp3, gib["min"]), _stored(gp3, gib["max"]), gp3))
+    if stack.prometheus == "install":
+        size = stack.observability.storage_gib
+        cost = _stored(gp3, size)
+        rows.append(_fixed("prometheusVolume", f"Prometheus volume (gp3, {size} GiB)", cost, cost, cost, gp3))
+    if stack.serving.storage_class is None and models:
+        # The model caches live on Triarch's EFS file system, billed for what it stores: at least the weights, once
+        # per model (replicas share a cache); compile caches add to it, by an amount no plan knows.
+        weights = round(sum(m.sizing.weights_bytes for m in models) / GIB, 1)
+        efs = storage.get("efsStandard")
+        cost = _stored(efs, weights)
+        rows.append(_fixed("efsModelCaches", f"EFS model caches (at least the weights, {weights:g} GiB)", cost, cost,
+                           cost, efs))
+    return rows
+
+
+def usage_rates(stack: StackConfig, models: list[ModelPlan], table: PriceTable) -> list[dict[str, Any]]:
+    """What is billed by use, as a rate and, where the plan knows it, the amount one event moves: the quantity per
+    month depends on traffic, so these are never in a total."""
+    usage = table.usage.get(stack.aws_region or "", {})
+    weights = {m.name: m.sizing.weights_bytes / GIB for m in models}
+    efs = stack.serving.storage_class is None
+    rows: list[dict[str, Any]] = []
+
+    def row(key: str, name: str, rate: Rate | None, unit: str, per: str | None) -> None:
+        rows.append({"key": key, "name": name, "usd": rate.usd if rate else None, "unit": unit,
+                     "perEvent": per, "priceSource": rate.source if rate else None})
+
+    def each(rate: Rate | None) -> str | None:
+        if rate is None or not weights:
+            return None
+        return ", ".join(f"{name} ${rate.usd * gib:,.2f}" for name, gib in sorted(weights.items()))
+
+    nat = usage.get("natGatewayProcessed")
+    row("natGatewayProcessed", "data through the NAT gateways", nat, "GB",
+        f"a model's first download from the hub: {each(nat)}" if each(nat) else None)
+    if efs:
+        read, write = usage.get("efsElasticRead"), usage.get("efsElasticWrite")
+        row("efsElasticRead", "EFS reads (elastic throughput)", read, "GB",
+            f"each replica start reads its weights: {each(read)}" if each(read) else None)
+        row("efsElasticWrite", "EFS writes (elastic throughput)", write, "GB",
+            f"a model's first download writes its weights: {each(write)}" if each(write) else None)
+    row("logsIngested", "control-plane logs ingested (CloudWatch)", usage.get("logsIngested"), "GB", None)
+    days = stack.cluster.log_retention_days
+    row("logsStored", f"control-plane logs kept {days} days (CloudWatch)", usage.get("logsStored"), "GB-month",
+        f"each day's logs are billed for about {round(days * 12 / 365)} GB-month(s) per GB")
+    return rows
 
 
 def _pool_view(pool: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -156,13 +259,55 @@ def _totals(document: dict[str, Any] | None) -> dict[str, Any] | None:
             "monthlyUsdAtMax": document.get("monthlyUsdAtMax")}
 
 
+COST_COLUMNS = ("monthlyUsdIdle", "monthlyUsdAtMin", "monthlyUsdAtMax")
+
+
+def _cost_lines(document: dict[str, Any] | None) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every line a total adds up, by a key that survives a change of counts: pools by name, fixed costs by key."""
+    if document is None:
+        return {}
+    found = {f"pool {p['name']}": (f"pool {p['name']}", p) for p in document.get("pools", [])}
+    for item in document.get("fixed", []):
+        found[str(item.get("key") or item["name"])] = (str(item["name"]), item)
+    return found
+
+
+def _delta(before: Any, after: Any) -> float | None:
+    if before is None and after is None:
+        return None
+    if isinstance(before, int | float) and isinstance(after, int | float):
+        return round(after - before, 2)
+    return None
+
+
+def cost_change_lines(base: dict[str, Any] | None, head: dict[str, Any]) -> list[dict[str, Any]]:
+    """The lines whose monthly cost differs, with their change idle, at min and at max: together they explain the
+    change of the total (a line only one side has counts from or to zero)."""
+    before, after = _cost_lines(base), _cost_lines(head)
+    rows = []
+    for key in sorted(set(before) | set(after)):
+        was = before.get(key, ("", {}))[1]
+        now = after.get(key, ("", {}))[1]
+        values = {c: (was.get(c, 0 if key not in before else None), now.get(c, 0 if key not in after else None))
+                  for c in COST_COLUMNS}
+        if all(b == a for b, a in values.values()) and (key in before) == (key in after):
+            continue
+        name = after[key][0] if key in after else before[key][0]
+        rows.append({"line": name, "before": {c: b for c, (b, _) in values.items()},
+                     "after": {c: a for c, (_, a) in values.items()},
+                     "change": {c: _delta(b, a) for c, (b, a) in values.items()}})
+    return rows
+
+
 def capacity_change(base: dict[str, Any] | None, head: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Two capacity.json documents compared per pool and in total; a base written before capacity.json existed
-    (None) leaves every `before` null."""
+    """Two capacity.json documents compared per pool, line by line and in total; a base written before capacity.json
+    existed (None) leaves every `before` null."""
     if head is None:
         return None
     before = {p["name"]: p for p in (base or {}).get("pools", [])}
     after = {p["name"]: p for p in head.get("pools", [])}
     pools = [{"pool": name, "before": _pool_view(before.get(name)), "after": _pool_view(after.get(name))}
              for name in sorted(set(before) | set(after))]
-    return {"baseKnown": base is not None, "pools": pools, "total": {"before": _totals(base), "after": _totals(head)}}
+    lines = cost_change_lines(base, head) if base is not None else []
+    return {"baseKnown": base is not None, "pools": pools, "lines": lines,
+            "total": {"before": _totals(base), "after": _totals(head)}}

@@ -185,6 +185,12 @@ def usd(value: float | None) -> str:
     return "unknown" if value is None else f"${value:,.0f}"
 
 
+def usage_line(item: dict[str, Any]) -> str:
+    """A rate billed by use: what it costs per unit, and what one event costs where the plan knows."""
+    rate = "unknown rate" if item["usd"] is None else f"${item['usd']:g} per {item['unit']}"
+    return f"{item['name']} {rate}" + (f" ({item['perEvent']})" if item.get("perEvent") else "")
+
+
 def capacity_lines(capacity: dict[str, Any]) -> list[str]:
     """The capacity section of the summary: GPUs and monthly cost per pool at min and at max nodes."""
     where = f"on-demand list prices in {capacity['region']}, {capacity['pricesRetrieved']}" if capacity["region"] \
@@ -197,12 +203,14 @@ def capacity_lines(capacity: dict[str, Any]) -> list[str]:
                      f"{pool['nodesIdle']} node(s) {usd(pool['monthlyUsdIdle'])}", usd(pool["monthlyUsdAtMin"]),
                      usd(pool["monthlyUsdAtMax"])])
     for item in capacity["fixed"]:
-        rows.append([item["name"], "", "", "", usd(item["monthlyUsdAtMin"]), usd(item["monthlyUsdAtMin"]),
-                     usd(item["monthlyUsdAtMax"])])
+        rows.append([item["name"], "", "", "", usd(item.get("monthlyUsdIdle", item["monthlyUsdAtMin"])),
+                     usd(item["monthlyUsdAtMin"]), usd(item["monthlyUsdAtMax"])])
     if capacity["region"]:
         rows.append(["total", "", "", "", usd(capacity["monthlyUsdIdle"]), usd(capacity["monthlyUsdAtMin"]),
                      usd(capacity["monthlyUsdAtMax"])])
     lines += _table(rows)
+    if capacity.get("usage"):
+        lines += ["  Billed by use, not in the total:", *(f"    {usage_line(u)}" for u in capacity["usage"])]
     if capacity["models"]:
         held = ", ".join(f"{m['name']} {m['gpusPerReplica']} x {m['replicasMin']}"
                          + (f"-{m['replicasMax']}" if m["replicasMax"] != m["replicasMin"] else "")
@@ -297,6 +305,25 @@ def _total_cell(total: dict[str, Any] | None) -> str:
     return idle + _range(total["monthlyUsdAtMin"], total["monthlyUsdAtMax"], money=True)
 
 
+COST_LABELS = {"monthlyUsdIdle": "idle", "monthlyUsdAtMin": "at min", "monthlyUsdAtMax": "at max"}
+
+
+def _signed(value: float | None) -> str:
+    if value is None:
+        return "unknown"
+    return f"{'+' if value >= 0 else '-'}${abs(value):,.0f}"
+
+
+def cost_explanation(change: dict[str, Any]) -> list[str]:
+    """The total's change line by line: each line whose monthly cost moves, and by how much in each column."""
+    explained = []
+    for row in change.get("lines") or []:
+        moves = [f"{label} {usd(row['before'][key])} -> {usd(row['after'][key])} ({_signed(row['change'][key])})"
+                 for key, label in COST_LABELS.items() if row["before"][key] != row["after"][key]]
+        explained.append(f"{row['line']}: " + ("; ".join(moves) if moves else "renamed, same cost"))
+    return explained
+
+
 def capacity_change_lines(change: dict[str, Any]) -> list[str]:
     lines = ["Capacity and cost per month (idle: what fixed replicas and autoscaling minimums hold; at min nodes - "
              "at max nodes)"]
@@ -305,6 +332,9 @@ def capacity_change_lines(change: dict[str, Any]) -> list[str]:
         lines.append(f"  {row['pool']}: {after}" if before == after else f"  {row['pool']}: {before} -> {after}")
     before, after = _total_cell(change["total"]["before"]), _total_cell(change["total"]["after"])
     lines.append(f"  total: {after}" if before == after else f"  total: {before} -> {after}")
+    explained = cost_explanation(change)
+    if explained:
+        lines += ["  what moves the total:", *(f"    {line}" for line in explained)]
     return lines
 
 
@@ -315,4 +345,7 @@ def capacity_change_table(change: dict[str, Any]) -> list[str]:
         mark = "" if before == after else " :arrow_right:"
         lines.append(f"| `{row['pool']}`{mark} | {before} | {after} |")
     lines.append(f"| **total** | {_total_cell(change['total']['before'])} | {_total_cell(change['total']['after'])} |")
+    explained = cost_explanation(change)
+    if explained:
+        lines += ["", "What moves the total, line by line:", "", *(f"- {line}" for line in explained)]
     return lines
