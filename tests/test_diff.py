@@ -359,3 +359,49 @@ def test_a_provider_renamed_with_the_same_target_moves_nothing(base: dict[str, d
     result = diff_plans(base["local"], edited("local", lambda c: c["triarch:cluster"].update(name="local-b"), tmp_path))
     assert not [d for d in result.differences if "provider" in d.cause]
     assert not [d for d in result.of("replaced") if d.type == "kubernetes:core/v1:Namespace"]
+
+
+def test_removing_a_secret_blocks_but_rotating_it_does_not(base: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    """prod moved to a Prometheus it already runs: Triarch's Grafana goes, with the Secret holding its admin
+    password. Deleting a Secret loses what reads it, so the gate counts it; a Secret replaced with a new value (a
+    rotation: its data cannot change in place) keeps the pods reading one, and does not block."""
+    head = edited("prod", lambda c: c.setdefault("triarch:observability", {}).update(prometheus="existing"),
+                  tmp_path)
+    result = diff_plans(base["prod"], head)
+    [secret] = [d for d in result.of("removed") if d.type == "kubernetes:core/v1:Secret"]
+    assert secret.name == "kube-prometheus-stack-grafana-admin"
+    assert secret in result.blocking and "fail to start or to authenticate" in secret.cause
+    assert secret not in diff_plans(base["prod"], head, intended=[secret.name]).blocking
+    rotated = copy.deepcopy(base["prod"])
+    [resource] = [r for r in rotated["resources"] if r["type"] == "kubernetes:core/v1:Secret"]
+    resource["inputs"]["stringData"] = {"admin-password": "rotated"}
+    result = diff_plans(base["prod"], rotated)
+    assert [d.name for d in result.of("replaced")] == [secret.name] and result.blocking == []
+
+
+def test_the_cost_change_is_explained_line_by_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """prod's A100 nodes get 1,000 GiB root volumes instead of 500 and the L4 pool may grow to 8 nodes: the total
+    moves, and each line that moves it says by how much (list prices: g6.2xlarge $0.9776/h, gp3 $0.08 per
+    GiB-month, 730 h). L4 at max: 2 more nodes, +$1,427. Root volumes: idle one A100 node holds 500 GiB more (+$40);
+    at max 2 x 200 GiB of L4 and 2 x 500 GiB of A100 more, 1,400 GiB (+$112); at min no GPU node runs (no change)."""
+    assert cli.main(["plan", "--stack", "prod", "--out", str(tmp_path / "base")]) == 0
+    capsys.readouterr()
+    config = stack_document("prod")
+    pools = {g["name"]: g for g in config["triarch:nodeGroups"]}
+    pools["a100"]["diskGiB"] = 1000
+    pools["l4"]["max"] = 8
+    head = write_stack_file(tmp_path / "Pulumi.prod.yaml", config)
+    code, out, _ = run(capsys, "--base", str(tmp_path / "base"), "--stack-file", str(head))
+    assert code == 0, out
+    explained = out.split("  what moves the total:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert explained == [
+        "    EBS root volumes (gp3: idle 1750 GiB, 150-3900 GiB): "
+        "idle $100 -> $140 (+$40); at max $200 -> $312 (+$112)",
+        "    pool l4: at max $4,282 -> $5,709 (+$1,427)"]
+    code, out, _ = run(capsys, "--base", str(tmp_path / "base"), "--stack-file", str(head), "--format", "json")
+    change = json.loads(out)["capacity"]
+    for column in ("monthlyUsdIdle", "monthlyUsdAtMin", "monthlyUsdAtMax"):
+        moved = change["total"]["after"][column] - change["total"]["before"][column]
+        assert abs(moved - sum(line["change"][column] for line in change["lines"])) < 0.05, column
+    code, out, _ = run(capsys, "--base", str(tmp_path / "base"), "--stack-file", str(head), "--format", "markdown")
+    assert "What moves the total, line by line:" in out and "- pool l4: at max $4,282 -> $5,709 (+$1,427)" in out

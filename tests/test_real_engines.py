@@ -106,6 +106,26 @@ def test_the_serving_namespace_refuses_a_privileged_pod(deployed: Lab) -> None:
     assert deployed.plane.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(pod)).returncode == 0
 
 
+def test_a_bound_claim_neither_grows_on_a_class_without_expansion_nor_shrinks(deployed: Lab) -> None:
+    """What templates/compat/service-rules.yaml (claimSize) says, asked of the API server: the lab's cache claim is
+    bound on the plane's default class, which has no allowVolumeExpansion. A larger size is refused by the resize
+    admission plugin, a smaller one by validation, so `pulumi up` of such an edit fails; hence Triarch never sends
+    a size to a claim on its EFS class, and `triarch diff` refuses a shrink and notes a growth."""
+    claim = deployed.kubectl_json("get", "pvc", "chat-hf-cache", "-n", SERVING)
+    assert claim["status"]["phase"] == "Bound"
+    storage_class = deployed.kubectl_json("get", "storageclass", claim["spec"]["storageClassName"])
+    assert not storage_class.get("allowVolumeExpansion")
+    size = claim["spec"]["resources"]["requests"]["storage"]
+    assert size.endswith("Gi")
+    gib = int(size[:-2])
+    for wanted, said in ((gib * 2, "storageclass that provisions the pvc must support resize"),
+                         (gib // 2, "can not be less than")):
+        patch = {"spec": {"resources": {"requests": {"storage": f"{wanted}Gi"}}}}
+        done = deployed.plane.kubectl("patch", "pvc", "chat-hf-cache", "-n", SERVING, "--type", "merge",
+                                      "--dry-run=server", "-p", json.dumps(patch), check=False)
+        assert done.returncode != 0 and said in done.stderr, (wanted, done.stderr)
+
+
 def test_the_second_up_changes_nothing(deployed: Lab) -> None:
     done = deployed.pulumi("preview", "--expect-no-changes", "--diff", check=False)
     assert done.returncode == 0, done.stdout[-3000:]

@@ -12,7 +12,8 @@ from conftest import StackPlan, plan_config, stack_document, write_stack_file
 from test_security import refusal
 from triarch import cli
 from triarch.offline import plan_document
-from triarch.service_rules import refusals
+from triarch.diff import diff_plans
+from triarch.service_rules import claim_growth_notes, refusals
 
 
 def document(plan: StackPlan) -> dict[str, Any]:
@@ -87,3 +88,50 @@ def test_a_version_no_known_ami_runs_names_the_versions_that_do(tmp_path: Path,
     assert "has no AMI for Kubernetes 1.37; allowed: no AL2023 release in templates/compat/amis.yaml has one; a " \
            "Kubernetes version one has (" in line
     assert "1.36)" in line and "a release for 1.37: ;" not in line
+
+
+# --- volume claims -------------------------------------------------------------------------------------------------
+
+CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
+
+
+def _claims(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["inputs"]["metadata"]["name"]: r for r in plan["resources"] if r["type"] == CLAIM}
+
+
+def test_a_new_ray_model_leaves_the_shared_efs_claim_as_created(prod: dict[str, Any], tmp_path: Path) -> None:
+    """prod's Ray Serve models share one cache claim sized by their caches; one more model would grow it, which the
+    API server refuses on the EFS class (no allowVolumeExpansion). EFS ignores the size, so Pulumi never sends it:
+    the diff shows the claim untouched and refuses nothing."""
+    def add_model(config: dict[str, Any]) -> None:
+        next(g for g in config["triarch:nodeGroups"] if g["name"] == "l4")["max"] = 8
+        config["triarch:models"].append({"name": "gemma", "model": "google/gemma-2-2b-it", "engine": "ray-serve",
+                                         "nodeGroup": "l4", "maxModelLen": 4096})
+    head = edited(add_model, tmp_path)
+    before, after = _claims(prod)["llm-hf-cache"], _claims(head)["llm-hf-cache"]
+    assert before["inputs"]["spec"]["resources"] != after["inputs"]["spec"]["resources"]  # the planned size grew
+    assert after["ignoreChanges"] == ["spec.resources.requests.storage"]
+    assert after["inputs"]["spec"]["storageClassName"] == "triarch-efs"
+    assert "llm-hf-cache" not in " ".join(d.name for d in diff_plans(prod, head).differences)
+    assert refusals(prod, head) == []
+
+
+@pytest.mark.parametrize(("cache", "refused", "noted"), [
+    (10, "claim llm/embed-hf-cache: 20Gi -> 10Gi shrinks a volume claim, which Kubernetes refuses; allowed: 20Gi or "
+         "more (the models' cacheGiB keep it), or a new claim (its models renamed)", None),
+    (40, None, "claim llm/embed-hf-cache: grows 20Gi -> 40Gi; Kubernetes accepts it only if the cluster's default "
+               "class has allowVolumeExpansion (`kubectl get storageclass`), else `pulumi up` fails on it (the "
+               "models' cacheGiB keep its size)"),
+])
+def test_a_claim_on_a_class_triarch_did_not_create_shrinks_never_and_grows_maybe(
+        shipped: dict[str, StackPlan], tmp_path: Path, cache: int, refused: str | None, noted: str | None) -> None:
+    """The local stack adopts a cluster and its default class: a smaller cache is refused (Kubernetes never shrinks
+    a claim); a larger one is said to depend on the class, which the plan cannot see."""
+    base = document(shipped["local"])
+    config = stack_document("local")
+    config["triarch:models"][0]["cacheGiB"] = cache
+    head = document(plan_config("local", config, tmp_path))
+    assert _claims(base)["embed-hf-cache"]["inputs"]["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    assert "ignoreChanges" not in _claims(head)["embed-hf-cache"]
+    assert refusals(base, head) == ([refused] if refused else [])
+    assert claim_growth_notes(base, head) == ([noted] if noted else [])

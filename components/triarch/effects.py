@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from triarch.diff import Diff, Difference
+from triarch.service_rules import claim_growth_notes
 
 RAY_SERVICE = "kubernetes:ray.io/v1:RayService"
 NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
@@ -94,6 +95,7 @@ def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, An
         came = sorted(_service_names(head) - _service_names(base))
         found.append(f"clients: Service(s) {', '.join(gone)} go" + (f", {', '.join(came)} come" if came else "")
                      + ": clients calling the old name (and served model name) fail until they change")
+    found += claim_growth_notes(base, head)
     if base_capacity and head_capacity:
         found += _transient_gpus(base_capacity, head_capacity)
     return found

@@ -1,6 +1,7 @@
-"""What AWS refuses on an update that each plan alone cannot see, read from the base and the head of a diff
-(templates/compat/service-rules.yaml): a Kubernetes version step other than one minor up, a cluster's subnets in a
-zone it was not created in. Pure: two plan.json documents in, refusals out."""
+"""What AWS and the Kubernetes API refuse on an update that each plan alone cannot see, read from the base and the
+head of a diff (templates/compat/service-rules.yaml): a Kubernetes version step other than one minor up, a cluster's
+subnets in a zone it was not created in, a volume claim that shrinks. Pure: two plan.json documents in, refusals
+(and the changes that depend on the live cluster) out."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ from typing import Any
 
 CLUSTER = "aws:eks/cluster:Cluster"
 SUBNET = "aws:ec2/subnet:Subnet"
+CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
+CLAIM_SIZE = "spec.resources.requests.storage"
+EXPANDABLE_CLASSES = {"triarch-gp3"}
+"""Classes Triarch creates with allowVolumeExpansion (planners/serving.py block_storage_class)."""
+UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
 
 def _minor(version: str) -> tuple[int, int]:
@@ -25,6 +31,31 @@ def _zones(plan: Mapping[str, Any], cluster: Mapping[str, Any]) -> set[str]:
     subnets = {r["urn"]: r for r in plan["resources"] if r["type"] == SUBNET}
     return {str(subnets[urn]["inputs"].get("availabilityZone")) for urn in
             cluster.get("propertyDependencies", {}).get("vpcConfig", []) if urn in subnets}
+
+
+def _bytes(quantity: str) -> int | None:
+    """A Kubernetes storage quantity in bytes (the forms a claim's request takes), None if unreadable."""
+    for suffix in sorted(UNITS, key=len, reverse=True):
+        if quantity.endswith(suffix) and quantity[:-len(suffix)].isdigit():
+            return int(quantity[:-len(suffix)]) * UNITS[suffix]
+    return int(quantity) if quantity.isdigit() else None
+
+
+def claim_resizes(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str, str, int]]:
+    """Claims whose size Pulumi would change in place: (the head's claim, before, after, sign of the change). A size
+    under the claim's ignoreChanges is never sent, so it is no change."""
+    before = {r["urn"]: r for r in base["resources"] if r["type"] == CLAIM}
+    found = []
+    for claim in (r for r in head["resources"] if r["type"] == CLAIM and r["urn"] in before):
+        if CLAIM_SIZE in (claim.get("ignoreChanges") or []):
+            continue
+        was = str(before[claim["urn"]]["inputs"].get("spec", {}).get("resources", {}).get("requests", {})
+                  .get("storage"))
+        now = str(claim["inputs"].get("spec", {}).get("resources", {}).get("requests", {}).get("storage"))
+        old, new = _bytes(was), _bytes(now)
+        if old is not None and new is not None and old != new:
+            found.append((claim, was, now, 1 if new > old else -1))
+    return found
 
 
 def refusals(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
@@ -50,4 +81,25 @@ def refusals(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
             found.append(f"triarch:cluster.zones: {', '.join(added)} is not a zone the cluster was created in "
                          f"({created}), and EKS takes new subnets only there; allowed: the zones it has, or a new "
                          "cluster (a new cluster.name)")
+    for claim, was, now, sign in claim_resizes(base, head):
+        if sign < 0:
+            metadata = claim["inputs"].get("metadata", {})
+            found.append(f"claim {metadata.get('namespace')}/{metadata.get('name')}: {was} -> {now} shrinks a volume "
+                         "claim, which Kubernetes refuses; allowed: "
+                         f"{was} or more (the models' cacheGiB keep it), or a new claim (its models renamed)")
     return found
+
+
+def claim_growth_notes(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
+    """A claim that grows on a class Triarch did not create: the API server accepts it only for a bound claim whose
+    class has allowVolumeExpansion, which no plan can see."""
+    notes = []
+    for claim, was, now, sign in claim_resizes(base, head):
+        storage_class = claim["inputs"].get("spec", {}).get("storageClassName")
+        if sign > 0 and storage_class not in EXPANDABLE_CLASSES:
+            metadata = claim["inputs"].get("metadata", {})
+            shown = f"class {storage_class}" if storage_class else "the cluster's default class"
+            notes.append(f"claim {metadata.get('namespace')}/{metadata.get('name')}: grows {was} -> {now}; Kubernetes "
+                         f"accepts it only if {shown} has allowVolumeExpansion (`kubectl get storageclass`), else "
+                         "`pulumi up` fails on it (the models' cacheGiB keep its size)")
+    return notes

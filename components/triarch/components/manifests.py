@@ -9,6 +9,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from triarch.catalog import Chart
+from triarch.planners.pods import kept_at_creation
 
 KINDS: dict[tuple[str, str], Any] = {
     ("v1", "Namespace"): k8s.core.v1.Namespace,
@@ -36,6 +37,9 @@ def resource_name(obj: dict[str, Any]) -> str:
 
 def register(obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
     """One object as Pulumi registers it: built-in kinds through their typed class, others as CustomResource."""
+    kept = kept_at_creation(obj)
+    if kept:
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(ignore_changes=kept))
     body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
     cls = KINDS.get((obj["apiVersion"], obj["kind"]))
     if cls is None:

@@ -10,6 +10,12 @@ from triarch.planners.models import ModelPlan
 from triarch.planners.nodegroups import PoolPlan
 from triarch.scheduling import POOL_LABEL, gpu_toleration
 
+EFS_STORAGE_CLASS = "triarch-efs"
+"""The shared-filesystem class a created cluster gets, so every replica reads one model cache."""
+BLOCK_STORAGE_CLASS = "triarch-gp3"
+"""A created cluster's block storage (EBS gp3) for what needs a local filesystem: Prometheus' TSDB."""
+CLAIM_SIZE = "spec.resources.requests.storage"
+
 ZONE_KEY = "topology.kubernetes.io/zone"
 HOSTNAME_KEY = "kubernetes.io/hostname"
 CACHE_MOUNT = "/models"
@@ -151,6 +157,16 @@ def cache_claim(owner: str, size_gib: int, settings: ServingSettings) -> dict[st
     metadata = {"name": cache_claim_name(owner), "namespace": settings.namespace, "labels": dict(MANAGED_BY),
                 "annotations": {"pulumi.com/skipAwait": "true"}}
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": spec}
+
+
+def kept_at_creation(obj: dict[str, Any]) -> list[str]:
+    """Inputs Pulumi sends once and never updates (the object's ignoreChanges). A claim on Triarch's EFS class: EFS
+    is elastic and its driver ignores the size, while the API server refuses any size change of a claim whose class
+    cannot expand; so a new Ray Serve model (whose cache adds to the shared claim's size) or a `cacheGiB` edit never
+    fails `pulumi up` on it."""
+    if obj.get("kind") == "PersistentVolumeClaim" and obj.get("spec", {}).get("storageClassName") == EFS_STORAGE_CLASS:
+        return [CLAIM_SIZE]
+    return []
 
 
 def namespace(name: str, pod_security: str, why: str) -> dict[str, Any]:

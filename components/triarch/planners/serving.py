@@ -7,10 +7,9 @@ from typing import Any
 
 from triarch.config import StackConfig
 from triarch.planners import pods
+from triarch.planners.pods import BLOCK_STORAGE_CLASS, EFS_STORAGE_CLASS
 
-EFS_STORAGE_CLASS = "triarch-efs"
-BLOCK_STORAGE_CLASS = "triarch-gp3"
-"""A created cluster's block storage (EBS gp3) for what needs a local filesystem: Prometheus' TSDB."""
+__all__ = ["BLOCK_STORAGE_CLASS", "EFS_STORAGE_CLASS", "block_storage_class", "serving_settings"]
 
 
 def block_storage_class() -> dict[str, Any]:
@@ -21,7 +20,6 @@ def block_storage_class() -> dict[str, Any]:
             "metadata": {"name": BLOCK_STORAGE_CLASS, "labels": {"app.kubernetes.io/managed-by": "triarch"}},
             "provisioner": "ebs.csi.aws.com", "parameters": {"type": "gp3", "encrypted": "true"},
             "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer", "allowVolumeExpansion": True}
-"""The shared-filesystem class a created cluster gets, so every replica reads one model cache."""
 
 
 def serving_settings(stack: StackConfig, with_token: bool, with_api_key: bool = False) -> pods.ServingSettings:
