@@ -53,6 +53,8 @@ class Model:
     pool: str
     worker_group: str | None
     """The Ray worker group serving it (KubeRay names its pods after it)."""
+    slo: float | None = None
+    """Its timeToFirstTokenSloSeconds in the stack file."""
 
     @property
     def pod(self) -> str:
@@ -211,6 +213,9 @@ def queued_gpus_idle(world: World, alert: str) -> list[Case]:
     return [
         Case([*queue, s(busy_gpu, "10x20")], [("3m", None), ("8m", {})]),
         Case([*queue, s(busy_gpu, "95x20")], [("8m", None)]),  # the GPU is the limit: not this alert
+        # idle means under half busy: 45% is, 55% is not
+        Case([*queue, s(busy_gpu, "45x20")], [("8m", {})]),
+        Case([*queue, s(busy_gpu, "55x20")], [("8m", None)]),
         Case([*empty, s(busy_gpu, "10x20")], [("8m", None)]),
         # only another workload's GPUs are seen idle: nothing about this model's
         Case([*queue, s(someone_else, "10x20")], [("8m", None)]),
@@ -220,7 +225,9 @@ def queued_gpus_idle(world: World, alert: str) -> list[Case]:
 def kv_full(world: World, alert: str) -> list[Case]:
     model = _model_of(world, alert, "KvCacheFull")
     name = world.vllm("kv_cache_usage_perc", model)
-    return [Case([s(name, "0.99x20")], [("5m", None), ("12m", {})]), Case([s(name, "0.6x20")], [("12m", None)])]
+    # Above 95% it fires; at 93%, where KEDA already adds replicas (test_observability), it stays silent.
+    return [Case([s(name, "0.99x20")], [("5m", None), ("12m", {})]), Case([s(name, "0.6x20")], [("12m", None)]),
+            Case([s(name, "0.97x20")], [("12m", {})]), Case([s(name, "0.93x20")], [("12m", None)])]
 
 
 def preempting(world: World, alert: str) -> list[Case]:
@@ -236,7 +243,15 @@ def slow_first_token(world: World, alert: str) -> list[Case]:
         return world.vllm("time_to_first_token_seconds_bucket", model, le=le)
     slow = [s(bucket("0.1"), "0x30"), s(bucket("1000"), "0+10x30"), s(bucket("+Inf"), "0+10x30")]
     fast = [s(bucket("0.1"), "0+10x30"), s(bucket("1000"), "0+10x30"), s(bucket("+Inf"), "0+10x30")]
-    return [Case(slow, [("20m", {})]), Case(fast, [("20m", None)])]
+    assert model.slo is not None
+
+    def near(low: float, high: float) -> list[dict[str, str]]:
+        """Every first token between low and high x the SLO: the p90 interpolates to low + 0.9 (high - low)."""
+        return [s(bucket(f"{low * model.slo:g}"), "0x30"), s(bucket(f"{high * model.slo:g}"), "0+10x30"),
+                s(bucket("+Inf"), "0+10x30")]
+    # p90 at 1.28 x the SLO fires, at 0.86 x it does not: the threshold is the stack's SLO
+    return [Case(slow, [("20m", {})]), Case(fast, [("20m", None)]),
+            Case(near(1.1, 1.3), [("20m", {})]), Case(near(0.5, 0.9), [("20m", None)])]
 
 
 SCENARIOS: list[tuple[re.Pattern[str], Scenario]] = [
@@ -272,7 +287,8 @@ def world_of(plan: StackPlan) -> World:
         group = None
         if entry.get("engine") == "ray-serve":
             group = groups[(entry["nodeGroup"], ray_gpus[entry["name"]])]
-        models.append(Model(entry["name"], entry.get("engine", "vllm"), entry["nodeGroup"], group))
+        models.append(Model(entry["name"], entry.get("engine", "vllm"), entry["nodeGroup"], group,
+                            entry.get("timeToFirstTokenSloSeconds")))
     return World(namespace, models, sorted({m.pool for m in models}))
 
 

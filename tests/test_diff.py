@@ -405,3 +405,55 @@ def test_the_cost_change_is_explained_line_by_line(tmp_path: Path, capsys: pytes
         assert abs(moved - sum(line["change"][column] for line in change["lines"])) < 0.05, column
     code, out, _ = run(capsys, "--base", str(tmp_path / "base"), "--stack-file", str(head), "--format", "markdown")
     assert "What moves the total, line by line:" in out and "- pool l4: at max $4,282 -> $5,709 (+$1,427)" in out
+
+
+def test_a_replaced_dependency_is_followed_into_a_list_input(base: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    """A new VPC range replaces the private subnets; the system node group takes their ids in `subnetIds`, a list
+    EKS cannot change on a node group, so the group is replaced too (its nodes, where the Ray heads run, move)."""
+    result = diff_plans(base["prod"], edited("prod", lambda c: c["triarch:cluster"].update(vpcCidr="10.9.0.0/16"),
+                                             tmp_path))
+    [group] = [d for d in result.of("replaced") if d.type == "aws:eks/nodeGroup:NodeGroup"]
+    assert group.inputs == []  # nothing the plan knows differs: only the ids the subnets will get
+    assert group.cause.startswith("subnetIds[0], subnetIds[1], subnetIds[2] take(s) a new value from ")
+    assert all(f"llm-prod-net-private-us-east-1{z}" in group.cause for z in "abc")
+
+
+def _list_inputs_from_dependencies(plan: dict[str, Any]) -> list[tuple[dict[str, Any], str, str]]:
+    """(resource, list input, a resource its elements come from) for every replace-on-change input that is a list
+    of values only the cloud knows, read from replacement.yaml and the plan (not from triarch.diff)."""
+    by_urn = {r["urn"]: r for r in plan["resources"]}
+    found = []
+    for resource in plan["resources"]:
+        rule = REPLACEMENT["types"].get(resource["type"]) or {}
+        for path in rule.get("replaceOn") or []:
+            value: Any = resource["inputs"]
+            for key in path.split("."):
+                value = value.get(key) if isinstance(value, dict) else None
+            if isinstance(value, list) and "<known after apply>" in value:
+                for urn in (resource.get("propertyDependencies") or {}).get(path.split(".")[0], []):
+                    if urn in by_urn and (REPLACEMENT["types"].get(by_urn[urn]["type"]) or {}).get("replaceOn"):
+                        found.append((resource, path, urn))
+    return found
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_every_list_input_follows_the_replacement_of_what_fills_it(base: dict[str, dict[str, Any]],
+                                                                   stack: str) -> None:
+    """Each list input that forces replacement and takes ids from other resources: replace one of them (a change of
+    its first replace-on-change input) and the resource holding the list is replaced, naming it."""
+    pairs = _list_inputs_from_dependencies(base[stack])
+    assert pairs, "the stack has list inputs filled by other resources (node groups' subnetIds)"
+    for resource, path, urn in pairs:
+        head = copy.deepcopy(base[stack])
+        [source] = [r for r in head["resources"] if r["urn"] == urn]
+        first = REPLACEMENT["types"][source["type"]]["replaceOn"][0]
+        target: dict[str, Any] = source["inputs"]
+        *parents, leaf = first.split(".")
+        for key in parents:
+            target = target.setdefault(key, {})
+        target[leaf] = f"{target.get(leaf)}-changed"
+        result = diff_plans(base[stack], head)
+        replaced = {d.urn: d for d in result.of("replaced")}
+        assert urn in replaced, (source["name"], first)
+        assert resource["urn"] in replaced, (resource["name"], path, source["name"])
+        assert f"{path}[" in replaced[resource["urn"]].cause and source["name"] in replaced[resource["urn"]].cause

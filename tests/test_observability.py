@@ -4,6 +4,7 @@ name in them exported by the pinned release, every object valid against the upst
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,7 +129,8 @@ def test_alerts_cover_every_layer_with_thresholds_from_the_plan(plan: Any) -> No
         assert 'exported_namespace="llm"' in queued
     assert "EmbedSlowFirstToken" in groups["triarch-when"] and "> 2.5" in groups["triarch-when"][
         "EmbedSlowFirstToken"]["expr"]
-    assert "ChatSlowFirstToken" not in groups["triarch-when"]  # no SLO given for chat
+    assert groups["triarch-when"]["ChatSlowFirstToken"]["expr"].endswith("> 2.0")  # prod's stack file: 2 s for chat
+    assert "QwenSlowFirstToken" not in groups["triarch-when"]  # no SLO given for qwen
     pools = {m.pool.name: m.pool for m in models}
     for pool in pools.values():
         expr = groups["triarch-where"][f"{pool.name.capitalize()}GpusMissing"]["expr"]
@@ -172,6 +174,34 @@ def test_keda_scales_plain_vllm_on_its_own_signals_and_drains_before_scaling_dow
     down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
     assert down["stabilizationWindowSeconds"] >= grace_period_seconds()
     assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": down["stabilizationWindowSeconds"]}]
+
+
+HPA_TOLERANCE = 0.1
+"""kube-controller-manager's --horizontal-pod-autoscaler-tolerance default: no change within 10% of the target."""
+
+
+def hpa_desired(replicas: int, total: float, trigger: dict[str, Any]) -> int:
+    """The replica count the HPA behind a ScaledObject wants for one AverageValue trigger (Kubernetes docs,
+    "Horizontal Pod Autoscaling", algorithm details): the per-replica average against the target, ceil of the ratio
+    times the replicas, unless the ratio is within the tolerance."""
+    assert trigger["metricType"] == "AverageValue"
+    ratio = (total / replicas) / float(trigger["metadata"]["threshold"])
+    return replicas if abs(ratio - 1) <= HPA_TOLERANCE else math.ceil(replicas * ratio)
+
+
+def test_keda_adds_a_replica_before_the_kv_cache_fills(plan: Any) -> None:
+    """Two replicas whose KV caches are each 90% full: KEDA asks for a third, while the KV-cache-full alert (above
+    95%, README's runbook) has not fired; at 78% each, nothing changes. The query sums over replicas, so the HPA
+    compares the average with the threshold."""
+    _, _, objects = plan
+    [scaled] = of_kind(objects, "ScaledObject")
+    kv = next(t for t in scaled["spec"]["triggers"] if t["name"] == "kv-cache-usage")
+    assert kv["metadata"]["query"].startswith("sum(vllm:kv_cache_usage_perc{")
+    assert hpa_desired(2, 2 * 0.90, kv) == 3
+    assert hpa_desired(2, 2 * 0.78, kv) == 2
+    [rule] = of_kind(objects, "PrometheusRule")
+    [full] = [a for g in rule["spec"]["groups"] for a in g["rules"] if a["alert"] == "EmbedKvCacheFull"]
+    assert full["expr"].endswith("> 0.95")
 
 
 def test_the_autoscaler_alone_owns_the_replica_count_and_the_spread_counts_its_max(

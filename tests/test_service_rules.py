@@ -11,8 +11,8 @@ import pytest
 from conftest import StackPlan, plan_config, stack_document, write_stack_file
 from test_security import refusal
 from triarch import cli
-from triarch.offline import plan_document
 from triarch.diff import diff_plans
+from triarch.offline import plan_document
 from triarch.service_rules import claim_growth_notes, refusals
 
 

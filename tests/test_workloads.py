@@ -740,3 +740,47 @@ def test_created_cluster_caches_on_shared_efs(planned: dict[str, Planned], stack
         assert claim["spec"]["storageClassName"] == "triarch-efs"
     [storage_class] = [c for c in run.of_kind("StorageClass") if c["metadata"]["name"] == "triarch-efs"]
     assert storage_class["provisioner"] == "efs.csi.aws.com"
+
+
+# --- what `pulumi up` waits for ----------------------------------------------------------------------------
+# pulumi-kubernetes 4.25.0 (pkg/await, the provider the real-engine tier runs) waits on a claim until it is Bound,
+# for at most 5 minutes of its own, unless it can read the claim's class by name and finds WaitForFirstConsumer; on
+# a Deployment until its rollout is available and on a Service with a selector until it has ready endpoints, each
+# 10 minutes unless the object's `pulumi.com/timeoutSeconds` says otherwise.
+
+AWAIT_TIMEOUT = "pulumi.com/timeoutSeconds"
+PROVIDER_DEFAULT_SECONDS = 600
+DEPLOYMENT_PROGRESS_DEFAULT_SECONDS = 600
+"""A Deployment's progressDeadlineSeconds when unset (apps/v1 API reference)."""
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_no_model_cache_claim_holds_up_pulumi_up(planned: dict[str, Planned], stack: str) -> None:
+    """A claim of a class that binds on first consumer stays Pending until the model's pod is scheduled, which the
+    rollout does after the claim exists: awaited, it fails the update. An adopted cluster's claims name no class (the
+    cluster's default, EKS's gp2 binds on first consumer), so the provider cannot tell: the claims are not awaited."""
+    claims = planned[stack].of_kind("PersistentVolumeClaim")
+    assert claims
+    for claim in claims:
+        assert claim["metadata"].get("annotations", {}).get("pulumi.com/skipAwait") == "true", \
+            claim["metadata"]["name"]
+
+
+@pytest.mark.parametrize(("stack", "name"), VLLM_CASES)
+def test_pulumi_waits_for_a_replica_as_long_as_it_may_take_to_load(planned: dict[str, Planned], stack: str,
+                                                                   name: str) -> None:
+    """The rollout and the Service in front of it are awaited (that is how `pulumi up` proves the model serves),
+    for at least the startup probe's whole budget plus a node from zero; the Deployment's own progress deadline
+    is as long, so a replica still loading weights is not reported as a failed rollout."""
+    case = served(planned, stack, name)
+    startup = case.container["startupProbe"]
+    loading = startup["periodSeconds"] * startup["failureThreshold"]
+    assert loading >= case.model.get("startupMinutes", 30) * 60
+    deployment = case.deployment
+    assert "pulumi.com/skipAwait" not in deployment["metadata"].get("annotations", {})
+    waited = int(deployment["metadata"]["annotations"][AWAIT_TIMEOUT])
+    assert waited > loading and waited > PROVIDER_DEFAULT_SECONDS
+    assert deployment["spec"]["progressDeadlineSeconds"] >= waited > DEPLOYMENT_PROGRESS_DEFAULT_SECONDS
+    [service] = [s for s in case.run.of_kind("Service") if s["metadata"]["name"] == name
+                 and s["spec"].get("selector")]
+    assert int(service["metadata"]["annotations"][AWAIT_TIMEOUT]) >= waited

@@ -55,6 +55,12 @@ NODE_PROVISIONING_SECONDS = 900
 """Time for the autoscaler to bring a GPU node from zero (boot, driver, image pull) before the startup probe runs."""
 
 
+def rollout_seconds(plan: ModelPlan) -> int:
+    """How long a new replica may take to serve: a node from zero, then the startup probe's whole budget. What
+    `pulumi up` waits on (the Deployment and its Service) and the Deployment's progress deadline get this long."""
+    return NODE_PROVISIONING_SECONDS + plan.config.startup_minutes * 60
+
+
 def replica_count(plan: ModelPlan) -> dict[str, int]:
     """`spec.replicas` where the stack fixes the count; none where KEDA scales the model. The HPA KEDA creates owns
     the field through the scale subresource, so a manifest that also sets it conflicts with the HPA's manager
@@ -88,10 +94,13 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels, "annotations": {
             # `pulumi up` waits for the rollout: a node from zero, then the download, then the load.
-            "pulumi.com/timeoutSeconds": str(NODE_PROVISIONING_SECONDS + plan.config.startup_minutes * 60),
+            "pulumi.com/timeoutSeconds": str(rollout_seconds(plan)),
             **pods.SCANNER_EXCEPTIONS}},
         "spec": {
             **replica_count(plan),
+            # The controller's own deadline (600 s by default) would mark a rollout that is still loading weights
+            # as failed (ProgressDeadlineExceeded, which Pulumi reports): it gets the same budget.
+            "progressDeadlineSeconds": rollout_seconds(plan),
             "selector": {"matchLabels": selector},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(plan)},
             "template": {
@@ -109,7 +118,10 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
     }
     service = {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels},
+        # Pulumi waits for a Service with a selector to have ready endpoints (10 minutes by default, as long as
+        # a replica may take to load): the same budget as the Deployment it fronts.
+        "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels,
+                     "annotations": {"pulumi.com/timeoutSeconds": str(rollout_seconds(plan))}},
         "spec": {"type": "ClusterIP", "selector": selector,
                  "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]},
     }
