@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -245,9 +246,12 @@ def test_unpinned_latest_image(mutated_config: MutatedConfig) -> None:
 
 def test_image_not_in_catalog(mutated_config: MutatedConfig) -> None:
     config = mutated_config("prod", _set("triarch:images", value={"vllm": "vllm/vllm-openai:v0.99.0"}))
-    known = [f"vllm/vllm-openai:{tag}" for tag in IMAGES["vllm/vllm-openai"]]
+    known = sorted(IMAGES["vllm/vllm-openai"], key=lambda tag: [int(n) for n in re.findall(r"\d+", tag)])
     message = config_error(config, "triarch:images.vllm", "'vllm/vllm-openai:v0.99.0'", known)
-    assert "rayproject" not in message.partition("; allowed:")[2]
+    allowed = message.partition("; allowed:")[2]
+    assert "rayproject" not in allowed
+    assert allowed.strip() == ", ".join(known)  # as versions: v0.9.0 before v0.33.0
+    assert known.index("v0.9.0") < known.index("v0.33.0")
 
 
 def test_invalid_literal(mutated_config: MutatedConfig) -> None:
@@ -276,7 +280,8 @@ def test_default_images_are_in_the_catalog(stack_config: StackConfigReader) -> N
     assert "triarch:images" not in config
     stack = from_pulumi_config(config)
     assert stack.images == ImagesConfig()
-    for ref in (stack.images.vllm, stack.images.ray_llm):
+    for pin in (stack.images.vllm, stack.images.ray_llm):
+        ref = pin.image
         repository, _, tag = ref.rpartition(":")
         assert tag in IMAGES[repository], ref
         assert tag != "latest"

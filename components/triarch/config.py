@@ -20,18 +20,17 @@ from pydantic.fields import FieldInfo
 
 from triarch.catalog import Catalog, catalog, version_tuple
 from triarch.errors import ConfigError
+from triarch.images import ImageError, release_of
 from triarch.planners.network import plan_subnets
 
 NAMESPACE = "triarch"
+UPSTREAM_IMAGES = {"vllm": "vllm/vllm-openai", "ray-serve": "rayproject/ray-llm"}
+"""The upstream repository of each serving engine's image, as templates/compat/images.yaml keys it."""
 SUPPORTED_KUBERNETES = tuple(f"1.{minor}" for minor in range(25, 38))
 """Kubernetes minors whose schemas the strict manifest validation knows (kubernetes-validate 1.37)."""
 
 DnsLabel = Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$")]
 DriverVersion = Annotated[str, Field(pattern=r"^\d{3}\.\d{1,3}(\.\d{1,3})?$")]
-ImageRef = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+|@sha256:[a-f0-9]{64})$")]
-
-UNPINNED_TAGS = {"latest"}
-"""Tags that move: an image under one of these is not pinned."""
 
 RENAMED_KEYS = {
     "releaseVersion": "amiRelease",
@@ -251,11 +250,26 @@ class ObservabilityConfig(_Model):
     """With prometheus: install, how long Prometheus keeps samples (its --storage.tsdb.retention.time)."""
 
 
-class ImagesConfig(_Model):
-    """Serving images, pinned; each must be in templates/compat/images.yaml so its CUDA is known."""
+class ImagePin(_Model):
+    """An image as the nodes pull it and the upstream release it is. `image`: any full reference (a mirror's
+    registry and path, a tag, a digest, or both); `release`: the upstream tag (or `repository:tag`) of
+    templates/compat/images.yaml, which decides the CUDA, vLLM and Ray inside. Without `release`, `image` must name
+    the upstream repository (maybe under a mirror's prefix) and a tag Triarch knows. A plain string is `image`."""
 
-    vllm: ImageRef = "vllm/vllm-openai:v0.33.0"
-    ray_llm: ImageRef = "rayproject/ray-llm:2.60.0-py312-cu130"
+    image: str
+    release: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        return {"image": value} if isinstance(value, str) else value
+
+
+class ImagesConfig(_Model):
+    """Serving images, pinned; each resolves to a release of templates/compat/images.yaml so its CUDA is known."""
+
+    vllm: ImagePin = ImagePin(image="vllm/vllm-openai:v0.33.0")
+    ray_llm: ImagePin = ImagePin(image="rayproject/ray-llm:2.60.0-py312-cu130")
 
 
 ComponentMode = Literal["install", "existing"]
@@ -391,14 +405,14 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                               "a distinct name per node group")
         names.add(group.name)
 
-    for key, ref in (("vllm", stack.images.vllm), ("rayLlm", stack.images.ray_llm)):
-        if "@" not in ref and ref.rsplit(":", 1)[-1] in UNPINNED_TAGS:
-            raise ConfigError(f"{NAMESPACE}:images.{key}", ref, "is not pinned", "a versioned tag or a digest")
-        if facts.image(ref) is None:
-            known = sorted(r for r in facts.images if r.startswith(ref.split(":")[0] + ":"))
-            raise ConfigError(f"{NAMESPACE}:images.{key}", ref,
-                              "is not in templates/compat/images.yaml, so its CUDA version is unknown",
-                              ", ".join(known) or "add the image with its CUDA version and source")
+    for key, pin, upstream in (("vllm", stack.images.vllm, UPSTREAM_IMAGES["vllm"]),
+                               ("rayLlm", stack.images.ray_llm, UPSTREAM_IMAGES["ray-serve"])):
+        try:
+            release_of(pin.image, pin.release, upstream, facts.images)
+        except ImageError as error:
+            path = f"{NAMESPACE}:images.{key}" + (f".{error.part}" if pin.release is not None else "")
+            bad = pin.release if error.part == "release" else pin.image
+            raise ConfigError(path, bad, error.reason, error.allowed) from None
 
     models: set[str] = set()
     for i, model in enumerate(stack.models):

@@ -20,6 +20,7 @@ import yaml
 
 from triarch.catalog import catalog
 from triarch.errors import ConfigError
+from triarch.images import IMAGE_RELEASE
 from triarch.paths import COMPAT_DIR
 
 UNKNOWN = "<known after apply>"
@@ -339,8 +340,9 @@ def _vllm_versions(plan: Mapping[str, Any]) -> dict[str, set[str]]:
         engine = ENGINE_OF_TYPE.get(resource["type"])
         if engine is None:
             continue
+        declared = ((resource["inputs"].get("metadata") or {}).get("annotations") or {}).get(IMAGE_RELEASE)
         for container in _containers(resource["inputs"]):
-            image = facts.images.get(str(container.get("image")))
+            image = facts.images.get(str(declared or container.get("image")))
             if image is not None and image.vllm is not None:
                 found.setdefault(engine, set()).add(image.vllm)
     return found

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from triarch.catalog import Catalog, Gpu, Image, version_tuple
-from triarch.config import StackConfig, driver_of, gpu_of
+from triarch.config import UPSTREAM_IMAGES, StackConfig, driver_of, gpu_of
 from triarch.errors import MatrixError
+from triarch.images import release_of
 
 Level = Literal["ok", "warning", "error"]
 
@@ -80,14 +81,23 @@ def nodes_of(stack: StackConfig, facts: Catalog) -> dict[str, Node]:
     return nodes
 
 
-def images_by_engine(stack: StackConfig) -> dict[str, str]:
-    return {"vllm": stack.images.vllm, "ray-serve": stack.images.ray_llm}
+def images_by_engine(stack: StackConfig, facts: Catalog) -> dict[str, str]:
+    """The upstream release (a key of templates/compat/images.yaml) each serving engine runs, whatever registry
+    and digest it is pulled by (config validation guarantees it resolves)."""
+    pins = {"vllm": stack.images.vllm, "ray-serve": stack.images.ray_llm}
+    return {engine: release_of(pin.image, pin.release, UPSTREAM_IMAGES[engine], facts.images)
+            for engine, pin in pins.items()}
+
+
+def deployed_images(stack: StackConfig) -> dict[str, str]:
+    """The reference each serving engine's pods pull."""
+    return {"vllm": stack.images.vllm.image, "ray-serve": stack.images.ray_llm.image}
 
 
 def check_stack(stack: StackConfig, facts: Catalog) -> list[Verdict]:
     """One verdict per (serving image, node group) pair that the stack's models put together."""
     nodes = nodes_of(stack, facts)
-    engine_images = images_by_engine(stack)
+    engine_images = images_by_engine(stack, facts)
     pairs = dict.fromkeys((engine_images[m.engine], m.node_group) for m in stack.models)
     verdicts = []
     for ref, group in pairs:

@@ -92,7 +92,7 @@ def check_nodes(nodes: list[dict[str, Any]], pools: Iterable[PoolPlan]) -> Itera
 def check_drivers(nodes: list[dict[str, Any]], stack: StackConfig, models: list[ModelPlan],
                   facts: Catalog) -> Iterator[Finding]:
     """Where: the driver each node reports against the CUDA of every image placed on its pool."""
-    images = images_by_engine(stack)
+    images = images_by_engine(stack, facts)
     placed = sorted({(m.pool.name, images[m.config.engine]) for m in models})
     pools = {m.pool.name: m.pool for m in models}
     for pool_name, ref in placed:

@@ -33,6 +33,8 @@ from triarch.guardrails.workloads import (
     serve_applications,
     serve_graceful_shutdown_seconds,
 )
+from triarch.images import FLOATING_TAGS, IMAGE_RELEASE, ImageError
+from triarch.images import parse as parse_image
 from triarch.matrix import Node, check_image_on_node
 from triarch.scheduling import GPU_LABEL, GPU_PRESENT_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, POOL_LABEL
 from triarch.tuner import TuneError, load_arch, weight_bytes
@@ -284,15 +286,20 @@ def pinned_images(resource: Resource, config: Config) -> list[str]:
     for template in pod_templates(resource.type, resource.props, resource.name):
         for c in containers(template.spec):
             image = str(c.get("image") or "")
-            if not image or image == UNKNOWN or "@sha256:" in image:
+            if not image or image == UNKNOWN:
                 continue
-            last = image.rsplit("/", 1)[-1]
-            if ":" not in last:
-                messages.append(f"{template.where} container {c.get('name')}: image {image} has no tag; pin a "
-                                "version tag or digest")
-            elif last.rsplit(":", 1)[1] == "latest":
-                messages.append(f"{template.where} container {c.get('name')}: image {image} uses :latest; pin a "
-                                "version tag or digest")
+            where = f"{template.where} container {c.get('name')}: image {image}"
+            try:
+                reference = parse_image(image)
+            except ImageError as error:
+                messages.append(f"{where} {error.reason}")
+                continue
+            if reference.pinned:
+                continue  # a versioned tag, a digest, or both; from any registry
+            if reference.tag is None:
+                messages.append(f"{where} has no tag; pin a version tag or a digest")
+            else:
+                messages.append(f"{where} uses :{reference.tag}, which moves; pin a version tag or a digest")
     return messages
 
 
@@ -312,8 +319,8 @@ def _pinned_release(resource: Resource) -> list[str]:
     if not _known(resource.props.get("version")):
         messages.append(f"Helm release {name}: chart {resource.props.get('chart')} has no version; pin one")
     tag = ((resource.props.get("values") or {}).get("image") or {}).get("tag")
-    if tag == "latest":
-        messages.append(f"Helm release {name}: values image.tag is latest; pin a version tag")
+    if tag in FLOATING_TAGS:
+        messages.append(f"Helm release {name}: values image.tag is {tag}, which moves; pin a version tag")
     return messages
 
 
@@ -1000,8 +1007,9 @@ def _selected_pools(pod: Mapping[str, Any], nodes: Mapping[str, Node]) -> list[s
 def _images_on_pool(r: Resource, template: PodTemplate, node: Node) -> list[tuple[Resource, str]]:
     facts = catalog()
     found = []
+    declared = ((r.props.get("metadata") or {}).get("annotations") or {}).get(IMAGE_RELEASE)
     for c in template.spec.get("containers") or []:
-        image_ref = str(c.get("image") or "")
+        image_ref = str(declared or c.get("image") or "")
         image = facts.image(image_ref)
         if image is None:
             found.append((r, f"{template.where}: image {image_ref} is not in templates/compat/images.yaml, so its "

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from triarch.catalog import Catalog, InstanceType
 from triarch.config import ModelConfig, StackConfig, gpus_per_node
 from triarch.errors import ConfigError
-from triarch.matrix import images_by_engine
+from triarch.matrix import deployed_images, images_by_engine
 from triarch.paths import PROJECT_ROOT
 from triarch.planners.nodegroups import PoolPlan, plan_pool
 from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, load_arch, tune
@@ -31,6 +31,9 @@ class ModelPlan:
     surge_fits: bool = True
     """Whether the pool has GPUs for one more replica while every other model on it runs at its largest: a
     rolling update can then add before it removes (it would wait forever otherwise)."""
+    release: str = ""
+    """The upstream release `image` is (a key of templates/compat/images.yaml): the same string unless the image
+    comes from a mirror or by digest."""
 
     @property
     def name(self) -> str:
@@ -78,7 +81,7 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
     try:
         # On a time-sliced GPU a replica shares the memory with up to `share - 1` others (no isolation): it is
         # sized for its share, as vLLM's gpu_memory_utilization is a fraction of the whole GPU.
-        image = facts.image(images_by_engine(stack)[model.engine])
+        image = facts.image(images_by_engine(stack, facts)[model.engine])
         sizing = tune(arch, pool.gpu, tensor_parallel_size=model.tensor_parallel_size,
                       vllm_version=image.vllm if image is not None else None,
                       gpu_memory_utilization=round(model.gpu_memory_utilization / share, 4),
@@ -92,7 +95,8 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
         raise ConfigError(_model_path(index), model.model, f"cannot be served on {on}: {error}") from None
     cache = model.cache_gib or max(MIN_CACHE_GIB, math.ceil(2 * sizing.weights_bytes / GIB))
     instance = facts.instances.get(group.instance_type) if group.instance_type else None
-    return ModelPlan(model, pool, instance, sizing, images_by_engine(stack)[model.engine], cache)
+    release = images_by_engine(stack, facts)[model.engine]
+    return ModelPlan(model, pool, instance, sizing, deployed_images(stack)[model.engine], cache, release=release)
 
 
 def largest_gpu_use(plan: ModelPlan) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 from triarch.catalog import Catalog
 from triarch.config import StackConfig
 from triarch.errors import ConfigError
+from triarch.matrix import deployed_images, images_by_engine
 from triarch.planners import karpenter, monitoring, pods
 from triarch.planners.capacity import check_capacity
 from triarch.planners.dashboard import dashboard, dashboard_config_map
@@ -131,7 +132,8 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
             owners += [(Owner(f"triarch:models[{i}].name", model.name), o) for o in vllm[model.name]]
 
     kuberay: list[dict[str, Any]] = []
-    ray = ray_manifests(models, stack.images.ray_llm, settings)
+    ray = ray_manifests(models, deployed_images(stack)["ray-serve"], images_by_engine(stack, facts)["ray-serve"],
+                        settings)
     if ray and stack.kuberay.mode == "install":
         kuberay = [pods.namespace(KUBERAY_NAMESPACE, "restricted",
                                   "the operator runs non-root, read-only, with no capabilities")]

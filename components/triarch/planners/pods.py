@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from triarch.images import IMAGE_RELEASE
 from triarch.planners.models import ModelPlan
 from triarch.planners.nodegroups import PoolPlan
 from triarch.scheduling import POOL_LABEL, gpu_toleration
@@ -15,6 +16,8 @@ EFS_STORAGE_CLASS = "triarch-efs"
 BLOCK_STORAGE_CLASS = "triarch-gp3"
 """A created cluster's block storage (EBS gp3) for what needs a local filesystem: Prometheus' TSDB."""
 CLAIM_SIZE = "spec.resources.requests.storage"
+def image_release(image: str, release: str) -> dict[str, str]:
+    return {IMAGE_RELEASE: release} if release and image != release else {}
 
 ZONE_KEY = "topology.kubernetes.io/zone"
 HOSTNAME_KEY = "kubernetes.io/hostname"

@@ -203,7 +203,8 @@ def autoscaler_service_account(namespace: str) -> dict[str, Any]:
             "automountServiceAccountToken": False}
 
 
-def ray_manifests(plans: list[ModelPlan], image: str, settings: pods.ServingSettings) -> list[dict[str, Any]]:
+def ray_manifests(plans: list[ModelPlan], image: str, release: str,
+                  settings: pods.ServingSettings) -> list[dict[str, Any]]:
     """The model cache claim, the autoscaler's service account and the RayService; empty when no model uses the
     ray-serve engine."""
     served = [p for p in plans if p.config.engine == "ray-serve"]
@@ -213,7 +214,7 @@ def ray_manifests(plans: list[ModelPlan], image: str, settings: pods.ServingSett
     for plan in served:
         groups[WorkerGroupKey(plan.pool.name, plan.gpus_per_replica)].append(plan)
     claim = pods.cache_claim_name(RAY_SERVICE)
-    ray_version = catalog().images[image].ray
+    ray_version = catalog().images[release].ray
     autoscaled = any(p.config.autoscaling for p in served)
     cluster: dict[str, Any] = {
         "headGroupSpec": head_group(image, claim, settings.with_token, autoscaled),
@@ -235,7 +236,8 @@ def ray_manifests(plans: list[ModelPlan], image: str, settings: pods.ServingSett
         objects.append(autoscaler_service_account(settings.namespace))
     service = {
         "apiVersion": "ray.io/v1", "kind": "RayService",
-        "metadata": {"name": RAY_SERVICE, "namespace": settings.namespace, "labels": dict(pods.MANAGED_BY)},
+        "metadata": {"name": RAY_SERVICE, "namespace": settings.namespace, "labels": dict(pods.MANAGED_BY),
+                     **({"annotations": pods.image_release(image, release)} if image != release else {})},
         "spec": {
             "serveConfigV2": yaml.safe_dump(serve_config(served), sort_keys=False),
             # A new cluster beside the old one, traffic switched when it is ready: the pools must hold both

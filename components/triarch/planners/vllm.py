@@ -95,7 +95,7 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
         "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels, "annotations": {
             # `pulumi up` waits for the rollout: a node from zero, then the download, then the load.
             "pulumi.com/timeoutSeconds": str(rollout_seconds(plan)),
-            **pods.SCANNER_EXCEPTIONS}},
+            **pods.image_release(plan.image, plan.release), **pods.SCANNER_EXCEPTIONS}},
         "spec": {
             **replica_count(plan),
             # The controller's own deadline (600 s by default) would mark a rollout that is still loading weights

@@ -1,0 +1,162 @@
+"""Images the way companies run them: from a mirror, by digest, with the upstream release each one is declared or
+read from the path a mirror keeps. A user's stack file in each form, and what plans from it (the pulled reference in
+the manifests, the release's CUDA, vLLM and Ray everywhere else); bad references refused in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import MutatedConfig, plan_config, stack_document
+from triarch.config import from_pulumi_config
+from triarch.diff import diff_plans
+from triarch.errors import ConfigError
+from triarch.guardrails.check import evaluate, resources_of_plan
+from triarch.images import ImageError, parse
+from triarch.offline import plan_document
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGEST = "sha256:" + "9f2c4e1d0b8a7f6e" * 4
+ECR = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
+IMAGES = yaml.safe_load((ROOT / "templates" / "compat" / "images.yaml").read_text(encoding="utf-8"))["images"]
+
+
+# --- references ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "registry", "repository", "tag", "digest"), [
+    ("vllm/vllm-openai:v0.33.0", None, "vllm/vllm-openai", "v0.33.0", None),
+    (f"{ECR}/hub/vllm/vllm-openai:v0.33.0", ECR, "hub/vllm/vllm-openai", "v0.33.0", None),
+    (f"{ECR}/mirror/vllm-openai@{DIGEST}", ECR, "mirror/vllm-openai", None, DIGEST),
+    (f"harbor.example.com:8443/proxy/vllm/vllm-openai:v0.33.0@{DIGEST}", "harbor.example.com:8443",
+     "proxy/vllm/vllm-openai", "v0.33.0", DIGEST),
+    ("localhost/llm:1", "localhost", "llm", "1", None),
+])
+def test_a_reference_reads_as_a_registry_does(text: str, registry: str | None, repository: str, tag: str | None,
+                                              digest: str | None) -> None:
+    reference = parse(text)
+    assert (reference.registry, reference.repository, reference.tag, reference.digest) == (registry, repository,
+                                                                                           tag, digest)
+    assert str(reference) == text
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("vllm/vllm-openai@sha256:abc", "which is not sha256: and 64 lowercase hex characters"),
+    (f"vllm/vllm-openai@md5:{'a' * 32}", "which is not sha256:"),
+    ("vllm/VLLM-openai:v1", "which is not a repository path"),
+    ("vllm/vllm-openai:", "which is not a tag"),
+    ("vllm/vllm-openai:-bad", "which is not a tag"),
+])
+def test_a_malformed_reference_says_which_part(text: str, said: str) -> None:
+    with pytest.raises(ImageError) as info:
+        parse(text)
+    assert said in info.value.reason
+
+
+# --- what a stack file may say ---------------------------------------------------------------------------------------
+
+def _with_images(**images: Any) -> Any:
+    def mutate(config: dict[str, Any]) -> None:
+        config["triarch:images"] = images
+    return mutate
+
+
+def _refused(config: dict[str, str]) -> str:
+    with pytest.raises(ConfigError) as info:
+        from_pulumi_config(config)
+    message = str(info.value)
+    assert "\n" not in message and "; allowed: " in message
+    return message
+
+
+def test_a_digest_alone_needs_its_release_declared(mutated_config: MutatedConfig) -> None:
+    message = _refused(mutated_config("prod", _with_images(vllm=f"{ECR}/mirror/vllm-openai@{DIGEST}")))
+    assert message.startswith(f"triarch:images.vllm: '{ECR}/") and " is not vllm/vllm-openai (or a mirror" in message
+    assert "{release: <one of v0.9.0, " in message and f"image: {ECR}/mirror/vllm-openai@{DIGEST}}}" in message
+    message = _refused(mutated_config("prod", _with_images(vllm=f"vllm/vllm-openai@{DIGEST}")))
+    assert "is a digest without a tag, so its release is unknown" in message
+
+
+@pytest.mark.parametrize(("pin", "head", "allowed"), [
+    ({"release": "v0.99.0", "image": f"{ECR}/m/vllm-openai@{DIGEST}"},
+     "triarch:images.vllm.release: 'v0.99.0' is not a release templates/compat/images.yaml has for vllm/vllm-openai",
+     "v0.9.0, v0.11.0, v0.11.1, v0.12.0, v0.20.0, v0.29.0, v0.33.0"),
+    ({"release": "v0.29.0", "image": "vllm/vllm-openai:v0.33.0"},
+     "triarch:images.vllm.release: 'v0.29.0' differs from the tag of vllm/vllm-openai:v0.33.0",
+     "v0.33.0 (the image's tag), or an image of that release"),
+    ({"image": "harbor.example.com/hub/vllm/vllm-openai:latest"},
+     "triarch:images.vllm: 'harbor.example.com/hub/vllm/vllm-openai:latest' is not pinned",
+     "a versioned tag (v0.33.0), a digest (@sha256:<64 hex>), or both"),
+    ({"image": "vllm/vllm-openai@sha256:12"},
+     "triarch:images.vllm: 'vllm/vllm-openai@sha256:12' has digest 'sha256:12', which is not sha256: and 64",
+     "name:tag, name@sha256:<64 hex>, or name:tag@sha256:<64 hex>"),
+])
+def test_a_bad_pin_is_one_line_naming_its_key(mutated_config: MutatedConfig, pin: dict[str, str], head: str,
+                                              allowed: str) -> None:
+    message = _refused(mutated_config("prod", _with_images(vllm=pin)))
+    assert message.startswith(head) and message.endswith(f"; allowed: {allowed}"), message
+
+
+# --- what plans from it ----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mirrored(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """prod pulling vLLM by digest from its own ECR repository (release declared) and Ray LLM through an ECR
+    pull-through cache of Docker Hub (the upstream path kept under the cache's prefix, so the release is read)."""
+    config = stack_document("prod")
+    config["triarch:images"] = {
+        "vllm": {"release": "v0.33.0", "image": f"{ECR}/mirror/vllm-openai@{DIGEST}"},
+        "rayLlm": f"{ECR}/hub/rayproject/ray-llm:2.60.0-py312-cu130",
+    }
+    return plan_config("prod", config, tmp_path_factory.mktemp("mirrored"))
+
+
+def test_the_pods_pull_the_mirror_and_the_workload_says_which_release(mirrored: Any) -> None:
+    [embed] = [d for d in mirrored.objects("Deployment") if d["metadata"]["name"] == "embed"]
+    [container] = embed["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"{ECR}/mirror/vllm-openai@{DIGEST}"
+    assert embed["metadata"]["annotations"]["triarch.dev/image-release"] == "vllm/vllm-openai:v0.33.0"
+    assert "triarch.dev/image-release" not in (embed["spec"]["template"]["metadata"].get("annotations") or {})
+    [service] = mirrored.objects("RayService")
+    assert service["metadata"]["annotations"]["triarch.dev/image-release"] == "rayproject/ray-llm:2.60.0-py312-cu130"
+    cluster = service["spec"]["rayClusterConfig"]
+    images = {c["image"] for c in cluster["headGroupSpec"]["template"]["spec"]["containers"]}
+    images |= {c["image"] for g in cluster["workerGroupSpecs"] for c in g["template"]["spec"]["containers"]}
+    assert images == {f"{ECR}/hub/rayproject/ray-llm:2.60.0-py312-cu130"}
+    assert cluster["rayVersion"] == IMAGES["rayproject/ray-llm"]["2.60.0-py312-cu130"]["ray"]
+
+
+def test_a_mirrored_stack_plans_what_the_upstream_one_does(mirrored: Any, shipped: dict[str, Any]) -> None:
+    """Same release, so the same engine args, flags and placement: only the pulled references (and the annotation
+    saying which release they are) differ, and no guardrail objects."""
+    def stripped(plan: Any) -> list[Any]:
+        found = []
+        for obj in [*plan.objects("Deployment"), *plan.objects("RayService")]:
+            text = yaml.safe_dump(obj, sort_keys=True)
+            text = text.replace(f"{ECR}/mirror/vllm-openai@{DIGEST}", "vllm/vllm-openai:v0.33.0")
+            text = text.replace(f"{ECR}/hub/rayproject/ray-llm", "rayproject/ray-llm")
+            loaded = yaml.safe_load(text)
+            loaded["metadata"].get("annotations", {}).pop("triarch.dev/image-release", None)
+            if not loaded["metadata"].get("annotations"):
+                loaded["metadata"].pop("annotations", None)
+            found.append(loaded)
+        return found
+    assert stripped(mirrored) == stripped(shipped["prod"])
+
+    def findings(plan: Any) -> list[tuple[str, str]]:
+        document = plan_document(plan.run)
+        return sorted((f.rule.name, f.resource.name) for f in evaluate(resources_of_plan(document)))
+    assert findings(mirrored) == findings(shipped["prod"])
+
+
+def test_moving_to_a_mirror_of_the_same_release_is_no_release_change(mirrored: Any, shipped: dict[str, Any]) -> None:
+    """The diff reads each workload's release from its annotation: the same vLLM and Ray LLM releases, so no vLLM
+    release note and no engine arg change; the Deployments change in place (image and annotation only)."""
+    result = diff_plans(plan_document(shipped["prod"].run), plan_document(mirrored.run))
+    assert result.vllm == [] and result.engine == []
+    [embed] = [d for d in result.differences if d.name == "deployment-llm-embed"]
+    assert embed.kind == "changed"
+    assert embed.inputs == ["metadata.annotations.triarch.dev/image-release",
+                            "spec.template.spec.containers[0].image"]
