@@ -115,3 +115,42 @@ def test_reference_paths_exist_where_shared_is_checked_out() -> None:
         pytest.skip(f"{REFERENCE} is absent: ../shared is not checked out here")
     assert [p for p in CHART_DEFAULTS.values() if not (REFERENCE / p).is_file()] == []
     assert isinstance(REFERENCE, Path)
+
+
+CHARTS = yaml.safe_load((Path(__file__).resolve().parents[1] / "templates" / "compat" / "charts.yaml")
+                        .read_text(encoding="utf-8"))["charts"]
+
+
+STAMPED_ON_RELEASE = {"karpenter": "its release script stamps the version and digest into the published chart; the "
+                                   "values.yaml of the git tag still names the previous release (charts.yaml)"}
+
+
+def _at(values: dict[str, Any], dotted: str) -> Any:
+    for key in dotted.split("."):
+        assert isinstance(values, dict) and key in values, dotted
+        values = values[key]
+    return values
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in CHARTS.items() if c.get("images")))
+def test_each_chart_image_is_where_its_values_say(name: str) -> None:
+    """The values keys that move a chart's image to a mirror exist in the pinned chart's values.yaml, and name the
+    image charts.yaml lists (its tag, or "" where the chart runs its appVersion)."""
+    chart = CHARTS[name]
+    reference = chart["repository"] + "/" + name if chart["repository"].startswith("oci://") else name
+    path = REFERENCE / CHART_DEFAULTS[(reference, chart["version"])]
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: ../shared is not checked out here")
+    defaults = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if chart.get("registryKey"):
+        assert _at(defaults, chart["registryKey"]) == ""
+    for key, image in chart["images"].items():
+        upstream, _, tag = image["image"].rpartition(":")
+        repository = _at(defaults, image["repository"])
+        if "registry" in image:
+            repository = f"{_at(defaults, image['registry'])}/{repository}"
+        assert repository == upstream, key
+        if name not in STAMPED_ON_RELEASE:
+            assert _at(defaults, image["tag"]) in (tag, ""), key
+        if "digest" in image:
+            assert str(_at(defaults, image["digest"])).startswith("sha256:"), key

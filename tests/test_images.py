@@ -4,6 +4,7 @@ the manifests, the release's CUDA, vLLM and Ray everywhere else); bad references
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +161,110 @@ def test_moving_to_a_mirror_of_the_same_release_is_no_release_change(mirrored: A
     assert embed.kind == "changed"
     assert embed.inputs == ["metadata.annotations.triarch.dev/image-release",
                             "spec.template.spec.containers[0].image"]
+
+
+# --- a registry for everything ---------------------------------------------------------------------------------------
+
+MIRROR = f"{ECR}/mirror"
+CHARTS_MIRROR = f"oci://{ECR}/charts"
+
+
+@pytest.fixture(scope="module")
+def from_own_registry(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any]]:
+    """prod with one prefix for every image and every chart (an Artifactory or ECR mirror that keeps upstream
+    paths), the KubeRay operator pinned by digest and Karpenter's controller by a digest of its release."""
+    from triarch import cli
+    config = stack_document("prod")
+    config["triarch:registry"] = {"images": MIRROR, "charts": CHARTS_MIRROR}
+    config["triarch:images"] = {"kuberayOperator": f"quay.io/kuberay/operator:v1.7.0@{DIGEST}",
+                                "karpenterController": f"public.ecr.aws/karpenter/controller@{DIGEST}"}
+    out = tmp_path_factory.mktemp("own-registry")
+    stack_file = out / "Pulumi.prod.yaml"
+    stack_file.write_text(yaml.safe_dump({"config": config}), encoding="utf-8")
+    assert cli.main(["plan", "--stack-file", str(stack_file), "--out", str(out / "plan")]) == 0
+    document = json.loads((out / "plan" / "plan.json").read_text(encoding="utf-8"))
+    listed = json.loads((out / "plan" / "mirror.json").read_text(encoding="utf-8"))
+    return document, listed
+
+
+def _releases(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["inputs"]["name"]: r["inputs"] for r in document["resources"]
+            if r["type"] == "kubernetes:helm.sh/v3:Release"}
+
+
+def test_every_chart_comes_from_the_oci_mirror_at_its_pinned_version(from_own_registry: Any) -> None:
+    document, _ = from_own_registry
+    releases = _releases(document)
+    versions = {name: c["version"] for name, c in yaml.safe_load(
+        (ROOT / "templates" / "compat" / "charts.yaml").read_text(encoding="utf-8"))["charts"].items()}
+    assert releases
+    for release in releases.values():
+        chart = release["chart"]
+        assert chart.startswith(f"{CHARTS_MIRROR}/"), chart
+        assert release["version"] == versions[chart.rsplit("/", 1)[1]]
+        assert not release.get("repositoryOpts")
+
+
+def test_every_image_is_pulled_from_the_mirror(from_own_registry: Any) -> None:
+    document, _ = from_own_registry
+    values = {name: r["values"] for name, r in _releases(document).items()}
+    plugin = values["nvidia-device-plugin"]["image"]
+    assert (plugin["repository"], plugin["tag"]) == (f"{MIRROR}/nvidia/k8s-device-plugin", "v0.20.0")
+    operator = values["kuberay-operator"]["image"]
+    assert (operator["repository"], operator["tag"]) == (f"{MIRROR}/kuberay/operator", f"v1.7.0@{DIGEST}")
+    controller = values["karpenter"]["controller"]["image"]
+    assert controller == {"repository": f"{MIRROR}/karpenter/controller", "tag": "1.14.1", "digest": DIGEST}
+    assert values["dcgm-exporter"]["image"]["repository"] == f"{MIRROR}/nvidia/k8s/dcgm-exporter"
+    assert values["kube-prometheus-stack"]["global"]["imageRegistry"] == MIRROR
+    pods = [c["image"] for r in document["resources"] if r["type"] in (
+        "kubernetes:apps/v1:Deployment", "kubernetes:ray.io/v1:RayService")
+        for c in _containers(r["inputs"])]
+    assert pods and all(p.startswith(f"{MIRROR}/") for p in pods), pods
+    assert f"{MIRROR}/vllm/vllm-openai:v0.33.0" in pods
+
+
+def _containers(value: Any) -> list[dict[str, Any]]:
+    if isinstance(value, dict):
+        return [*value.get("containers", []), *(c for v in value.values() for c in _containers(v))]
+    if isinstance(value, list):
+        return [c for v in value for c in _containers(v)]
+    return []
+
+
+def test_the_mirror_list_names_what_to_copy(from_own_registry: Any) -> None:
+    document, listed = from_own_registry
+    assert {c["name"] for c in listed["charts"]} == {r["chart"].rsplit("/", 1)[1]
+                                                      for r in _releases(document).values()}
+    karpenter = next(c for c in listed["charts"] if c["name"] == "karpenter")
+    assert karpenter == {"name": "karpenter", "version": "1.14.1", "upstream": "oci://public.ecr.aws/karpenter/karpenter",
+                         "pulledFrom": f"{CHARTS_MIRROR}/karpenter"}
+    images = {i["key"]: i for i in listed["images"]}
+    assert images["vllm"] == {"key": "vllm", "chart": None, "upstream": "vllm/vllm-openai:v0.33.0", "tag": "v0.33.0",
+                              "digest": None, "pulled": f"{MIRROR}/vllm/vllm-openai:v0.33.0"}
+    assert images["kuberayOperator"]["digest"] == DIGEST
+    assert images["kuberayOperator"]["upstream"] == "quay.io/kuberay/operator:v1.7.0"
+    assert images["prometheus"]["pulled"] == f"{MIRROR}/prometheus/prometheus:v3.14.0-distroless"
+    assert any("kube-prometheus-stack 88.5.3" in note for note in listed["notListed"])
+
+
+@pytest.mark.parametrize(("edit", "head"), [
+    (lambda c: c.update({"triarch:images": {"kuberay": "quay.io/kuberay/operator:v1.7.0"}}),
+     "triarch:images.kuberay: 'kuberay' is not an image Triarch deploys"),
+    (lambda c: c.update({"triarch:images": {"kuberayOperator": "quay.io/kuberay/operator:v1.6.1"}}),
+     "triarch:images.kuberayOperator: 'quay.io/kuberay/operator:v1.6.1' has tag v1.6.1, but the pinned chart runs"),
+    (lambda c: c.update({"triarch:registry": {"charts": f"https://{ECR}/charts"}}),
+     f"triarch:registry.charts: 'https://{ECR}/charts' is not an OCI reference"),
+    (lambda c: c.update({"triarch:registry": {"images": {"docker.io": f"{ECR}/hub"}}}),
+     "triarch:registry.images: 'docker.io' maps registries one by one, but kube-prometheus-stack"),
+    (lambda c: c.update({"triarch:registry": {"images": "https://mirror"}}),
+     "triarch:registry.images: 'https://mirror' is not a registry prefix"),
+])
+def test_a_bad_registry_setting_is_one_line(tmp_path: Path, edit: Any, head: str) -> None:
+    from triarch.offline import read_stack_config
+    config = stack_document("prod")
+    edit(config)
+    path = tmp_path / "Pulumi.prod.yaml"
+    path.write_text(yaml.safe_dump({"config": config}), encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        from_pulumi_config(read_stack_config(path)[0])
+    assert str(info.value).startswith(head), str(info.value)

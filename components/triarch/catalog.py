@@ -5,7 +5,7 @@ Loaded once per process; everything downstream asks this module rather than hard
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -158,11 +158,30 @@ def catalog() -> Catalog:
 
 
 @dataclass(frozen=True)
+class ChartImage:
+    """An image a chart runs, and the values keys that set it (the layouts charts use: a repository with its
+    registry in it, or registry and repository apart; a digest key where the chart has one)."""
+
+    key: str
+    """Its key under triarch:images, where a stack pins it (by mirror or digest)."""
+    image: str
+    """The upstream reference the pinned chart version runs."""
+    values: dict[str, str]
+    """registry / repository / tag / digest -> the dotted values key."""
+
+
+@dataclass(frozen=True)
 class Chart:
     name: str
     version: str
     repository: str
     image: str | None
+    images: tuple[ChartImage, ...] = ()
+    registry_key: str | None = None
+    """A values key that moves every image of the chart (and its subcharts) to one registry."""
+    image_values: dict[str, Any] = field(default_factory=dict)
+    """Values that point the chart's images at a stack's mirror or pins (planners/registry.py); merged under the
+    release's own values."""
 
     @property
     def reference(self) -> str:
@@ -190,4 +209,8 @@ def addon_versions() -> dict[str, dict[str, str]]:
 def charts() -> dict[str, Chart]:
     """Pinned Helm charts (templates/compat/charts.yaml)."""
     raw = _read(COMPAT_DIR / "charts.yaml")["charts"]
-    return {name: Chart(name, str(c["version"]), str(c["repository"]), c.get("image")) for name, c in raw.items()}
+    return {name: Chart(name, str(c["version"]), str(c["repository"]), c.get("image"),
+                        tuple(ChartImage(key, str(i["image"]), {k: str(v) for k, v in i.items() if k != "image"})
+                              for key, i in (c.get("images") or {}).items()),
+                        c.get("registryKey"))
+            for name, c in raw.items()}

@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
-from triarch.catalog import Catalog, catalog, version_tuple
+from triarch.catalog import Catalog, catalog, charts, version_tuple
 from triarch.errors import ConfigError
-from triarch.images import ImageError, release_of
+from triarch.images import ImageError, chart_release, parse_host, parse_prefix, release_of
 from triarch.planners.network import plan_subnets
 
 NAMESPACE = "triarch"
@@ -266,10 +266,38 @@ class ImagePin(_Model):
 
 
 class ImagesConfig(_Model):
-    """Serving images, pinned; each resolves to a release of templates/compat/images.yaml so its CUDA is known."""
+    """Serving images, pinned; each resolves to a release of templates/compat/images.yaml so its CUDA is known.
+    Beside them, the images of the charts Triarch installs, by their key in templates/compat/charts.yaml
+    (devicePlugin, kuberayOperator, karpenterController, keda, dcgmExporter, prometheus, ...): a mirror or a digest
+    of the release the pinned chart runs."""
 
     vllm: ImagePin = ImagePin(image="vllm/vllm-openai:v0.33.0")
     ray_llm: ImagePin = ImagePin(image="rayproject/ray-llm:2.60.0-py312-cu130")
+    charts: dict[str, ImagePin] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chart_images(cls, value: Any) -> Any:
+        """Chart images sit beside vllm and rayLlm in the stack file."""
+        if not isinstance(value, Mapping):
+            return value
+        serving = {"vllm", "rayLlm"}
+        found = {k: v for k, v in value.items() if k in serving}
+        others = {k: v for k, v in value.items() if k not in serving}
+        return {**found, "charts": others} if others else found
+
+
+class RegistryConfig(_Model):
+    """Where the nodes pull images and Helm pulls charts: a team's own registry instead of the public ones."""
+
+    images: str | dict[str, str] | None = None
+    """One prefix for every image from a public registry (`<prefix>/<upstream path>`, e.g.
+    123456789012.dkr.ecr.us-east-1.amazonaws.com/mirror), or one prefix per upstream registry host (docker.io,
+    quay.io, nvcr.io, ghcr.io, public.ecr.aws, registry.k8s.io), as an ECR pull-through cache rule or a proxy project
+    per upstream gives. An image pinned with its own registry under triarch:images stays as given."""
+    charts: str | dict[str, str] | None = None
+    """One OCI prefix for every chart (`<prefix>/<chart name>`, e.g.
+    oci://123456789012.dkr.ecr.us-east-1.amazonaws.com/charts), or the OCI reference of each chart by name."""
 
 
 ComponentMode = Literal["install", "existing"]
@@ -299,6 +327,7 @@ class StackConfig(_Model):
     node_groups: list[NodeGroupConfig] = Field(min_length=1)
     models: list[ModelConfig] = []
     images: ImagesConfig = ImagesConfig()
+    registry: RegistryConfig = RegistryConfig()
     device_plugin: DevicePluginConfig = DevicePluginConfig()
     kuberay: KubeRayConfig = KubeRayConfig()
     serving: ServingConfig = ServingConfig()
@@ -413,6 +442,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
             path = f"{NAMESPACE}:images.{key}" + (f".{error.part}" if pin.release is not None else "")
             bad = pin.release if error.part == "release" else pin.image
             raise ConfigError(path, bad, error.reason, error.allowed) from None
+    _check_registry(stack, facts)
 
     models: set[str] = set()
     for i, model in enumerate(stack.models):
@@ -451,6 +481,48 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                 raise ConfigError(f"{path}.autoscaling.min", model.autoscaling.min,
                                   f"is greater than autoscaling.max ({model.autoscaling.max})",
                                   f"0..{model.autoscaling.max}")
+
+
+def _check_registry(stack: StackConfig, facts: Catalog) -> None:
+    """Chart images pinned under triarch:images are images of the pinned charts, of the release each chart runs;
+    the registry's prefixes are registries and OCI references."""
+    installed = charts()
+    chart_images = {i.key: i for c in installed.values() for i in c.images}
+    for key, pin in stack.images.charts.items():
+        path = f"{NAMESPACE}:images.{key}"
+        image = chart_images.get(key)
+        if image is None:
+            raise ConfigError(path, key, "is not an image Triarch deploys",
+                              ", ".join(["vllm", "rayLlm", *sorted(chart_images)]))
+        try:
+            chart_release(pin.image, pin.release, image.image)
+        except ImageError as error:
+            part = f".{error.part}" if pin.release is not None else ""
+            raise ConfigError(path + part, pin.release if error.part == "release" else pin.image, error.reason,
+                              error.allowed) from None
+    prefixes = stack.registry.images
+    for host, prefix in (prefixes.items() if isinstance(prefixes, dict) else [("", prefixes)] if prefixes else []):
+        path = f"{NAMESPACE}:registry.images" + (f".{host}" if host else "")
+        if host and not parse_host(host):
+            raise ConfigError(path, host, "is not a registry host", "docker.io, quay.io, nvcr.io, ghcr.io, "
+                              "public.ecr.aws, registry.k8s.io, or another host[:port]")
+        try:
+            parse_prefix(prefix)
+        except ImageError as error:
+            raise ConfigError(path, prefix, error.reason, error.allowed) from None
+    if isinstance(prefixes, dict) and stack.prometheus == "install":
+        raise ConfigError(f"{NAMESPACE}:registry.images", ", ".join(sorted(prefixes)),
+                          "maps registries one by one, but kube-prometheus-stack (observability.prometheus: install) "
+                          "moves all its images and its subcharts' with one registry (global.imageRegistry)",
+                          "one prefix for every registry, or observability.prometheus: existing")
+    sources = stack.registry.charts
+    for name, reference in (sources.items() if isinstance(sources, dict) else [("", sources)] if sources else []):
+        path = f"{NAMESPACE}:registry.charts" + (f".{name}" if name else "")
+        if name and name not in installed:
+            raise ConfigError(path, name, "is not a chart Triarch installs", ", ".join(sorted(installed)))
+        if not re.match(r"^oci://[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$", reference):
+            raise ConfigError(path, reference, "is not an OCI reference",
+                              "oci://<registry>/<path>, e.g. oci://123456789012.dkr.ecr.us-east-1.amazonaws.com/charts")
 
 
 def _check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, facts: Catalog) -> None:

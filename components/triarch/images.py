@@ -137,3 +137,57 @@ def release_of(image: str, release: str | None, upstream: str, known: Iterable[s
         raise ImageError(f"has tag {reference.tag}, which templates/compat/images.yaml does not have, so its CUDA "
                          "version is unknown", tags or "add the image with its CUDA version and source")
     return wanted
+
+
+PUBLIC_REGISTRIES = frozenset({"docker.io", "quay.io", "nvcr.io", "ghcr.io", "public.ecr.aws", "registry.k8s.io",
+                               "gcr.io", "mcr.microsoft.com"})
+"""Where upstream images come from; a mirror setting moves images from these (or the hosts it maps)."""
+
+
+def parse_host(host: str) -> bool:
+    return bool(_HOST.match(host)) and ("." in host or ":" in host or host == "localhost")
+
+
+def parse_prefix(prefix: str) -> tuple[str, str]:
+    """A mirror prefix: a registry host and an optional path below it (no tag, no digest)."""
+    host, _, path = prefix.partition("/")
+    if not parse_host(host) or (path and not _PATH.match(path)):
+        raise ImageError("is not a registry prefix", "<registry host>[/<path>], e.g. "
+                         "123456789012.dkr.ecr.us-east-1.amazonaws.com/mirror")
+    return host, path
+
+
+def mirror(image: str, prefixes: str | dict[str, str] | None) -> str:
+    """Where a node pulls `image` from: below the mirror's prefix for its upstream registry (one prefix for all, or
+    one per upstream host), the upstream path kept (Docker Hub's official images under library/, as a pull-through
+    cache names them). An image from a registry the setting does not cover stays as it is."""
+    if not prefixes:
+        return image
+    reference = parse(image)
+    if isinstance(prefixes, dict):
+        prefix = prefixes.get(reference.host)
+    else:
+        prefix = prefixes if reference.host in PUBLIC_REGISTRIES else None
+    if prefix is None:
+        return image
+    host, path = parse_prefix(prefix)
+    repository = reference.repository
+    if reference.host == DOCKER_HUB and "/" not in repository:
+        repository = f"library/{repository}"
+    return str(reference.named(host, f"{path}/{repository}" if path else repository))
+
+
+def chart_release(image: str, release: str | None, runs: str) -> str:
+    """A chart's image pinned by mirror or digest: the release is the one the pinned chart runs (`runs`); a tag or
+    a declared release that differs is another release, which that chart version was not made for."""
+    reference = parse(image)
+    tag = runs.rsplit(":", 1)[1]
+    if release is not None and release.rsplit(":", 1)[-1] != tag:
+        raise ImageError(f"is not the release the pinned chart runs ({runs})", tag, "release")
+    if not reference.pinned:
+        raise ImageError("is not pinned (no tag, or one that moves, and no digest)",
+                         f"a tag ({tag}), a digest (@sha256:<64 hex>), or both")
+    if reference.tag is not None and reference.tag != tag:
+        raise ImageError(f"has tag {reference.tag}, but the pinned chart runs {runs}",
+                         f"{tag} (a digest of it), or the chart version that runs {reference.tag}")
+    return runs

@@ -17,7 +17,7 @@ from typing import Literal
 from triarch.catalog import Catalog, Gpu, Image, version_tuple
 from triarch.config import UPSTREAM_IMAGES, StackConfig, driver_of, gpu_of
 from triarch.errors import MatrixError
-from triarch.images import release_of
+from triarch.images import mirror, release_of
 
 Level = Literal["ok", "warning", "error"]
 
@@ -90,8 +90,11 @@ def images_by_engine(stack: StackConfig, facts: Catalog) -> dict[str, str]:
 
 
 def deployed_images(stack: StackConfig) -> dict[str, str]:
-    """The reference each serving engine's pods pull."""
-    return {"vllm": stack.images.vllm.image, "ray-serve": stack.images.ray_llm.image}
+    """The reference each serving engine's pods pull: as pinned, moved to the stack's mirror when it comes from a
+    public registry."""
+    prefixes = stack.registry.images
+    return {"vllm": mirror(stack.images.vllm.image, prefixes),
+            "ray-serve": mirror(stack.images.ray_llm.image, prefixes)}
 
 
 def check_stack(stack: StackConfig, facts: Catalog) -> list[Verdict]:

@@ -16,11 +16,12 @@ from triarch.diff import Diff, Difference
 from triarch.errors import TriarchError
 from triarch.existing import trusted_note
 from triarch.matrix import Verdict, require_compatible
-from triarch.offline import PlanRun, Registered, read_stack_config, run_program, write_plan
+from triarch.offline import PlanRun, Registered, plan_document, read_stack_config, run_program, write_plan
 from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
 from triarch.planners.models import ModelPlan, plan_models, replica_bounds
 from triarch.planners.nodegroups import plan_eks_pool, plan_pool
 from triarch.planners.objects import KubernetesPlan, plan_kubernetes
+from triarch.planners.registry import MIRROR_FILE, mirror_list
 from triarch.program import StackError
 from triarch.scheduling import POOL_LABEL
 
@@ -78,6 +79,8 @@ def plan_stack(validated: ValidatedStack, out: Path) -> PlanResult:
     manifests = write_plan(run, out)
     capacity = capacity_report(validated.name, validated.stack, validated.models, catalog())
     (out / CAPACITY_FILE).write_text(json.dumps(capacity, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    mirrored = mirror_list(plan_document(run), validated.stack)
+    (out / MIRROR_FILE).write_text(json.dumps(mirrored, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return PlanResult(validated.stack, validated.verdicts, validated.models, run, manifests, capacity,
                       trusted_note(validated.stack, validated.objects))
 

@@ -9,6 +9,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from triarch.catalog import Chart
+from triarch.helm_values import coalesce
 from triarch.planners.pods import kept_at_creation
 
 KINDS: dict[tuple[str, str], Any] = {
@@ -54,7 +55,10 @@ def register(obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.Custom
 def helm_release(name: str, chart: Chart, namespace: str, values: dict[str, Any], opts: pulumi.ResourceOptions,
                  skip_crds: bool = False) -> k8s.helm.v3.Release:
     """A pinned chart, rolled back if it fails to become ready, named `name` in the cluster (a Helm release name
-    shapes the names of what the chart creates, so it is never auto-named)."""
+    shapes the names of what the chart creates, so it is never auto-named). Where the stack mirrors or pins the
+    chart's images, those values win over the release's own."""
+    if chart.image_values:
+        values = coalesce(values, chart.image_values)
     return k8s.helm.v3.Release(
         name, name=name, chart=chart.reference, version=chart.version,
         repository_opts=None if chart.is_oci else {"repo": chart.repository},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
-from triarch.catalog import Catalog, charts
+from triarch.catalog import Catalog
 from triarch.components.cluster import AdoptedCluster, EksCluster
 from triarch.components.device_plugin import DevicePlugin
 from triarch.components.karpenter import Karpenter, KarpenterPool
@@ -30,6 +30,7 @@ from triarch.planners.monitoring import (
 )
 from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
 from triarch.planners.objects import KubernetesPlan
+from triarch.planners.registry import stack_charts
 from triarch.scheduling import SYSTEM_POOL
 
 
@@ -51,6 +52,8 @@ class Platform(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:platform:Platform", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        self.charts = stack_charts(stack)
+        """The pinned charts as this stack pulls them (its mirror, its image pins)."""
         self.pools: list[PoolPlan] = []
         self.gpu_node_groups: list[ManagedNodeGroup] = []
         self.existing_pools: list[ExistingGpuPool] = []
@@ -70,7 +73,7 @@ class Platform(pulumi.ComponentResource):
             self.pools = [plan.pool for plan in plans]
             if any(plan.provisioner == "karpenter" for plan in plans):
                 self.karpenter = Karpenter("karpenter", eks, stack.cluster.name, stack.aws_region,
-                                           (charts()["karpenter-crd"], charts()["karpenter"]), eks.provider,
+                                           (self.charts["karpenter-crd"], self.charts["karpenter"]), eks.provider,
                                            opts=child, monitor_labels=monitors(stack), after=self.monitor_crds)
             for plan in plans:
                 if self.karpenter is not None and plan.provisioner == "karpenter":
@@ -94,7 +97,7 @@ class Platform(pulumi.ComponentResource):
         self.provider = self.cluster.provider
         self.device_plugin: DevicePlugin | None = None
         if stack.device_plugin.mode == "install":
-            chart = charts()["nvidia-device-plugin"]
+            chart = self.charts["nvidia-device-plugin"]
             tag = (chart.image or ":v" + chart.version).rsplit(":", 1)[1]
             values = device_plugin_values(self.pools, tag, stack.device_plugin.gpu_feature_discovery)
             [namespace] = objects.device_plugin
@@ -116,7 +119,7 @@ class Platform(pulumi.ComponentResource):
                                               opts=pulumi.ResourceOptions(parent=self))
             after.append(self.block_storage)
         self.prometheus_stack = PrometheusStack(
-            PROMETHEUS_RELEASE, (charts()["prometheus-operator-crds"], charts()["kube-prometheus-stack"]),
+            PROMETHEUS_RELEASE, (self.charts["prometheus-operator-crds"], self.charts["kube-prometheus-stack"]),
             prometheus_namespace(stack), prometheus_values(stack), (PROMETHEUS_CRDS_RELEASE, PROMETHEUS_RELEASE),
             provider, secrets.get("grafanaAdminPassword"), after, opts=pulumi.ResourceOptions(parent=self))
         self.monitor_crds = [self.prometheus_stack.crds]
@@ -148,7 +151,7 @@ class Platform(pulumi.ComponentResource):
         if objects.ray and objects.kuberay:
             system_pool = SYSTEM_POOL if stack.cluster.create else None
             [namespace] = objects.kuberay
-            self.kuberay = KubeRayOperator("kuberay-operator", charts()["kuberay-operator"], system_pool, namespace,
+            self.kuberay = KubeRayOperator("kuberay-operator", self.charts["kuberay-operator"], system_pool, namespace,
                                            self.provider, opts=pulumi.ResourceOptions(parent=self),
                                            monitor_labels=monitors(stack), after=self.monitor_crds)
         if objects.ray:
@@ -158,11 +161,11 @@ class Platform(pulumi.ComponentResource):
         self.keda: ChartAddOn | None = None
         observed = stack.observability
         if stack.prometheus != "none" and observed.dcgm_exporter:
-            self.dcgm_exporter = ChartAddOn(DCGM_RELEASE, charts()["dcgm-exporter"], dcgm_namespace(),
+            self.dcgm_exporter = ChartAddOn(DCGM_RELEASE, self.charts["dcgm-exporter"], dcgm_namespace(),
                                             dcgm_values(stack), self.provider, opts=pulumi.ResourceOptions(parent=self),
                                             after=self.monitor_crds)
         if observed.keda == "install":
-            self.keda = ChartAddOn(KEDA_RELEASE, charts()["keda"], keda_namespace(), keda_values(stack),
+            self.keda = ChartAddOn(KEDA_RELEASE, self.charts["keda"], keda_namespace(), keda_values(stack),
                                    self.provider, opts=pulumi.ResourceOptions(parent=self))
         self.observability: Observability | None = None
         if objects.observability:

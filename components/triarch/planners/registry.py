@@ -1,0 +1,120 @@
+"""A team's own registry for everything Triarch pulls: charts from an OCI mirror, images from a mirror prefix (or one
+per upstream registry), chart images pinned by digest, and the list of what to mirror, written beside plan.json
+(mirror.json) so a mirroring job can run from it. Pure: the stack and the pinned charts in, charts and values out."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from triarch.catalog import Chart, ChartImage, catalog, charts
+from triarch.config import StackConfig
+from triarch.images import mirror, parse, parse_prefix
+from triarch.matrix import deployed_images, images_by_engine
+
+MIRROR_FILE = "mirror.json"
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+SERVING_KEYS = {"vllm": "vllm", "ray-serve": "rayLlm"}
+UNLISTED = {"kube-prometheus-stack": "its Grafana, kube-state-metrics and node-exporter subcharts' images (their tags "
+                                     "are the subcharts' own: `helm template` of the chart lists them)"}
+
+
+def _put(values: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        values = values.setdefault(key, {})
+    values[leaf] = value
+
+
+def chart_source(chart: Chart, stack: StackConfig) -> Chart:
+    """The chart from the stack's OCI mirror: one prefix (`<prefix>/<chart>`) or the chart's own reference."""
+    given = stack.registry.charts
+    if not given:
+        return chart
+    reference = given.get(chart.name) if isinstance(given, Mapping) else f"{given.rstrip('/')}/{chart.name}"
+    if reference is None:
+        return chart
+    repository, _, name = reference.rpartition("/")
+    return dataclasses.replace(chart, repository=repository, name=name)
+
+
+def image_values(chart: Chart, stack: StackConfig) -> dict[str, Any]:
+    """Values that move the chart's images to the mirror or to the stack's pins (empty when neither applies, so
+    a stack without them plans as before)."""
+    prefixes = stack.registry.images
+    values: dict[str, Any] = {}
+    whole_chart = chart.registry_key is not None and isinstance(prefixes, str)
+    if whole_chart and chart.registry_key:
+        _put(values, chart.registry_key, prefixes)
+    for image in chart.images:
+        pin = stack.images.charts.get(image.key)
+        if pin is None and (whole_chart or mirror(image.image, prefixes) == image.image):
+            continue
+        _put_image(values, image, mirror(pin.image if pin else image.image, prefixes))
+    return values
+
+
+def _put_image(values: dict[str, Any], image: ChartImage, target: str) -> None:
+    """One image into the chart's layout: registry and repository apart or together; the digest in its own key,
+    or after the tag (`v1.7.0@sha256:...`, which the charts concatenate into a valid reference)."""
+    reference = parse(target)
+    tag = reference.tag or image.image.rsplit(":", 1)[1]
+    keys = image.values
+    if "registry" in keys:
+        _put(values, keys["registry"], reference.host)
+        _put(values, keys["repository"], reference.repository)
+    else:
+        _put(values, keys["repository"], f"{reference.registry}/{reference.repository}" if reference.registry
+             else reference.repository)
+    if "digest" in keys:
+        _put(values, keys["tag"], tag)
+        if reference.digest:
+            _put(values, keys["digest"], reference.digest)
+    else:
+        _put(values, keys["tag"], tag + (f"@{reference.digest}" if reference.digest else ""))
+
+
+def stack_charts(stack: StackConfig) -> dict[str, Chart]:
+    """The pinned charts as this stack installs them: from its mirror, with its image values."""
+    return {name: dataclasses.replace(chart_source(chart, stack), image_values=image_values(chart, stack))
+            for name, chart in charts().items()}
+
+
+def mirror_list(document: Mapping[str, Any], stack: StackConfig) -> dict[str, Any]:
+    """mirror.json: every chart the plan installs (version, where Helm pulls it, where it comes from upstream) and
+    every image it runs (the upstream reference, its tag and pinned digest, what the nodes pull)."""
+    pinned = charts()
+    installed = stack_charts(stack)
+    releases = sorted({(str(r["inputs"].get("chart")), str(r["inputs"].get("version")))
+                       for r in document["resources"] if r["type"] == HELM_RELEASE})
+    found_charts, found_images, unlisted = [], [], []
+    by_reference = {c.reference: name for name, c in installed.items()}
+    for reference, version in releases:
+        name = by_reference.get(reference, reference.rsplit("/", 1)[-1])
+        upstream, chart = pinned[name], installed[name]
+        found_charts.append({"name": name, "version": version,
+                             "upstream": f"{upstream.repository.rstrip('/')}/{upstream.name}",
+                             "pulledFrom": f"{chart.repository.rstrip('/')}/{chart.name}"})
+        for image in upstream.images:
+            pin = stack.images.charts.get(image.key)
+            pulled = mirror(pin.image if pin else image.image, stack.registry.images)
+            found_images.append(_image_row(image.key, image.image, pulled, name))
+        if name in UNLISTED:
+            unlisted.append(f"{name} {version}: {UNLISTED[name]}")
+    releases_run = images_by_engine(stack, catalog())
+    pulled_by = deployed_images(stack)
+    for engine in sorted({m.engine for m in stack.models}):
+        found_images.append(_image_row(SERVING_KEYS[engine], releases_run[engine], pulled_by[engine], None))
+    return {"stack": document.get("stack"), "charts": sorted(found_charts, key=lambda c: c["name"]),
+            "images": sorted(found_images, key=lambda i: (i["chart"] or "", i["key"])), "notListed": unlisted}
+
+
+def _image_row(key: str, upstream: str, pulled: str, chart: str | None) -> dict[str, Any]:
+    reference = parse(pulled)
+    name = upstream.split("@", 1)[0]
+    return {"key": key, "chart": chart, "upstream": name, "tag": parse(upstream).tag, "digest": reference.digest,
+            "pulled": pulled}
+
+
+__all__ = ["MIRROR_FILE", "chart_source", "image_values", "mirror_list", "parse_prefix", "stack_charts"]
