@@ -268,3 +268,115 @@ def test_a_bad_registry_setting_is_one_line(tmp_path: Path, edit: Any, head: str
     with pytest.raises(ConfigError) as info:
         from_pulumi_config(read_stack_config(path)[0])
     assert str(info.value).startswith(head), str(info.value)
+
+
+# --- pulls that work on EKS ------------------------------------------------------------------------------------------
+
+def _plan_file(config: dict[str, Any], out: Path) -> dict[str, Any]:
+    from triarch import cli
+    stack_file = out / "Pulumi.prod.yaml"
+    stack_file.write_text(yaml.safe_dump({"config": config}), encoding="utf-8")
+    assert cli.main(["plan", "--stack-file", str(stack_file), "--out", str(out / "plan")]) == 0
+    document: dict[str, Any] = json.loads((out / "plan" / "plan.json").read_text(encoding="utf-8"))
+    return document
+
+
+def test_an_ecr_mirror_lets_the_node_roles_import_through_the_cache_and_nothing_more(
+        from_own_registry: Any, shipped: dict[str, Any]) -> None:
+    """ECR pull-through cache: a node's first pull imports the upstream image and creates its repository (AWS ECR
+    User Guide, pull-through-cache-iam): both node roles (managed groups, Karpenter) may, on the mirror's
+    repositories only. Plain pulls stay with AmazonEC2ContainerRegistryPullOnly, which EKS's own images need."""
+    document, _ = from_own_registry
+    policies = [r for r in document["resources"] if r["type"] == "aws:iam/rolePolicy:RolePolicy"]
+    pulls = [r for r in policies if "ecr:" in str(r["inputs"]["policy"])]
+    assert sorted(r["name"] for r in pulls) == ["karpenter-nodes-pull-through", "llm-prod-nodes-pull-through"]
+    for resource in pulls:
+        [statement] = json.loads(resource["inputs"]["policy"])["Statement"]
+        assert sorted(statement["Action"]) == ["ecr:BatchImportUpstreamImage", "ecr:CreateRepository"]
+        assert statement["Resource"] == ["arn:aws:ecr:us-east-1:123456789012:repository/mirror/*"]
+    shipped_document = plan_document(shipped["prod"].run)
+    assert not [r for r in shipped_document["resources"] if r["type"] == "aws:iam/rolePolicy:RolePolicy"
+                and "ecr:" in str(r["inputs"]["policy"])]
+
+
+@pytest.fixture(scope="module")
+def with_credentials(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """prod pulling everything from a Harbor proxy that takes a robot account's credentials."""
+    config = stack_document("prod")
+    config["triarch:registry"] = {"images": "harbor.example.com/proxy", "username": "robot$triarch"}
+    config["triarch:registryPassword"] = {"secure": "v1:robot-token"}
+    out = tmp_path_factory.mktemp("credentials")
+    return _plan_file(config, out), out / "plan"
+
+
+def test_every_pod_triarch_defines_pulls_with_the_registry_secret(with_credentials: Any) -> None:
+    document, out = with_credentials
+    assert "robot-token" not in json.dumps(document)
+    secrets = [r for r in document["resources"] if r["type"] == "kubernetes:core/v1:Secret"
+               and r["inputs"]["metadata"]["name"] == "triarch-registry"]
+    for secret in secrets:
+        assert secret["inputs"]["type"] == "kubernetes.io/dockerconfigjson"
+        assert secret["inputs"]["stringData"] == {".dockerconfigjson": "[secret]"}
+    namespaces = {s["inputs"]["metadata"]["namespace"] for s in secrets}
+    templates = []
+    for path in (out / "manifests").glob("*.yaml"):
+        obj = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if obj["kind"] == "Deployment":
+            templates.append((obj["metadata"]["namespace"], obj["spec"]["template"]["spec"]))
+        elif obj["kind"] == "RayService":
+            cluster = obj["spec"]["rayClusterConfig"]
+            templates += [(obj["metadata"]["namespace"], g["template"]["spec"])
+                          for g in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]]
+    assert len(templates) >= 4
+    for namespace, spec in templates:
+        assert spec["imagePullSecrets"] == [{"name": "triarch-registry"}] and namespace in namespaces
+
+
+def test_every_chart_with_pods_pulls_with_the_registry_secret(with_credentials: Any) -> None:
+    """Each release that runs pods names the Secret, which exists in its namespace; the CRD-only releases run
+    no pod and get neither."""
+    document, _ = with_credentials
+    secrets = {r["inputs"]["metadata"]["namespace"] for r in document["resources"]
+               if r["type"] == "kubernetes:core/v1:Secret" and r["inputs"]["metadata"]["name"] == "triarch-registry"}
+    keys = {"kube-prometheus-stack": ("global", "imagePullSecrets")}
+    crd_only = {"karpenter-crd", "prometheus-operator-crds"}
+    releases = _releases(document)
+    assert set(releases) >= {"nvidia-device-plugin", "kuberay-operator", "karpenter", "dcgm-exporter",
+                             "kube-prometheus-stack"}
+    for name, release in releases.items():
+        chart = release["chart"].rsplit("/", 1)[-1]
+        if chart in crd_only:
+            assert "imagePullSecrets" not in json.dumps(release["values"]), name
+            continue
+        value: Any = release["values"]
+        for key in keys.get(chart, ("imagePullSecrets",)):
+            value = value[key]
+        assert value == [{"name": "triarch-registry"}], name
+        assert release["namespace"] in secrets, name
+
+
+@pytest.mark.parametrize(("registry", "secret", "head"), [
+    ({"images": "harbor.example.com/proxy"}, True,
+     "triarch:registry.username: is not set, but triarch:registryPassword is"),
+    ({"images": {"docker.io": "harbor.example.com/hub"}, "username": "robot"}, True,
+     "triarch:registry.server: is not set, but triarch:registryPassword is"),
+    ({"images": "harbor.example.com/proxy", "username": "robot"}, False,
+     "triarch:registryPassword: is not set, but registry.username is ('robot')"),
+])
+def test_credentials_come_whole(tmp_path: Path, registry: dict[str, Any], secret: bool, head: str) -> None:
+    from triarch import cli
+    config = stack_document("dev")
+    config["triarch:observability"] = {"prometheus": "existing"}
+    config["triarch:registry"] = registry
+    if secret:
+        config["triarch:registryPassword"] = {"secure": "v1:x"}
+    stack_file = tmp_path / "Pulumi.dev.yaml"
+    stack_file.write_text(yaml.safe_dump({"config": config}), encoding="utf-8")
+    import contextlib
+    import io
+    stderr = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
+        code = cli.main(["plan", "--stack-file", str(stack_file), "--out", str(tmp_path / "out")])
+    assert code == 2
+    [line] = [x for x in stderr.getvalue().splitlines() if x.strip()][-1:]
+    assert head in line, stderr.getvalue()

@@ -179,6 +179,8 @@ class Chart:
     images: tuple[ChartImage, ...] = ()
     registry_key: str | None = None
     """A values key that moves every image of the chart (and its subcharts) to one registry."""
+    pull_secrets_key: str | None = None
+    """The values key of the image pull Secrets its pods use (a list of {name: ...})."""
     image_values: dict[str, Any] = field(default_factory=dict)
     """Values that point the chart's images at a stack's mirror or pins (planners/registry.py); merged under the
     release's own values."""
@@ -212,5 +214,5 @@ def charts() -> dict[str, Chart]:
     return {name: Chart(name, str(c["version"]), str(c["repository"]), c.get("image"),
                         tuple(ChartImage(key, str(i["image"]), {k: str(v) for k, v in i.items() if k != "image"})
                               for key, i in (c.get("images") or {}).items()),
-                        c.get("registryKey"))
+                        c.get("registryKey"), c.get("pullSecretsKey"))
             for name, c in raw.items()}

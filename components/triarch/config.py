@@ -298,6 +298,18 @@ class RegistryConfig(_Model):
     charts: str | dict[str, str] | None = None
     """One OCI prefix for every chart (`<prefix>/<chart name>`, e.g.
     oci://123456789012.dkr.ecr.us-east-1.amazonaws.com/charts), or the OCI reference of each chart by name."""
+    username: str | None = None
+    """For a registry that takes credentials (not ECR: the nodes' role pulls there): the user; its password is the
+    Pulumi secret triarch:registryPassword. Every pod Triarch defines, and every chart it installs, pulls with an
+    image pull Secret made from them."""
+    server: str | None = None
+    """The registry host the credentials are for; default: the host of `images` when it is one prefix."""
+
+    @property
+    def credentials_host(self) -> str | None:
+        if self.server:
+            return self.server
+        return self.images.split("/", 1)[0] if isinstance(self.images, str) else None
 
 
 ComponentMode = Literal["install", "existing"]
@@ -653,7 +665,7 @@ def driver_of(group: NodeGroupConfig, facts: Catalog) -> str:
 # --- reading Pulumi config -------------------------------------------------------------------------------
 
 TOP_LEVEL_KEYS = {to_camel(name): name for name in StackConfig.model_fields if name != "aws_region"}
-SECRET_KEYS = {"hfToken", "vllmApiKey", "grafanaAdminPassword"}
+SECRET_KEYS = {"hfToken", "vllmApiKey", "grafanaAdminPassword", "registryPassword"}
 """Triarch keys read as Pulumi secrets by the program, never into the model (so never into a message)."""
 
 

@@ -35,7 +35,8 @@ PROJECT = "triarch"
 KNOWN_AFTER_APPLY = "<known after apply>"
 SECRET = "[secret]"
 SECRET_INPUTS = {"kubernetes:core/v1:Secret": ("data", "stringData")}
-PLAIN_TEXT_REFUSED = ("triarch:hfToken", "triarch:vllmApiKey", "triarch:grafanaAdminPassword")
+PLAIN_TEXT_REFUSED = ("triarch:hfToken", "triarch:vllmApiKey", "triarch:grafanaAdminPassword",
+                      "triarch:registryPassword")
 """Keys that must be Pulumi secrets (`secure:` in the stack file), never plain text."""
 
 NOT_MANIFESTS = ("kubernetes:helm.sh/", "pulumi:providers:", "kubernetes:yaml")

@@ -23,6 +23,7 @@ from triarch.planners.iam import (
     pod_identity_trust,
 )
 from triarch.planners.nodegroups import managed_node_group_name
+from triarch.planners.registry import pull_through_policy
 from triarch.scheduling import POOL_LABEL, SYSTEM_POOL
 
 CLUSTER_POLICY = "arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"
@@ -110,7 +111,7 @@ class EksCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, self.log_group],
                                         ignore_changes=["accessConfig.bootstrapClusterCreatorAdminPermissions"]))
         self.admins = [self._admin(name, arn, region) for arn in config.admin_role_arns]
-        self.node_role = NodeRole(f"{name}-nodes", opts=child)
+        self.node_role = NodeRole(f"{name}-nodes", pull_through_policy(stack), opts=child)
         self.cni_role = aws.iam.Role(f"{name}-vpc-cni", assume_role_policy=pod_identity_trust(
             config.name, *VPC_CNI_SERVICE_ACCOUNT), opts=child)
         cni_policy = aws.iam.RolePolicyAttachment(f"{name}-vpc-cni", role=self.cni_role.name,

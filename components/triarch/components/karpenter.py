@@ -22,12 +22,13 @@ from triarch.planners.iam import pod_identity_trust
 class Karpenter(pulumi.ComponentResource):
     def __init__(self, name: str, eks: EksCluster, cluster: str, region: str, charts: tuple[Chart, Chart],
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None,
-                 monitor_labels: dict[str, str] | None = None, after: list[pulumi.Resource] | None = None) -> None:
+                 monitor_labels: dict[str, str] | None = None, after: list[pulumi.Resource] | None = None,
+                 pull_through: str | None = None, docker_config: pulumi.Input[str] | None = None) -> None:
         super().__init__("triarch:karpenter:Karpenter", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         # Its own node role: EKS already holds an access entry for the managed node groups' role, and a second
         # entry for the same principal is refused.
-        self.node_role = NodeRole(f"{name}-nodes", opts=child)
+        self.node_role = NodeRole(f"{name}-nodes", pull_through, opts=child)
         self.instance_profile = aws.iam.InstanceProfile(
             f"{name}-nodes", name=plan.instance_profile_name(cluster), role=self.node_role.role.name,
             opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
@@ -74,7 +75,7 @@ class Karpenter(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[
                 self.crds, self.pod_identity, self.controller_policy, self.queue_policy, self.access_entry,
                 eks.addons["coredns"], *(after or [])]),
-            skip_crds=True)
+            skip_crds=True, docker_config=docker_config)
         self.register_outputs({"interruptionQueue": self.queue.name})
 
 

@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 
 from triarch.catalog import Chart
 from triarch.helm_values import coalesce
-from triarch.planners.pods import kept_at_creation
+from triarch.planners.pods import PULL_SECRET, kept_at_creation
 
 KINDS: dict[tuple[str, str], Any] = {
     ("v1", "Namespace"): k8s.core.v1.Namespace,
@@ -52,13 +52,24 @@ def register(obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.Custom
     return resource
 
 
+def pull_secret(resource_name: str, namespace: str, docker_config: pulumi.Input[str],
+                opts: pulumi.ResourceOptions) -> k8s.core.v1.Secret:
+    """The registry's credentials where pods of `namespace` pull (a Pulumi secret: the value never shows)."""
+    return k8s.core.v1.Secret(resource_name, metadata={"name": PULL_SECRET, "namespace": namespace},
+                              type="kubernetes.io/dockerconfigjson", string_data={".dockerconfigjson": docker_config},
+                              opts=opts)
+
+
 def helm_release(name: str, chart: Chart, namespace: str, values: dict[str, Any], opts: pulumi.ResourceOptions,
-                 skip_crds: bool = False) -> k8s.helm.v3.Release:
+                 skip_crds: bool = False, docker_config: pulumi.Input[str] | None = None) -> k8s.helm.v3.Release:
     """A pinned chart, rolled back if it fails to become ready, named `name` in the cluster (a Helm release name
     shapes the names of what the chart creates, so it is never auto-named). Where the stack mirrors or pins the
     chart's images, those values win over the release's own."""
     if chart.image_values:
         values = coalesce(values, chart.image_values)
+    if docker_config is not None:
+        secret = pull_secret(f"{name}-registry", namespace, docker_config, opts)
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[secret]))
     return k8s.helm.v3.Release(
         name, name=name, chart=chart.reference, version=chart.version,
         repository_opts=None if chart.is_oci else {"repo": chart.repository},

@@ -23,7 +23,7 @@ EC2_ASSUME_ROLE = """{"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
 class NodeRole(pulumi.ComponentResource):
     """The IAM role EC2 nodes run as (managed node groups and Karpenter nodes each get their own)."""
 
-    def __init__(self, name: str, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, name: str, pull_through: str | None = None, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:nodegroups:NodeRole", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.role = aws.iam.Role(f"{name}-role", assume_role_policy=EC2_ASSUME_ROLE, opts=child)
@@ -31,6 +31,10 @@ class NodeRole(pulumi.ComponentResource):
             aws.iam.RolePolicyAttachment(f"{name}-{key}", role=self.role.name, policy_arn=arn, opts=child)
             for key, arn in NODE_POLICIES.items()
         ]
+        # Pulls through the stack's ECR pull-through cache: import and first-pull repository creation, scoped to
+        # its mirror's repositories (planners/registry.py).
+        self.pull_through = None if pull_through is None else aws.iam.RolePolicy(
+            f"{name}-pull-through", role=self.role.id, policy=pull_through, opts=child)
         self.register_outputs({"arn": self.role.arn})
 
 

@@ -19,12 +19,13 @@ class ChartAddOn(pulumi.ComponentResource):
 
     def __init__(self, name: str, chart: Chart, namespace: dict[str, Any], values: dict[str, Any],
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None,
-                 after: list[pulumi.Resource] | None = None) -> None:
+                 after: list[pulumi.Resource] | None = None, docker_config: pulumi.Input[str] | None = None) -> None:
         super().__init__("triarch:observability:ChartAddOn", name, None, opts)
         self.namespace = register(namespace, pulumi.ResourceOptions(parent=self, provider=provider))
         self.release = helm_release(name, chart, namespace["metadata"]["name"], values,
                                     pulumi.ResourceOptions(parent=self, provider=provider,
-                                                           depends_on=[self.namespace, *(after or [])]))
+                                                           depends_on=[self.namespace, *(after or [])]),
+                                    docker_config=docker_config)
         self.register_outputs({"status": self.release.status})
 
 
@@ -35,7 +36,8 @@ class PrometheusStack(pulumi.ComponentResource):
 
     def __init__(self, name: str, charts: tuple[Chart, Chart], namespace: dict[str, Any], values: dict[str, Any],
                  releases: tuple[str, str], provider: k8s.Provider, admin_password: pulumi.Output[str] | None = None,
-                 after: list[pulumi.Resource] | None = None, opts: pulumi.ResourceOptions | None = None) -> None:
+                 after: list[pulumi.Resource] | None = None, opts: pulumi.ResourceOptions | None = None,
+                 docker_config: pulumi.Input[str] | None = None) -> None:
         super().__init__("triarch:observability:PrometheusStack", name, None, opts)
         crd_chart, chart = charts
         crd_release, release = releases
@@ -59,7 +61,7 @@ class PrometheusStack(pulumi.ComponentResource):
         self.release = helm_release(release, chart, ns, values,
                                     pulumi.ResourceOptions(parent=self, provider=provider,
                                                            depends_on=[self.crds, self.admin_secret, *(after or [])]),
-                                    skip_crds=True)
+                                    skip_crds=True, docker_config=docker_config)
         self.register_outputs({"status": self.release.status})
 
 

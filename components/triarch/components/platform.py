@@ -30,7 +30,7 @@ from triarch.planners.monitoring import (
 )
 from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
 from triarch.planners.objects import KubernetesPlan
-from triarch.planners.registry import stack_charts
+from triarch.planners.registry import docker_config, pull_through_policy, stack_charts
 from triarch.scheduling import SYSTEM_POOL
 
 
@@ -52,8 +52,9 @@ class Platform(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:platform:Platform", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.charts = stack_charts(stack)
-        """The pinned charts as this stack pulls them (its mirror, its image pins)."""
+        self.charts = stack_charts(stack, with_pull_secret="registryPassword" in secrets)
+        """The pinned charts as this stack pulls them (its mirror, its image pins, its pull Secret)."""
+        self.docker_config = registry_credentials(stack, secrets.get("registryPassword"))
         self.pools: list[PoolPlan] = []
         self.gpu_node_groups: list[ManagedNodeGroup] = []
         self.existing_pools: list[ExistingGpuPool] = []
@@ -74,7 +75,9 @@ class Platform(pulumi.ComponentResource):
             if any(plan.provisioner == "karpenter" for plan in plans):
                 self.karpenter = Karpenter("karpenter", eks, stack.cluster.name, stack.aws_region,
                                            (self.charts["karpenter-crd"], self.charts["karpenter"]), eks.provider,
-                                           opts=child, monitor_labels=monitors(stack), after=self.monitor_crds)
+                                           opts=child, monitor_labels=monitors(stack), after=self.monitor_crds,
+                                           pull_through=pull_through_policy(stack),
+                                           docker_config=self.docker_config)
             for plan in plans:
                 if self.karpenter is not None and plan.provisioner == "karpenter":
                     self.karpenter_pools.append(KarpenterPool(f"pool-{plan.pool.name}",
@@ -103,7 +106,8 @@ class Platform(pulumi.ComponentResource):
             [namespace] = objects.device_plugin
             self.device_plugin = DevicePlugin("nvidia-device-plugin", chart, values, namespace, self.provider,
                                               opts=pulumi.ResourceOptions(parent=self,
-                                                                          depends_on=self.gpu_node_groups))
+                                                                          depends_on=self.gpu_node_groups),
+                                              docker_config=self.docker_config)
         self._serve(stack, models, objects, secrets)
         self.register_outputs({"pools": [p.name for p in self.pools]})
 
@@ -121,7 +125,8 @@ class Platform(pulumi.ComponentResource):
         self.prometheus_stack = PrometheusStack(
             PROMETHEUS_RELEASE, (self.charts["prometheus-operator-crds"], self.charts["kube-prometheus-stack"]),
             prometheus_namespace(stack), prometheus_values(stack), (PROMETHEUS_CRDS_RELEASE, PROMETHEUS_RELEASE),
-            provider, secrets.get("grafanaAdminPassword"), after, opts=pulumi.ResourceOptions(parent=self))
+            provider, secrets.get("grafanaAdminPassword"), after, opts=pulumi.ResourceOptions(parent=self),
+            docker_config=self.docker_config)
         self.monitor_crds = [self.prometheus_stack.crds]
 
     def _serve(self, stack: StackConfig, models: list[ModelPlan], objects: KubernetesPlan,
@@ -141,7 +146,8 @@ class Platform(pulumi.ComponentResource):
                                           opts=pulumi.ResourceOptions(parent=self))
             ready.append(self.store)
         self.serving_namespace = ServingNamespace("serving", objects.serving, secrets, self.provider,
-                                                  opts=pulumi.ResourceOptions(parent=self))
+                                                  opts=pulumi.ResourceOptions(parent=self),
+                                                  docker_config=self.docker_config)
         ready.append(self.serving_namespace)
         after = pulumi.ResourceOptions(parent=self, depends_on=ready)
         for plan in models:
@@ -153,7 +159,8 @@ class Platform(pulumi.ComponentResource):
             [namespace] = objects.kuberay
             self.kuberay = KubeRayOperator("kuberay-operator", self.charts["kuberay-operator"], system_pool, namespace,
                                            self.provider, opts=pulumi.ResourceOptions(parent=self),
-                                           monitor_labels=monitors(stack), after=self.monitor_crds)
+                                           monitor_labels=monitors(stack), after=self.monitor_crds,
+                                           docker_config=self.docker_config)
         if objects.ray:
             served = [plan.name for plan in models if plan.config.engine == "ray-serve"]
             self.ray = RayServing("ray-serve", objects.ray, served, self.kuberay, self.provider, opts=after)
@@ -163,10 +170,11 @@ class Platform(pulumi.ComponentResource):
         if stack.prometheus != "none" and observed.dcgm_exporter:
             self.dcgm_exporter = ChartAddOn(DCGM_RELEASE, self.charts["dcgm-exporter"], dcgm_namespace(),
                                             dcgm_values(stack), self.provider, opts=pulumi.ResourceOptions(parent=self),
-                                            after=self.monitor_crds)
+                                            after=self.monitor_crds, docker_config=self.docker_config)
         if observed.keda == "install":
             self.keda = ChartAddOn(KEDA_RELEASE, self.charts["keda"], keda_namespace(), keda_values(stack),
-                                   self.provider, opts=pulumi.ResourceOptions(parent=self))
+                                   self.provider, opts=pulumi.ResourceOptions(parent=self),
+                                   docker_config=self.docker_config)
         self.observability: Observability | None = None
         if objects.observability:
             waits: list[pulumi.Resource] = [self.serving_namespace, *self.vllm_servers, *self.monitor_crds]
@@ -174,3 +182,12 @@ class Platform(pulumi.ComponentResource):
                 waits.append(self.keda.release)  # the ScaledObject CRD comes with the chart
             self.observability = Observability("observability", objects.observability, waits, self.provider,
                                                opts=pulumi.ResourceOptions(parent=self))
+
+
+def registry_credentials(stack: StackConfig, password: pulumi.Output[str] | None) -> pulumi.Output[str] | None:
+    """The registry's .dockerconfigjson, a secret like the password it is made from (None: no credentials)."""
+    registry = stack.registry
+    host, user = registry.credentials_host, registry.username
+    if password is None or host is None or user is None:
+        return None
+    return pulumi.Output.secret(password.apply(lambda value: docker_config(host, user, value)))

@@ -10,7 +10,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from triarch.catalog import Chart
-from triarch.components.manifests import helm_release, register
+from triarch.components.manifests import helm_release, pull_secret, register
 from triarch.planners import pods
 from triarch.scheduling import POOL_LABEL
 
@@ -40,7 +40,8 @@ class ServingNamespace(pulumi.ComponentResource):
     Face token, the vLLM API key) as Kubernetes Secrets the pods read."""
 
     def __init__(self, name: str, objects: list[dict[str, Any]], secrets: dict[str, pulumi.Output[str]],
-                 provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None) -> None:
+                 provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None,
+                 docker_config: pulumi.Input[str] | None = None) -> None:
         super().__init__("triarch:serving:ServingNamespace", name, None, opts)
         namespace, *policies = objects
         self.namespace = register(namespace, pulumi.ResourceOptions(parent=self, provider=provider))
@@ -54,6 +55,9 @@ class ServingNamespace(pulumi.ComponentResource):
             self.secrets[key] = k8s.core.v1.Secret(
                 f"{name}-{suffix}", metadata={"name": secret, "namespace": namespace["metadata"]["name"]},
                 type="Opaque", string_data={field: value}, opts=in_namespace)
+        self.pull_secret = None if docker_config is None else pull_secret(f"{name}-registry",
+                                                                         namespace["metadata"]["name"],
+                                                                         docker_config, in_namespace)
         self.token = self.secrets.get("hfToken")
         self.register_outputs({"namespace": namespace["metadata"]["name"]})
 
@@ -61,14 +65,16 @@ class ServingNamespace(pulumi.ComponentResource):
 class KubeRayOperator(pulumi.ComponentResource):
     def __init__(self, name: str, chart: Chart, system_pool: str | None, namespace: dict[str, Any],
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None,
-                 monitor_labels: dict[str, str] | None = None, after: list[pulumi.Resource] | None = None) -> None:
+                 monitor_labels: dict[str, str] | None = None, after: list[pulumi.Resource] | None = None,
+                 docker_config: pulumi.Input[str] | None = None) -> None:
         super().__init__("triarch:ray:KubeRayOperator", name, None, opts)
         self.namespace = register(namespace, pulumi.ResourceOptions(parent=self, provider=provider))
         # The chart installs the RayService/RayCluster CRDs; Ray resources depend on this release.
         self.release = helm_release(name, chart, namespace["metadata"]["name"],
                                     kuberay_values(system_pool, monitor_labels),
                                     pulumi.ResourceOptions(parent=self, provider=provider,
-                                                           depends_on=[self.namespace, *(after or [])]))
+                                                           depends_on=[self.namespace, *(after or [])]),
+                                    docker_config=docker_config)
         self.register_outputs({"status": self.release.status})
 
 

@@ -95,13 +95,24 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
                           f"is set, but Triarch installs no Grafana here (observability.prometheus is "
                           f"'{stack.prometheus}')", "unset it (pulumi config rm triarch:grafanaAdminPassword), or "
                           "observability.prometheus: install", show_value=False)
+    registry = stack.registry
+    if "registryPassword" in set(secrets) and (registry.username is None or registry.credentials_host is None):
+        raise ConfigError("triarch:registry.username" if registry.username is None else "triarch:registry.server",
+                          None, "is not set, but triarch:registryPassword is (the registry's credentials)",
+                          "the user the password belongs to (registry.username), and the registry host "
+                          "(registry.server, unless registry.images is one prefix)", show_value=False)
+    if registry.username is not None and "registryPassword" not in set(secrets):
+        raise ConfigError("triarch:registryPassword", None, f"is not set, but registry.username is "
+                          f"('{registry.username}')", "pulumi config set --secret triarch:registryPassword <password>",
+                          show_value=False)
     result = KubernetesPlan(device_plugin=device_plugin, node_pools=node_pools, owners=owners)
     if not models:
         check_objects(owners)
         return result
 
     given = set(secrets)
-    settings = serving_settings(stack, with_token="hfToken" in given, with_api_key="vllmApiKey" in given)
+    settings = serving_settings(stack, with_token="hfToken" in given, with_api_key="vllmApiKey" in given,
+                                with_pull_secret="registryPassword" in given)
     if settings.namespace in RESERVED_NAMESPACES:
         raise ConfigError("triarch:serving.namespace", settings.namespace,
                           "is a namespace every cluster has, which Triarch would create and delete",

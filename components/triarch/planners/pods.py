@@ -16,6 +16,15 @@ EFS_STORAGE_CLASS = "triarch-efs"
 BLOCK_STORAGE_CLASS = "triarch-gp3"
 """A created cluster's block storage (EBS gp3) for what needs a local filesystem: Prometheus' TSDB."""
 CLAIM_SIZE = "spec.resources.requests.storage"
+PULL_SECRET = "triarch-registry"
+"""The image pull Secret (kubernetes.io/dockerconfigjson) in every namespace where Triarch runs pods."""
+
+
+def pull_secrets(settings: ServingSettings) -> dict[str, Any]:
+    """A pod spec's imagePullSecrets, where the stack's registry takes credentials."""
+    return {"imagePullSecrets": [{"name": PULL_SECRET}]} if settings.with_pull_secret else {}
+
+
 def image_release(image: str, release: str) -> dict[str, str]:
     return {IMAGE_RELEASE: release} if release and image != release else {}
 
@@ -149,6 +158,8 @@ class ServingSettings:
     hub_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
     vpc_cidr: str | None = None
     """The created cluster's VPC range (nodes, the API server's endpoints), kept out of the pods' egress."""
+    with_pull_secret: bool = False
+    """Whether the pods pull with the registry's credentials (triarch:registryPassword)."""
 
 
 def cache_claim(owner: str, size_gib: int, settings: ServingSettings) -> dict[str, Any]:

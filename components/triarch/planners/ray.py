@@ -223,6 +223,8 @@ def ray_manifests(plans: list[ModelPlan], image: str, release: str,
                              for key in sorted(groups, key=lambda k: (k.pool, k.gpus))],
         "enableInTreeAutoscaling": autoscaled,
     }
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        group["template"]["spec"].update(pods.pull_secrets(settings))
     if ray_version:
         cluster["rayVersion"] = ray_version
     objects = [pods.cache_claim(RAY_SERVICE, sum(p.cache_gib for p in served), settings)]

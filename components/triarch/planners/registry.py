@@ -4,7 +4,10 @@ per upstream registry), chart images pinned by digest, and the list of what to m
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +15,7 @@ from triarch.catalog import Chart, ChartImage, catalog, charts
 from triarch.config import StackConfig
 from triarch.images import mirror, parse, parse_prefix
 from triarch.matrix import deployed_images, images_by_engine
+from triarch.planners.pods import PULL_SECRET
 
 MIRROR_FILE = "mirror.json"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -39,11 +43,13 @@ def chart_source(chart: Chart, stack: StackConfig) -> Chart:
     return dataclasses.replace(chart, repository=repository, name=name)
 
 
-def image_values(chart: Chart, stack: StackConfig) -> dict[str, Any]:
-    """Values that move the chart's images to the mirror or to the stack's pins (empty when neither applies, so
-    a stack without them plans as before)."""
+def image_values(chart: Chart, stack: StackConfig, with_pull_secret: bool = False) -> dict[str, Any]:
+    """Values that move the chart's images to the mirror or to the stack's pins, and give its pods the registry's
+    pull Secret (empty when none applies, so a stack without them plans as before)."""
     prefixes = stack.registry.images
     values: dict[str, Any] = {}
+    if with_pull_secret and chart.pull_secrets_key:
+        _put(values, chart.pull_secrets_key, [{"name": PULL_SECRET}])
     whole_chart = chart.registry_key is not None and isinstance(prefixes, str)
     if whole_chart and chart.registry_key:
         _put(values, chart.registry_key, prefixes)
@@ -75,10 +81,53 @@ def _put_image(values: dict[str, Any], image: ChartImage, target: str) -> None:
         _put(values, keys["tag"], tag + (f"@{reference.digest}" if reference.digest else ""))
 
 
-def stack_charts(stack: StackConfig) -> dict[str, Chart]:
+ECR_HOST = re.compile(r"^(?P<account>[0-9]{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com$")
+PULL_THROUGH_ACTIONS = ("ecr:BatchImportUpstreamImage", "ecr:CreateRepository")
+"""What a pull through an ECR pull-through cache needs beyond a pull (which AmazonEC2ContainerRegistryPullOnly,
+on every node role, grants): import the upstream image, and create its repository on the first pull (AWS ECR User
+Guide, "IAM permissions required to sync an upstream registry with an Amazon ECR private registry")."""
+
+
+def ecr_repositories(stack: StackConfig) -> list[str]:
+    """The ECR repositories the stack's nodes pull through: every path below an ECR mirror prefix, and each image
+    pinned in an ECR repository, as repository ARNs."""
+    found: set[str] = set()
+    prefixes = stack.registry.images
+    for prefix in (prefixes.values() if isinstance(prefixes, Mapping) else [prefixes] if prefixes else []):
+        host, path = parse_prefix(prefix)
+        if match := ECR_HOST.match(host):
+            found.add(f"arn:aws:ecr:{match['region']}:{match['account']}:repository/{path + '/' if path else ''}*")
+    pins = [stack.images.vllm, stack.images.ray_llm, *stack.images.charts.values()]
+    for pin in pins:
+        reference = parse(pin.image)
+        if reference.registry and (match := ECR_HOST.match(reference.registry)):
+            found.add(f"arn:aws:ecr:{match['region']}:{match['account']}:repository/{reference.repository}")
+    return sorted(found)
+
+
+def pull_through_policy(stack: StackConfig) -> str | None:
+    """The node roles' policy for pulls through an ECR pull-through cache, scoped to the stack's ECR mirror
+    repositories (None: no ECR mirror)."""
+    repositories = ecr_repositories(stack)
+    if not repositories:
+        return None
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "PullThroughCache", "Effect": "Allow", "Action": list(PULL_THROUGH_ACTIONS),
+         "Resource": repositories}]}, sort_keys=True)
+
+
+def stack_charts(stack: StackConfig, with_pull_secret: bool = False) -> dict[str, Chart]:
     """The pinned charts as this stack installs them: from its mirror, with its image values."""
-    return {name: dataclasses.replace(chart_source(chart, stack), image_values=image_values(chart, stack))
+    return {name: dataclasses.replace(chart_source(chart, stack),
+                                      image_values=image_values(chart, stack, with_pull_secret))
             for name, chart in charts().items()}
+
+
+def docker_config(host: str, username: str, password: str) -> str:
+    """The .dockerconfigjson of an image pull Secret: one registry's credentials, as `kubectl create secret
+    docker-registry` writes them."""
+    auth = base64.b64encode(f"{username}:{password}".encode()).decode()
+    return json.dumps({"auths": {host: {"username": username, "password": password, "auth": auth}}}, sort_keys=True)
 
 
 def mirror_list(document: Mapping[str, Any], stack: StackConfig) -> dict[str, Any]:

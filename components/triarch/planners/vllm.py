@@ -109,6 +109,7 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
                     **pods.placement(plan.pool, selector, most),
                     "terminationGracePeriodSeconds": grace_period_seconds(),
                     "automountServiceAccountToken": False,
+                    **pods.pull_secrets(settings),
                     "securityContext": pods.pod_security(),
                     "containers": [container],
                     "volumes": pods.volumes(pods.cache_claim_name(plan.name), shm_gib=2 * plan.gpus_per_replica),

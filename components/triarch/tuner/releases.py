@@ -91,7 +91,7 @@ def default_image() -> str:
     """The serving image a stack gets unless it names another (config.ImagesConfig.vllm)."""
     from triarch.config import ImagesConfig
 
-    return str(ImagesConfig.model_fields["vllm"].default)
+    return str(ImagesConfig.model_fields["vllm"].default.image)
 
 
 def default_version() -> str:
