@@ -292,3 +292,17 @@ def test_a_stateful_removal_fails_the_stack_section_and_leads_it(tmp_path: Path,
     assert "`secret-llm-hf-token` | removed |" in table
     assert "- removed: `kubernetes:core/v1:Secret`" not in text
     assert failures(root) == ["prod: 1 unintended stateful replacement(s) or removal(s): secret-llm-hf-token"]
+
+
+def test_the_comment_says_which_release_each_pulled_image_is(tmp_path: Path, prod_plan: Path) -> None:
+    """From mirror.json beside the head's plan: a mirrored, digest-pinned vLLM image and the release it is."""
+    root = review_dir(tmp_path, prod_plan)
+    listed = json.loads((root / "head" / "prod" / "mirror.json").read_text(encoding="utf-8"))
+    pulled = "123456789012.dkr.ecr.us-east-1.amazonaws.com/mirror/vllm-openai@sha256:" + "ab" * 32
+    [vllm] = [i for i in listed["images"] if i["key"] == "vllm"]
+    vllm["pulled"] = pulled
+    (root / "head" / "prod" / "mirror.json").write_text(json.dumps(listed), encoding="utf-8")
+    text = review_markdown(root)
+    assert f"- `vllm`: `{pulled}` is `vllm/vllm-openai:v0.33.0`" in text
+    assert "- `kuberayOperator` (kuberay-operator): `quay.io/kuberay/operator:v1.7.0` is " \
+           "`quay.io/kuberay/operator:v1.7.0`" in text

@@ -190,6 +190,11 @@ def _stack_section(directory: Path, stack: str) -> list[str]:
                                                              else ".")]
         if capacity["models"]:
             lines += ["", *placement_diagram(capacity)]
+    mirrored = _load(directory / "head" / stack / "mirror.json")
+    if mirrored and mirrored.get("images"):
+        lines += ["", "<details><summary>Images: what the nodes pull, and the release each one is</summary>", "",
+                  *(f"- `{i['key']}`" + (f" ({i['chart']})" if i.get("chart") else "") + f": `{i['pulled']}` is "
+                    f"`{i['upstream']}`" for i in mirrored["images"]), "", "</details>"]
     return lines
 
 
