@@ -380,3 +380,59 @@ def test_credentials_come_whole(tmp_path: Path, registry: dict[str, Any], secret
     assert code == 2
     [line] = [x for x in stderr.getvalue().splitlines() if x.strip()][-1:]
     assert head in line, stderr.getvalue()
+
+
+# --- CRDs that upgrade ------------------------------------------------------------------------------------------------
+
+KUBERAY_COMMIT = "59d663aeec13760646da3db9c1cf8cfe883e30b7"
+"""ray-project/kuberay's v1.7.0 tag (the chart version Triarch pins)."""
+KUBERAY_CRDS = ("ray.io_rayclusters.yaml", "ray.io_raycronjobs.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml")
+
+
+def test_kuberays_crds_are_their_own_resources_applied_before_the_operator(shipped: dict[str, Any]) -> None:
+    """Helm installs a chart's crds/ once and never upgrades them: the CRDs come from the release's files at the
+    tag's commit, and the operator's release skips its crds/ and waits for them."""
+    document = plan_document(shipped["prod"].run)
+    files = {r["urn"]: r for r in document["resources"] if r["type"] == "kubernetes:yaml/v2:ConfigFile"}
+    base = f"https://raw.githubusercontent.com/ray-project/kuberay/{KUBERAY_COMMIT}/ray-operator/config/crd/bases"
+    assert sorted(r["inputs"]["file"] for r in files.values()) == [f"{base}/{f}" for f in KUBERAY_CRDS]
+    [release] = [r for r in document["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release"
+                 and r["inputs"]["name"] == "kuberay-operator"]
+    assert release["inputs"]["skipCrds"] is True
+    assert set(files) <= set(release["dependencies"])
+
+
+def test_the_crds_come_from_the_mirror_and_are_listed_with_their_digests(from_own_registry: Any,
+                                                                         tmp_path: Path) -> None:
+    _, listed = from_own_registry
+    assert sorted(c["file"] for c in listed["crds"]) == list(KUBERAY_CRDS)
+    config = stack_document("prod")
+    config["triarch:registry"] = {"crds": "https://artifacts.example.com/crds"}
+    document = _plan_file(config, tmp_path)
+    urls = sorted(r["inputs"]["file"] for r in document["resources"] if r["type"] == "kubernetes:yaml/v2:ConfigFile")
+    assert urls == [f"https://artifacts.example.com/crds/kuberay-operator/1.7.0/{f}" for f in KUBERAY_CRDS]
+
+
+def test_a_crd_file_is_applied_only_if_it_is_the_releases(tmp_path: Path) -> None:
+    """Before `pulumi up` applies them, each file is checked against the release's sha256: the pinned copies in
+    ../shared (the v1.7.0 tag's files) pass; one changed byte is refused in one line with both digests."""
+    from triarch.planners.registry import crd_sources, verify_crds
+    reference = Path(__file__).resolve().parents[2] / "shared" / "reference" / "kuberay-v1.7.0"
+    if not reference.is_dir():
+        pytest.skip(f"{reference} is absent: ../shared is not checked out here")
+    mirror = tmp_path / "crds" / "kuberay-operator" / "1.7.0"
+    mirror.mkdir(parents=True)
+    for name in KUBERAY_CRDS:
+        (mirror / name).write_bytes((reference / name).read_bytes())
+    config = stack_document("prod")
+    config["triarch:registry"] = {"crds": str(tmp_path / "crds")}
+    stack = from_pulumi_config({f"triarch:{k.split(':', 1)[1]}" if k.startswith("triarch:") else k:
+                                json.dumps(v) if isinstance(v, dict | list) else v for k, v in config.items()})
+    sources = crd_sources("kuberay-operator", stack)
+    verify_crds(sources)
+    (mirror / "ray.io_rayjobs.yaml").write_bytes((reference / "ray.io_rayjobs.yaml").read_bytes() + b"\n")
+    with pytest.raises(ConfigError) as info:
+        verify_crds(sources)
+    message = str(info.value)
+    assert message.startswith("triarch:registry.crds: ") and "ray.io_rayjobs.yaml" in message
+    assert "not the release's 01a5cf3b17c1769fda44af7e82debcd98722f0c27b9ab84d084681c6649121f5" in message

@@ -16,7 +16,9 @@ import yaml
 
 import triarch.local.lifecycle as plane_module
 import triarch.local.operators as operators_module
-from engine_tier import Lab, names, require_engines, resources_by_type
+from conftest import REFERENCE
+from engine_tier import Lab, names, require_engines, resources_by_type, scratch_project
+from triarch.local import engines
 from triarch.local.lifecycle import down, up
 from triarch.local.plane import PlaneError, PlaneSpec
 from triarch.scheduling import POOL_LABEL
@@ -124,6 +126,63 @@ def test_a_bound_claim_neither_grows_on_a_class_without_expansion_nor_shrinks(de
         done = deployed.plane.kubectl("patch", "pvc", "chat-hf-cache", "-n", SERVING, "--type", "merge",
                                       "--dry-run=server", "-p", json.dumps(patch), check=False)
         assert done.returncode != 0 and said in done.stderr, (wanted, done.stderr)
+
+
+ADOPT_PROGRAM = """
+import pulumi
+import pulumi_kubernetes as k8s
+from triarch.components.manifests import crd_files
+
+provider = k8s.Provider("plane", kubeconfig=open({kubeconfig!r}).read())
+opts = pulumi.ResourceOptions(provider=provider)
+if {forced!r}:
+    crd_files("kuberay-operator-crd", [("ray.io_rayservices.yaml", {path!r})], opts)
+else:
+    k8s.yaml.v2.ConfigFile("plain", file={path!r}, opts=opts)
+"""
+
+
+def _scratch_up(lab: Lab, directory: Path, stack: str, program: str) -> subprocess.CompletedProcess[str]:
+    project = scratch_project(directory, program)
+    (project / f"Pulumi.{stack}.yaml").write_text("config:\n  scratch:note: adoption\n")
+    env = {**os.environ, **lab.plane.env()}
+    pulumi = str(engines.binary("pulumi"))
+    for argv in ([pulumi, "stack", "init", stack, "--secrets-provider", "passphrase", "--non-interactive"],
+                 [pulumi, "up", "--yes", "--skip-preview", "--stack", stack, "--non-interactive"]):
+        done = subprocess.run(lab.plane.command(argv), env=env, cwd=project, capture_output=True, text=True,
+                              timeout=300, check=False)
+    subprocess.run(lab.plane.command([pulumi, "stack", "rm", stack, "--force", "--yes", "--non-interactive"]),
+                   env=env, cwd=project, capture_output=True, text=True, timeout=120, check=False)
+    return done
+
+
+def _crd(lab: Lab) -> dict[str, Any]:
+    shown = lab.plane.kubectl("get", "crd", "rayservices.ray.io", "--show-managed-fields", "-o", "json")
+    loaded: dict[str, Any] = json.loads(shown.stdout)
+    return loaded
+
+
+def test_a_crd_another_tool_installed_is_adopted_in_place(lab: Lab, tmp_path: Path) -> None:
+    """Existing stacks have KubeRay's CRDs from the chart's crds/ (Helm's field manager). Another manager holds a
+    field with another value (kubectl, as Helm would): a plain apply of the release's file conflicts; Triarch's
+    (crd_files: forced server-side apply) takes the field over, and the CRD is the same object, not a new one."""
+    path = REFERENCE / "kuberay-v1.7.0" / "ray.io_rayservices.yaml"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: ../shared is not checked out here")
+    key = "controller-gen.kubebuilder.io/version"
+    shipped = yaml.safe_load(path.read_text())["metadata"]["annotations"][key]
+    before = _crd(lab)
+    lab.plane.kubectl("annotate", "crd", "rayservices.ray.io", f"{key}=v0.0.1", "--overwrite")
+    program = ADOPT_PROGRAM.format(kubeconfig=str(lab.plane.kubeconfig), path=str(path), forced=False)
+    plain = _scratch_up(lab, tmp_path / "plain", "plain", program)
+    assert plain.returncode != 0 and "conflict" in plain.stdout.lower(), plain.stdout[-2000:]
+    program = ADOPT_PROGRAM.format(kubeconfig=str(lab.plane.kubeconfig), path=str(path), forced=True)
+    adopted = _scratch_up(lab, tmp_path / "adopted", "adopted", program)
+    assert adopted.returncode == 0, adopted.stdout[-3000:]
+    after = _crd(lab)
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["metadata"]["annotations"][key] == shipped
+    assert any(m["manager"].startswith("pulumi-kubernetes") for m in after["metadata"]["managedFields"])
 
 
 def test_the_second_up_changes_nothing(deployed: Lab) -> None:

@@ -181,6 +181,10 @@ class Chart:
     """A values key that moves every image of the chart (and its subcharts) to one registry."""
     pull_secrets_key: str | None = None
     """The values key of the image pull Secrets its pods use (a list of {name: ...})."""
+    crds_url: str | None = None
+    """Where the release publishes the CRDs Triarch manages apart from the chart (Helm never upgrades crds/)."""
+    crds: tuple[tuple[str, str], ...] = ()
+    """(file, sha256) of each of those CRDs."""
     image_values: dict[str, Any] = field(default_factory=dict)
     """Values that point the chart's images at a stack's mirror or pins (planners/registry.py); merged under the
     release's own values."""
@@ -214,5 +218,6 @@ def charts() -> dict[str, Chart]:
     return {name: Chart(name, str(c["version"]), str(c["repository"]), c.get("image"),
                         tuple(ChartImage(key, str(i["image"]), {k: str(v) for k, v in i.items() if k != "image"})
                               for key, i in (c.get("images") or {}).items()),
-                        c.get("registryKey"), c.get("pullSecretsKey"))
+                        c.get("registryKey"), c.get("pullSecretsKey"), (c.get("crds") or {}).get("url"),
+                        tuple(sorted((str(f), str(h)) for f, h in ((c.get("crds") or {}).get("files") or {}).items())))
             for name, c in raw.items()}

@@ -298,6 +298,10 @@ class RegistryConfig(_Model):
     charts: str | dict[str, str] | None = None
     """One OCI prefix for every chart (`<prefix>/<chart name>`, e.g.
     oci://123456789012.dkr.ecr.us-east-1.amazonaws.com/charts), or the OCI reference of each chart by name."""
+    crds: str | None = Field(None, pattern=r"^(https://|file://|/)\S+$")
+    """Where the CRD files Triarch manages apart from their charts (KubeRay's) come from:
+    `<crds>/<chart>/<version>/<file>` instead of the release's published URL; each is checked against its sha256
+    before `pulumi up` registers it (mirror.json lists them)."""
     username: str | None = None
     """For a registry that takes credentials (not ECR: the nodes' role pulls there): the user; its password is the
     Pulumi secret triarch:registryPassword. Every pod Triarch defines, and every chart it installs, pulls with an

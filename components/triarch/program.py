@@ -17,6 +17,7 @@ from triarch.matrix import require_compatible
 from triarch.offline import PLAIN_TEXT_REFUSED
 from triarch.planners.models import ModelPlan, plan_models
 from triarch.planners.objects import KubernetesPlan, plan_kubernetes
+from triarch.planners.registry import crd_sources, verify_crds
 
 
 class StackError(pulumi.RunError):
@@ -55,6 +56,8 @@ def main() -> Platform:
         stack, models, objects = load_stack()
         if not under_mocks():
             check_cluster(stack, objects)
+            if objects.kuberay:  # Triarch installs KubeRay: its CRD files are the release's before they apply
+                verify_crds(crd_sources("kuberay-operator", stack))
     except TriarchError as error:
         # RunError prints the sentence without a traceback under the Pulumi CLI.
         raise StackError(str(error)) from None

@@ -177,7 +177,9 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
     if notes:
         lines += ["", "Warnings from the program", *[f"  {w}" for w in notes]]
     by_urn = {r.urn: r for r in result.run.resources}
-    counts = Counter(layer_of(r, by_urn) for r in result.run.resources if r.custom)
+    # A provider-side component (a CRD file) stands for the object it creates.
+    counts = Counter(layer_of(r, by_urn) for r in result.run.resources
+                     if r.custom or r.type.startswith("kubernetes:yaml/"))
     lines += ["", f"Resources: {sum(counts.values())} to create"]
     for key, label in LAYERS.items():
         lines.append(f"  {label:20} {counts.get(key, 0)}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -50,6 +50,29 @@ def register(obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.Custom
     # Typed classes take top-level fields in snake_case (reclaimPolicy -> reclaim_policy); nested dicts stay as is.
     resource: pulumi.CustomResource = cls(resource_name(obj), **{_snake(k): v for k, v in body.items()}, opts=opts)
     return resource
+
+
+CRD_TYPE = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
+
+
+def adopt_crd(args: pulumi.ResourceTransformArgs) -> pulumi.ResourceTransformResult | None:
+    """A CRD a chart's crds/ installed (Helm's field manager) is taken over by Pulumi's server-side apply: forced,
+    so the fields Helm set move to Pulumi instead of conflicting (shown on the real engine in test_real_engines)."""
+    if args.type_ != CRD_TYPE:
+        return None
+    props = dict(args.props)
+    metadata = dict(cast(dict[str, Any], props.get("metadata") or {}))
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), "pulumi.com/patchForce": "true"}
+    props["metadata"] = metadata
+    return pulumi.ResourceTransformResult(props, args.opts)
+
+
+def crd_files(name: str, urls: list[tuple[str, str]], opts: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+    """Each CRD file as its own resource (the provider reads the file; Helm's crds/ would never be upgraded)."""
+    return [k8s.yaml.v2.ConfigFile(f"{name}-{file.removesuffix('.yaml')}", file=url,
+                                   opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
+                                       transforms=[adopt_crd])))
+            for file, url in urls]
 
 
 def pull_secret(resource_name: str, namespace: str, docker_config: pulumi.Input[str],

@@ -30,7 +30,7 @@ from triarch.planners.monitoring import (
 )
 from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
 from triarch.planners.objects import KubernetesPlan
-from triarch.planners.registry import docker_config, pull_through_policy, stack_charts
+from triarch.planners.registry import crd_sources, docker_config, pull_through_policy, stack_charts
 from triarch.scheduling import SYSTEM_POOL
 
 
@@ -160,7 +160,8 @@ class Platform(pulumi.ComponentResource):
             self.kuberay = KubeRayOperator("kuberay-operator", self.charts["kuberay-operator"], system_pool, namespace,
                                            self.provider, opts=pulumi.ResourceOptions(parent=self),
                                            monitor_labels=monitors(stack), after=self.monitor_crds,
-                                           docker_config=self.docker_config)
+                                           docker_config=self.docker_config,
+                                           crds=[(c.file, c.url) for c in crd_sources("kuberay-operator", stack)])
         if objects.ray:
             served = [plan.name for plan in models if plan.config.engine == "ray-serve"]
             self.ray = RayServing("ray-serve", objects.ray, served, self.kuberay, self.provider, opts=after)

@@ -10,7 +10,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from triarch.catalog import Chart
-from triarch.components.manifests import helm_release, pull_secret, register
+from triarch.components.manifests import crd_files, helm_release, pull_secret, register
 from triarch.planners import pods
 from triarch.scheduling import POOL_LABEL
 
@@ -66,15 +66,17 @@ class KubeRayOperator(pulumi.ComponentResource):
     def __init__(self, name: str, chart: Chart, system_pool: str | None, namespace: dict[str, Any],
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None,
                  monitor_labels: dict[str, str] | None = None, after: list[pulumi.Resource] | None = None,
-                 docker_config: pulumi.Input[str] | None = None) -> None:
+                 docker_config: pulumi.Input[str] | None = None, crds: list[tuple[str, str]] | None = None) -> None:
         super().__init__("triarch:ray:KubeRayOperator", name, None, opts)
         self.namespace = register(namespace, pulumi.ResourceOptions(parent=self, provider=provider))
+        # The CRDs at the pinned release, applied before the operator that reads them; the chart's crds/ skipped.
+        self.crds = crd_files(f"{name}-crd", crds or [], pulumi.ResourceOptions(parent=self, provider=provider))
         # The chart installs the RayService/RayCluster CRDs; Ray resources depend on this release.
         self.release = helm_release(name, chart, namespace["metadata"]["name"],
                                     kuberay_values(system_pool, monitor_labels),
                                     pulumi.ResourceOptions(parent=self, provider=provider,
-                                                           depends_on=[self.namespace, *(after or [])]),
-                                    docker_config=docker_config)
+                                                           depends_on=[self.namespace, *self.crds, *(after or [])]),
+                                    skip_crds=bool(self.crds), docker_config=docker_config)
         self.register_outputs({"status": self.release.status})
 
 

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import json
 import re
-from collections.abc import Mapping
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from triarch.catalog import Chart, ChartImage, catalog, charts
 from triarch.config import StackConfig
+from triarch.errors import ConfigError
 from triarch.images import mirror, parse, parse_prefix
 from triarch.matrix import deployed_images, images_by_engine
 from triarch.planners.pods import PULL_SECRET
@@ -123,6 +128,50 @@ def stack_charts(stack: StackConfig, with_pull_secret: bool = False) -> dict[str
             for name, chart in charts().items()}
 
 
+@dataclass(frozen=True)
+class CrdSource:
+    file: str
+    url: str
+    """Where `pulumi up` reads it: the release's published file, or the stack's mirror of it (a URL or a path)."""
+    upstream: str
+    sha256: str
+
+
+def crd_sources(name: str, stack: StackConfig) -> list[CrdSource]:
+    """The CRD files Triarch manages apart from the chart `name` (its key in charts.yaml), from the stack's mirror
+    (`<crds>/<chart>/<version>/<file>`) or the release's published URL."""
+    chart = charts()[name]
+    if chart.crds_url is None:
+        return []
+    mirror_at = stack.registry.crds
+    return [CrdSource(file, f"{mirror_at.rstrip('/')}/{name}/{chart.version}/{file}" if mirror_at
+                      else f"{chart.crds_url}/{file}", f"{chart.crds_url}/{file}", digest)
+            for file, digest in chart.crds]
+
+
+def verify_crds(sources: list[CrdSource], read: Callable[[str], bytes] | None = None) -> None:
+    """Each CRD file is the one the release published (its sha256), before `pulumi up` applies it; raises
+    ConfigError naming the file, the mirror's URL and both digests."""
+    for source in sources:
+        try:
+            data = (read or _read_source)(source.url)
+        except OSError as error:
+            raise ConfigError("triarch:registry.crds", source.url, f"cannot be read ({error.__class__.__name__}: "
+                              f"{error})", f"a reachable copy of {source.upstream}") from None
+        found = hashlib.sha256(data).hexdigest()
+        if found != source.sha256:
+            raise ConfigError("triarch:registry.crds", source.url, f"has sha256 {found}, not the release's "
+                              f"{source.sha256}", f"an unmodified copy of {source.upstream}")
+
+
+def _read_source(url: str) -> bytes:
+    if url.startswith(("https://", "http://")):
+        with urllib.request.urlopen(url, timeout=60) as response:
+            data: bytes = response.read()
+            return data
+    return Path(url.removeprefix("file://")).read_bytes()
+
+
 def docker_config(host: str, username: str, password: str) -> str:
     """The .dockerconfigjson of an image pull Secret: one registry's credentials, as `kubectl create secret
     docker-registry` writes them."""
@@ -137,7 +186,7 @@ def mirror_list(document: Mapping[str, Any], stack: StackConfig) -> dict[str, An
     installed = stack_charts(stack)
     releases = sorted({(str(r["inputs"].get("chart")), str(r["inputs"].get("version")))
                        for r in document["resources"] if r["type"] == HELM_RELEASE})
-    found_charts, found_images, unlisted = [], [], []
+    found_charts, found_images, found_crds, unlisted = [], [], [], []
     by_reference = {c.reference: name for name, c in installed.items()}
     for reference, version in releases:
         name = by_reference.get(reference, reference.rsplit("/", 1)[-1])
@@ -151,12 +200,15 @@ def mirror_list(document: Mapping[str, Any], stack: StackConfig) -> dict[str, An
             found_images.append(_image_row(image.key, image.image, pulled, name))
         if name in UNLISTED:
             unlisted.append(f"{name} {version}: {UNLISTED[name]}")
+        found_crds += [{"chart": name, "file": c.file, "upstream": c.upstream, "sha256": c.sha256,
+                        "pulledFrom": c.url} for c in crd_sources(name, stack)]
     releases_run = images_by_engine(stack, catalog())
     pulled_by = deployed_images(stack)
     for engine in sorted({m.engine for m in stack.models}):
         found_images.append(_image_row(SERVING_KEYS[engine], releases_run[engine], pulled_by[engine], None))
     return {"stack": document.get("stack"), "charts": sorted(found_charts, key=lambda c: c["name"]),
-            "images": sorted(found_images, key=lambda i: (i["chart"] or "", i["key"])), "notListed": unlisted}
+            "images": sorted(found_images, key=lambda i: (i["chart"] or "", i["key"])), "crds": found_crds,
+            "notListed": unlisted}
 
 
 def _image_row(key: str, upstream: str, pulled: str, chart: str | None) -> dict[str, Any]:
