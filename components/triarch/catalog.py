@@ -216,7 +216,8 @@ def charts() -> dict[str, Chart]:
     """Pinned Helm charts (templates/compat/charts.yaml)."""
     raw = _read(COMPAT_DIR / "charts.yaml")["charts"]
     return {name: Chart(name, str(c["version"]), str(c["repository"]), c.get("image"),
-                        tuple(ChartImage(key, str(i["image"]), {k: str(v) for k, v in i.items() if k != "image"})
+                        tuple(ChartImage(key, str(i["image"]), {k: str(v) for k, v in i.items()
+                                                                if k not in ("image", "subchart")})
                               for key, i in (c.get("images") or {}).items()),
                         c.get("registryKey"), c.get("pullSecretsKey"), (c.get("crds") or {}).get("url"),
                         tuple(sorted((str(f), str(h)) for f, h in ((c.get("crds") or {}).get("files") or {}).items())))

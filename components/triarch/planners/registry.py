@@ -25,8 +25,9 @@ from triarch.planners.pods import PULL_SECRET
 MIRROR_FILE = "mirror.json"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 SERVING_KEYS = {"vllm": "vllm", "ray-serve": "rayLlm"}
-UNLISTED = {"kube-prometheus-stack": "its Grafana, kube-state-metrics and node-exporter subcharts' images (their tags "
-                                     "are the subcharts' own: `helm template` of the chart lists them)"}
+UNLISTED = {"kube-prometheus-stack": "images its values leave off (Grafana's init-chown busybox with persistence, "
+                                     "its dashboard download curl, Thanos, the Windows exporter): `helm template` "
+                                     "lists them if a stack turns one on"}
 
 
 def _put(values: dict[str, Any], dotted: str, value: Any) -> None:
