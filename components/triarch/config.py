@@ -455,9 +455,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
         try:
             release_of(pin.image, pin.release, upstream, facts.images)
         except ImageError as error:
-            path = f"{NAMESPACE}:images.{key}" + (f".{error.part}" if pin.release is not None else "")
-            bad = pin.release if error.part == "release" else pin.image
-            raise ConfigError(path, bad, error.reason, error.allowed) from None
+            raise _pin_error(key, pin, error) from None
     _check_registry(stack, facts)
 
     models: set[str] = set()
@@ -499,6 +497,12 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                                   f"0..{model.autoscaling.max}")
 
 
+def _pin_error(key: str, pin: ImagePin, error: ImageError) -> ConfigError:
+    """A pin's mistake at its key (`.image` or `.release` where the pin is a mapping)."""
+    path = f"{NAMESPACE}:images.{key}" + (f".{error.part}" if pin.release is not None else "")
+    return ConfigError(path, pin.release if error.part == "release" else pin.image, error.reason, error.allowed)
+
+
 def _check_registry(stack: StackConfig, facts: Catalog) -> None:
     """Chart images pinned under triarch:images are images of the pinned charts, of the release each chart runs;
     the registry's prefixes are registries and OCI references."""
@@ -513,9 +517,7 @@ def _check_registry(stack: StackConfig, facts: Catalog) -> None:
         try:
             chart_release(pin.image, pin.release, image.image)
         except ImageError as error:
-            part = f".{error.part}" if pin.release is not None else ""
-            raise ConfigError(path + part, pin.release if error.part == "release" else pin.image, error.reason,
-                              error.allowed) from None
+            raise _pin_error(key, pin, error) from None
     prefixes = stack.registry.images
     for host, prefix in (prefixes.items() if isinstance(prefixes, dict) else [("", prefixes)] if prefixes else []):
         path = f"{NAMESPACE}:registry.images" + (f".{host}" if host else "")

@@ -59,20 +59,23 @@ class PriceTable:
         return self.instances.get(region, {}).get(instance_type)
 
 
-def _price(entry: dict[str, Any] | None, sources: dict[str, str]) -> Price | None:
-    if not entry or entry.get("hourlyUsd") is None:
+def _sourced(entry: dict[str, Any] | None, sources: dict[str, str], key: str) -> tuple[float, str, str | None] | None:
+    """A row's amount under `key`, its source (a URL, or a key of `sources`) and date; None without an amount."""
+    if not entry or entry.get(key) is None:
         return None
     source = str(entry["source"])
     date = entry.get("sourceDate")
-    return Price(float(entry["hourlyUsd"]), sources.get(source, source), None if date is None else str(date))
+    return float(entry[key]), sources.get(source, source), None if date is None else str(date)
+
+
+def _price(entry: dict[str, Any] | None, sources: dict[str, str]) -> Price | None:
+    row = _sourced(entry, sources, "hourlyUsd")
+    return None if row is None else Price(*row)
 
 
 def _rate(entry: dict[str, Any] | None, sources: dict[str, str]) -> Rate | None:
-    if not entry or entry.get("usd") is None:
-        return None
-    source = str(entry["source"])
-    date = entry.get("sourceDate")
-    return Rate(float(entry["usd"]), sources.get(source, source), None if date is None else str(date))
+    row = _sourced(entry, sources, "usd")
+    return None if row is None else Rate(*row)
 
 
 @cache
