@@ -109,11 +109,13 @@ def keda_stack(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Itera
         stack.pulumi("stack", "init", "--secrets-provider", "passphrase")
         stack.pulumi("up", "--yes", "--skip-preview")
         yield stack
-        stack.pulumi("destroy", "--yes", "--skip-preview")  # while KEDA runs: it holds its objects' finalizers
+        # KEDA removes its finalizers while it runs. The stack itself is not destroyed: `pulumi destroy` would wait
+        # out each vLLM pod's 90-second grace period, which kwok honours; the namespace goes in the background.
+        plane.kubectl("delete", "--ignore-not-found", "--wait=true", "scaledobjects", "--all", "-n", NAMESPACE)
     finally:
         standin.kill()
         stop_operator(plane, "keda")
-        plane.kubectl("delete", "--ignore-not-found", "namespace", MONITORING, NAMESPACE)
+        plane.kubectl("delete", "--ignore-not-found", "--wait=false", "namespace", MONITORING, NAMESPACE)
         plane.kubectl("delete", "--ignore-not-found", *[f"crd/{d['metadata']['name']}" for d in documents])
 
 
