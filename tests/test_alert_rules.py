@@ -55,12 +55,17 @@ class Model:
     """The Ray worker group serving it (KubeRay names its pods after it)."""
     slo: float | None = None
     """Its timeToFirstTokenSloSeconds in the stack file."""
+    group_size: int = 1
+    """Pods per LeaderWorkerSet group, where a vllm replica spans nodes (LWS names them <set>-<group> for the
+    leader, <set>-<group>-<index> for the workers)."""
 
     @property
     def pod(self) -> str:
         """One of the model's GPU pods, named as its controller names it."""
         if self.worker_group is not None:
             return f"llm-x7k2p-{self.worker_group}-worker-q9z4c"
+        if self.group_size > 1:
+            return f"{self.name}-0-{self.group_size - 1}"
         return f"{self.name}-7d9c6b5f48-x2x9z"
 
 
@@ -282,13 +287,18 @@ def world_of(plan: StackPlan) -> World:
                                   * int(app["args"]["llm_configs"][0]["engine_kwargs"].get(
                                       "pipeline_parallel_size", 1)))
                     for app in serve["applications"]}
+    sizes = {s["metadata"]["name"]: s["spec"]["leaderWorkerTemplate"]["size"]
+             for s in plan.objects("LeaderWorkerSet")}
     models = []
     for entry in plan.config["triarch:models"]:
         group = None
         if entry.get("engine") == "ray-serve":
-            group = groups[(entry["nodeGroup"], ray_gpus[entry["name"]])]
+            # a worker pod holds one replica, or one node of a replica that spans several
+            gpus = ray_gpus[entry["name"]]
+            group = groups.get((entry["nodeGroup"], gpus)) or next(
+                name for (pool, per_pod), name in groups.items() if pool == entry["nodeGroup"] and gpus % per_pod == 0)
         models.append(Model(entry["name"], entry.get("engine", "vllm"), entry["nodeGroup"], group,
-                            entry.get("timeToFirstTokenSloSeconds")))
+                            entry.get("timeToFirstTokenSloSeconds"), sizes.get(entry["name"], 1)))
     return World(namespace, models, sorted({m.pool for m in models}))
 
 

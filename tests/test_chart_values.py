@@ -19,6 +19,7 @@ CHART_DEFAULTS = {
     ("kuberay-operator", "1.7.0"): "kuberay-v1.7.0/values.yaml",
     ("oci://public.ecr.aws/karpenter/karpenter", "1.14.1"): "karpenter-v1.14.1/values.yaml",
     ("keda", "2.20.2"): "keda-2.20.2/values.yaml",
+    ("oci://registry.k8s.io/lws/charts/lws", "0.10.0"): "lws-v0.10.0/values.yaml",
     ("kube-prometheus-stack", "88.5.3"): "prometheus-operator-v0.93.1/kube-prometheus-stack-88.5.3-values.yaml",
 }
 """The chart's own values.yaml for each chart and version Triarch pins (CRD-only charts have no pods)."""
@@ -122,7 +123,9 @@ CHARTS = yaml.safe_load((Path(__file__).resolve().parents[1] / "templates" / "co
 
 
 STAMPED_ON_RELEASE = {"karpenter": "its release script stamps the version and digest into the published chart; the "
-                                   "values.yaml of the git tag still names the previous release (charts.yaml)"}
+                                   "values.yaml of the git tag still names the previous release (charts.yaml)",
+                      "lws": "its release script (hack/push-chart.sh) stamps the release tag over the git tag's `main` "
+                             "(and Triarch sets the tag in its values: lws_values)"}
 
 
 def _at(values: dict[str, Any], dotted: str) -> Any:

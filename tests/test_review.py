@@ -257,7 +257,9 @@ def test_comment_strict_fails_only_on_what_blocks(tmp_path: Path, prod_plan: Pat
     diff["replaced"] = [replaced("llm-prod-models-fs", stateful=True, intended=True)]
     (root / "diff" / "prod.json").write_text(json.dumps(diff), encoding="utf-8")
     assert cli.main(["comment", str(root), "--strict", "--out", str(out)]) == 0
-    assert ":white_check_mark: no mandatory violation" in out.read_text(encoding="utf-8")
+    comment = out.read_text(encoding="utf-8")
+    assert ":white_check_mark: no mandatory violation" in comment
+    assert "### :white_check_mark: `prod`" in comment  # the stack's own verdict agrees with the gate
 
 
 def test_a_missing_check_fails_the_review(tmp_path: Path, prod_plan: Path) -> None:

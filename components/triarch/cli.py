@@ -216,6 +216,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     from triarch.catalog import Gpu, catalog
     from triarch.tuner import Task, load_arch, tune
+    from triarch.tuner.nodes import NodesRefused, tune_nodes
     from triarch.tuner.releases import default_image
 
     arch = load_arch(args.model or args.model_config)
@@ -231,11 +232,23 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise TriarchError("--gpu: missing; allowed: a GPU from templates/compat/gpus.yaml, or pass "
                            "--kv-cache-memory-bytes to size the KV cache without one")
     task: Task = args.task or ("embed" if "embedding" in arch.label.lower() else "generate")
-    sizing = tune(arch, gpu, tensor_parallel_size=args.tensor_parallel_size, vllm_version=args.vllm_version,
-                  gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
-                  kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory_bytes=args.kv_cache_memory_bytes, task=task,
-                  gpus_available=args.gpus, max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens)
+    if args.nodes < 1:
+        raise TriarchError(f"--nodes: {args.nodes} is not allowed; allowed: 1 or more (nodes of --gpus GPUs)")
+    options = {"vllm_version": args.vllm_version, "gpu_memory_utilization": args.gpu_memory_utilization,
+               "max_model_len": args.max_model_len, "kv_cache_dtype": args.kv_cache_dtype,
+               "kv_cache_memory_bytes": args.kv_cache_memory_bytes, "task": task, "max_num_seqs": args.max_num_seqs,
+               "max_num_batched_tokens": args.max_num_batched_tokens}
+    if args.nodes == 1 and args.pipeline_parallel_size is None:
+        sizing = tune(arch, gpu, tensor_parallel_size=args.tensor_parallel_size, gpus_available=args.gpus,
+                      **options)
+    else:
+        try:
+            sizing = tune_nodes(arch, gpu, gpus_per_node=args.gpus, max_nodes=args.nodes,
+                                tensor_parallel_size=args.tensor_parallel_size,
+                                pipeline_parallel_size=args.pipeline_parallel_size, **options)
+        except NodesRefused as error:
+            raise TriarchError(f"{arch.label} on {args.nodes} node(s) of {args.gpus} {gpu.product}: one node: "
+                               f"{error.one_node}; {error}") from None
     if args.json:
         document = {k: v for k, v in dataclasses.asdict(sizing).items() if k != "memory"}
         document["memory"] = dataclasses.asdict(sizing.memory)
@@ -247,6 +260,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if sizing.context_limit is not None:
         print(f"  longest context vLLM {sizing.vllm_version} derives: {sizing.context_limit:,} tokens "
               f"({sizing.context_derivation})")
+    for line in sizing.stage_lines():
+        print(f"  {line}")
     for line in sizing.log_lines():
         print(f"  {line}")
     for note in sizing.notes:
@@ -406,6 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--gpu", help="a GPU of templates/compat/gpus.yaml (e.g. l4, a100-80gb)")
     tune.add_argument("--gpus", type=int, default=8, help="GPUs per node the tensor-parallel search may use")
     tune.add_argument("--tensor-parallel-size", type=int)
+    tune.add_argument("--pipeline-parallel-size", type=int, help="stages; beyond one node, whole nodes each")
+    tune.add_argument("--nodes", type=int, default=1,
+                      help="most nodes of --gpus GPUs one replica may span (TP within a node, PP across)")
     tune.add_argument("--gpu-memory-utilization", type=float, help="default: the vLLM release's own default")
     tune.add_argument("--vllm-version", help="size as this vLLM release does (templates/compat/vllm-releases.yaml; "
                                              "default: the vLLM of the pinned vllm/vllm-openai image)")

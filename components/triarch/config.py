@@ -182,6 +182,11 @@ class ModelConfig(_Model):
     """Default: embed for models whose name says Embedding, generate otherwise."""
     replicas: int = Field(1, ge=1, le=64)
     tensor_parallel_size: int | None = Field(None, ge=1, le=16)
+    """GPUs one pipeline stage splits each layer over, within a node. Default: the tuner's choice."""
+    pipeline_parallel_size: int | None = Field(None, ge=1, le=64)
+    """Stages the layers are split into. A replica of tensor x pipeline GPUs beyond one node's spans whole nodes
+    (a LeaderWorkerSet group for engine vllm, one Ray Serve placement group for ray-serve). Default: 1, or as many
+    nodes as the tuner needs to hold the model."""
     max_model_len: int | None = Field(None, ge=128)
     gpu_memory_utilization: float = Field(0.92, gt=0.1, le=0.95)
     """vLLM's default since 0.20; above 0.95 leaves too little for CUDA graphs and fragmentation."""
@@ -337,6 +342,13 @@ class KubeRayConfig(_Model):
     """install: the pinned chart (with its CRDs); existing: an operator the cluster runs."""
 
 
+class LeaderWorkerSetConfig(_Model):
+    """The LeaderWorkerSet controller, which runs a vllm model's replica across nodes (only needed by such models)."""
+
+    mode: ComponentMode = "install"
+    """install: the pinned chart (its CRDs as their own resources); existing: a controller the cluster runs."""
+
+
 class StackConfig(_Model):
     aws_region: str | None = None
     cluster: ClusterConfig
@@ -346,6 +358,7 @@ class StackConfig(_Model):
     registry: RegistryConfig = RegistryConfig()
     device_plugin: DevicePluginConfig = DevicePluginConfig()
     kuberay: KubeRayConfig = KubeRayConfig()
+    leader_worker_set: LeaderWorkerSetConfig = LeaderWorkerSetConfig()
     serving: ServingConfig = ServingConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
 
@@ -429,7 +442,8 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
         if system.min > system.max:
             raise ConfigError(_cluster_path("systemNodeGroup.min"), system.min,
                               f"is greater than systemNodeGroup.max ({system.max})", f"0..{system.max}")
-        for key, mode in (("devicePlugin", stack.device_plugin.mode), ("kuberay", stack.kuberay.mode)):
+        for key, mode in (("devicePlugin", stack.device_plugin.mode), ("kuberay", stack.kuberay.mode),
+                          ("leaderWorkerSet", stack.leader_worker_set.mode)):
             if mode == "existing":
                 raise ConfigError(f"{NAMESPACE}:{key}.mode", mode,
                                   "says the cluster already runs the component, but Triarch creates this cluster: "
@@ -472,6 +486,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
             raise ConfigError(f"{path}.tensorParallelSize", model.tensor_parallel_size,
                               f"exceeds the {per_node} GPU(s) per node of node group '{model.node_group}'",
                               f"1..{per_node}")
+        _check_parallelism(stack, model, path, per_node)
         if model.route_prefix is not None and model.engine != "ray-serve":
             raise ConfigError(f"{path}.routePrefix", model.route_prefix, "only applies to engine ray-serve",
                               "remove it (a vllm model gets its own Service)")
@@ -495,6 +510,37 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                 raise ConfigError(f"{path}.autoscaling.min", model.autoscaling.min,
                                   f"is greater than autoscaling.max ({model.autoscaling.max})",
                                   f"0..{model.autoscaling.max}")
+
+
+def _check_parallelism(stack: StackConfig, model: ModelConfig, path: str, per_node: int) -> None:
+    """A replica beyond one node takes whole nodes (one pod per node, all its GPUs), all at once: its GPUs are a
+    whole number of nodes, the pool can hold one such group, and no GPU is a slice."""
+    tp, pp = model.tensor_parallel_size, model.pipeline_parallel_size
+    if pp is None:
+        return
+    group = stack.node_group(model.node_group)
+    if group.time_slicing is not None and pp > 1:
+        raise ConfigError(f"{path}.pipelineParallelSize", pp,
+                          f"needs {(tp or 1) * pp} whole GPUs, but node group '{group.name}' slices each GPU "
+                          f"{group.time_slicing.replicas} ways", "1, or a pool without timeSlicing")
+    if tp is None:
+        return  # the tuner picks TP within a node, keeping whole nodes
+    gpus = tp * pp
+    if gpus <= per_node:
+        return
+    if gpus % per_node:
+        raise ConfigError(f"{path}.pipelineParallelSize", pp,
+                          f"gives tensorParallelSize {tp} x pipelineParallelSize {pp} = {gpus} GPUs, "
+                          f"{gpus / per_node:g} nodes of node group '{group.name}' ({per_node} GPUs each): a replica "
+                          "beyond one node takes whole nodes",
+                          f"tensor x pipeline a multiple of {per_node} (e.g. tensorParallelSize {per_node}, "
+                          f"pipelineParallelSize {-(-gpus // per_node)})")
+    nodes = gpus // per_node
+    if group.max < nodes:
+        raise ConfigError(f"{path}.pipelineParallelSize", pp,
+                          f"spreads one replica over {nodes} nodes of node group '{group.name}' ({gpus} GPUs), "
+                          f"but the pool's max is {group.max} node(s): not one replica could start",
+                          f"node group '{group.name}' max >= {nodes}, or fewer stages")
 
 
 def _pin_error(key: str, pin: ImagePin, error: ImageError) -> ConfigError:

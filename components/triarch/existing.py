@@ -17,7 +17,7 @@ from triarch.planners.objects import KubernetesPlan
 
 PLURALS = {"RayService": "rayservices", "RayCluster": "rayclusters", "PodMonitor": "podmonitors",
            "ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules", "ScaledObject": "scaledobjects",
-           "NodePool": "nodepools", "EC2NodeClass": "ec2nodeclasses"}
+           "NodePool": "nodepools", "EC2NodeClass": "ec2nodeclasses", "LeaderWorkerSet": "leaderworkersets"}
 """The resource name of each custom kind Triarch writes (a CRD is named <plural>.<group>)."""
 
 
@@ -27,6 +27,8 @@ def _providers(stack: StackConfig) -> dict[str, tuple[str, str]]:
     given: dict[str, tuple[str, str]] = {}
     if stack.kuberay.mode == "existing":
         given["ray.io"] = ("triarch:kuberay.mode", "existing")
+    if stack.leader_worker_set.mode == "existing":
+        given["leaderworkerset.x-k8s.io"] = ("triarch:leaderWorkerSet.mode", "existing")
     if stack.prometheus == "existing":
         given["monitoring.coreos.com"] = ("triarch:observability.prometheus", "existing")
     if stack.observability.keda == "existing":
@@ -37,6 +39,7 @@ def _providers(stack: StackConfig) -> dict[str, tuple[str, str]]:
 def planned_objects(objects: KubernetesPlan) -> Iterable[dict[str, Any]]:
     yield from objects.device_plugin
     yield from objects.kuberay
+    yield from objects.lws
     yield from objects.serving
     for manifests in objects.vllm.values():
         yield from manifests

@@ -58,6 +58,8 @@ def main() -> Platform:
             check_cluster(stack, objects)
             if objects.kuberay:  # Triarch installs KubeRay: its CRD files are the release's before they apply
                 verify_crds(crd_sources("kuberay-operator", stack))
+            if objects.lws:  # and the LeaderWorkerSet controller's
+                verify_crds(crd_sources("lws", stack))
     except TriarchError as error:
         # RunError prints the sentence without a traceback under the Pulumi CLI.
         raise StackError(str(error)) from None

@@ -169,7 +169,7 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
             sizing = plan.sizing
             concurrency = f"{sizing.max_concurrency:.1f}x" if sizing.max_concurrency is not None else "-"
             rows.append([plan.name, plan.config.engine, plan.config.model, plan.pool.name,
-                         f"{plan.gpus_per_replica} x {replicas}", str(sizing.tensor_parallel_size),
+                         f"{plan.gpus_per_replica} x {replicas}", parallelism(plan),
                          f"{sizing.kv_cache_tokens:,} tokens", str(sizing.max_model_len or "-"), concurrency])
         lines += _table(rows)
     lines += ["", *capacity_lines(result.capacity)]
@@ -184,6 +184,15 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
     for key, label in LAYERS.items():
         lines.append(f"  {label:20} {counts.get(key, 0)}")
     return "\n".join(lines)
+
+
+def parallelism(plan: ModelPlan) -> str:
+    """TP, or TP x PP where the layers are staged, and the nodes a replica spans."""
+    sizing = plan.sizing
+    text = str(sizing.tensor_parallel_size)
+    if sizing.pipeline_parallel_size > 1:
+        text += f" x PP {sizing.pipeline_parallel_size}"
+    return text + (f" ({plan.nodes_per_replica} nodes)" if plan.multi_node else "")
 
 
 def usd(value: float | None) -> str:

@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 
 from triarch.catalog import Chart
-from triarch.components.manifests import helm_release, register
+from triarch.components.manifests import crd_files, helm_release, register
 from triarch.planners.monitoring import GRAFANA_ADMIN_SECRET, GRAFANA_ADMIN_USER, GRAFANA_SECRET_KEYS
 
 
@@ -19,13 +19,16 @@ class ChartAddOn(pulumi.ComponentResource):
 
     def __init__(self, name: str, chart: Chart, namespace: dict[str, Any], values: dict[str, Any],
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None,
-                 after: list[pulumi.Resource] | None = None, docker_config: pulumi.Input[str] | None = None) -> None:
+                 after: list[pulumi.Resource] | None = None, docker_config: pulumi.Input[str] | None = None,
+                 crds: list[tuple[str, str]] | None = None) -> None:
         super().__init__("triarch:observability:ChartAddOn", name, None, opts)
         self.namespace = register(namespace, pulumi.ResourceOptions(parent=self, provider=provider))
+        # CRDs kept apart from the chart (file, URL) apply first, and the chart's crds/ is skipped.
+        self.crds = crd_files(f"{name}-crd", crds or [], pulumi.ResourceOptions(parent=self, provider=provider))
         self.release = helm_release(name, chart, namespace["metadata"]["name"], values,
                                     pulumi.ResourceOptions(parent=self, provider=provider,
-                                                           depends_on=[self.namespace, *(after or [])]),
-                                    docker_config=docker_config)
+                                                           depends_on=[self.namespace, *self.crds, *(after or [])]),
+                                    skip_crds=bool(self.crds), docker_config=docker_config)
         self.register_outputs({"status": self.release.status})
 
 

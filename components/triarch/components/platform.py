@@ -15,6 +15,7 @@ from triarch.components.serving import KubeRayOperator, RayServing, ServingNames
 from triarch.components.storage import BlockStorage, SharedModelStore
 from triarch.config import SYSTEM_RELEASE_TABLE, StackConfig
 from triarch.planners.device_plugin import device_plugin_values
+from triarch.planners.lws import LWS_CHART, LWS_RELEASE, lws_values
 from triarch.planners.models import ModelPlan
 from triarch.planners.monitoring import (
     DCGM_RELEASE,
@@ -150,10 +151,18 @@ class Platform(pulumi.ComponentResource):
                                                   docker_config=self.docker_config)
         ready.append(self.serving_namespace)
         after = pulumi.ResourceOptions(parent=self, depends_on=ready)
+        self.lws: ChartAddOn | None = None
+        if objects.lws:
+            [namespace] = objects.lws
+            self.lws = ChartAddOn(LWS_RELEASE, self.charts[LWS_CHART], namespace, lws_values(stack), self.provider,
+                                  opts=pulumi.ResourceOptions(parent=self), docker_config=self.docker_config,
+                                  crds=[(c.file, c.url) for c in crd_sources(LWS_CHART, stack)])
+        # A LeaderWorkerSet needs the controller's CRD and webhooks in place first.
+        grouped = pulumi.ResourceOptions(parent=self, depends_on=[*ready, *([self.lws.release] if self.lws else [])])
         for plan in models:
             if plan.config.engine == "vllm":
                 self.vllm_servers.append(VllmServer(plan.name, objects.vllm[plan.name], plan.config.model,
-                                                    self.provider, opts=after))
+                                                    self.provider, opts=grouped if plan.multi_node else after))
         if objects.ray and objects.kuberay:
             system_pool = SYSTEM_POOL if stack.cluster.create else None
             [namespace] = objects.kuberay

@@ -21,13 +21,14 @@ from typing import Any
 import yaml
 
 from triarch.catalog import InstanceType, catalog
-from triarch.guardrails.workloads import kind_of, name_of, pod_templates, required_node_terms
+from triarch.guardrails.workloads import LWS_KIND, kind_of, name_of, pod_templates, required_node_terms
 from triarch.paths import COMPAT_DIR
 from triarch.scheduling import DEVICE_PLUGIN_CONFIG_LABEL, GPU_RESOURCE
 
 ZONE = "topology.kubernetes.io/zone"
 EKS_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
-POD_KINDS = ("apps/v1:Deployment", "apps/v1:StatefulSet", "ray.io/v1:RayService", "ray.io/v1:RayCluster")
+POD_KINDS = ("apps/v1:Deployment", "apps/v1:StatefulSet", "ray.io/v1:RayService", "ray.io/v1:RayCluster",
+             LWS_KIND)
 
 
 @dataclass(frozen=True)
@@ -315,6 +316,17 @@ def _pod_workloads(r: Any, kind: str) -> list[Workload]:
         surge = _surge(strategy.get("maxSurge", "25%"), template.replicas) if kind.endswith("Deployment") else 0
         found.append(Workload(template.where, r.type, r.name, r.urn, template.spec,
                               requests_of(template.spec.get("containers") or []), template.replicas, surge))
+        return found
+    if kind == LWS_KIND:
+        # A rolling update adds whole groups (maxSurge of them): a leader and its workers each.
+        rolling = (spec.get("rolloutStrategy") or {}).get("rollingUpdateConfiguration") or {}
+        sets = _int(spec.get("replicas")) or 1
+        extra = _surge(rolling.get("maxSurge", 0), sets)
+        for template in pod_templates(r.type, r.props, r.name):
+            per_group = template.replicas // sets
+            found.append(Workload(template.where, r.type, r.name, r.urn, template.spec,
+                                  requests_of(template.spec.get("containers") or []), template.replicas,
+                                  extra * per_group))
         return found
     cluster = spec.get("rayClusterConfig") if kind.endswith("RayService") else spec
     strategy = ((spec.get("upgradeStrategy") or {}).get("type") or "NewCluster") if kind.endswith("RayService") else ""

@@ -13,7 +13,7 @@ import yaml
 from triarch.config import StackConfig
 from triarch.local.engines import PINS, EngineError
 
-CRD_SETS = ("kuberay", "prometheus", "keda", "karpenter")
+CRD_SETS = ("kuberay", "prometheus", "keda", "karpenter", "lws")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ def existing_crd_sets(stack: StackConfig) -> list[str]:
         wanted.add("keda")
     if not stack.cluster.create and stack.cluster.provisioner == "karpenter":
         wanted.add("karpenter")
+    if stack.leader_worker_set.mode == "existing" and any(m.engine == "vllm" for m in stack.models):
+        wanted.add("lws")  # whether a vllm replica spans nodes is the tuner's to say; the CRD costs nothing
     return [name for name in CRD_SETS if name in wanted]
 
 

@@ -23,9 +23,30 @@ and start evicting: the pods' grace periods must end this much before the instan
 
 
 def check_capacity(stack: StackConfig, models: list[ModelPlan], facts: Catalog) -> None:
+    check_gangs(stack, models)
     check_ray_head(stack, models, facts)
     check_pool_capacity(stack, models)
     check_spot_drain(stack, models)
+
+
+def check_gangs(stack: StackConfig, models: list[ModelPlan]) -> None:
+    """What a replica across nodes needs beyond GPUs: one model cache its pods on several nodes all mount
+    (ReadWriteMany), and, for engine vllm, a fixed group count (KEDA scales Deployments here; a LeaderWorkerSet
+    scaled by an HPA would need its own trigger wiring, which Triarch does not write)."""
+    for index, plan in enumerate(models):
+        if not plan.multi_node:
+            continue
+        access = stack.serving.access_mode or ("ReadWriteMany" if stack.cluster.create else "ReadWriteOnce")
+        if access != "ReadWriteMany":
+            raise ConfigError("triarch:serving.accessMode", access,
+                              f"gives model '{plan.name}' a cache only one node can mount, but each replica spans "
+                              f"{plan.nodes_per_replica} nodes that all load the weights from it",
+                              "ReadWriteMany (with a storage class that shares: EFS, CephFS, Filestore)")
+        if plan.config.engine == "vllm" and plan.config.autoscaling is not None:
+            raise ConfigError(f"triarch:models[{index}].autoscaling", plan.config.autoscaling.model_dump(),
+                              f"cannot scale model '{plan.name}', whose replica spans {plan.nodes_per_replica} "
+                              "nodes (a LeaderWorkerSet group): Triarch scales vllm Deployments only",
+                              "replicas: N, or engine: ray-serve (Ray Serve scales multi-node replicas)")
 
 
 def check_ray_head(stack: StackConfig, models: list[ModelPlan], facts: Catalog) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from triarch.catalog import Catalog, InstanceType
 from triarch.config import ModelConfig, StackConfig, gpus_per_node
@@ -15,6 +16,7 @@ from triarch.matrix import deployed_images, images_by_engine
 from triarch.paths import PROJECT_ROOT
 from triarch.planners.nodegroups import PoolPlan, plan_pool
 from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, load_arch, tune
+from triarch.tuner.nodes import NodesRefused, tune_nodes
 
 MIN_CACHE_GIB = 20
 
@@ -43,6 +45,20 @@ class ModelPlan:
     def gpus_per_replica(self) -> int:
         """What one replica reserves: tensor-parallel x pipeline-parallel GPUs."""
         return self.sizing.tensor_parallel_size * self.sizing.pipeline_parallel_size
+
+    @property
+    def nodes_per_replica(self) -> int:
+        """Nodes one replica spans: 1, or the whole nodes its GPUs fill (a gang: all start, or none serves)."""
+        return self.sizing.nodes
+
+    @property
+    def gpus_per_pod(self) -> int:
+        """What one pod of a replica requests: the replica's GPUs, or a whole node's when it spans nodes."""
+        return self.gpus_per_replica // self.nodes_per_replica
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes_per_replica > 1
 
     @property
     def route_prefix(self) -> str:
@@ -82,11 +98,25 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
         # On a time-sliced GPU a replica shares the memory with up to `share - 1` others (no isolation): it is
         # sized for its share, as vLLM's gpu_memory_utilization is a fraction of the whole GPU.
         image = facts.image(images_by_engine(stack, facts)[model.engine])
-        sizing = tune(arch, pool.gpu, tensor_parallel_size=model.tensor_parallel_size,
-                      vllm_version=image.vllm if image is not None else None,
-                      gpu_memory_utilization=round(model.gpu_memory_utilization / share, 4),
-                      max_model_len=model.max_model_len, kv_cache_dtype=model.kv_cache_dtype,
-                      task=model.resolved_task, gpus_available=1 if share > 1 else gpus_per_node(group, facts))
+        options: dict[str, Any] = {"vllm_version": image.vllm if image is not None else None,
+                                   "gpu_memory_utilization": round(model.gpu_memory_utilization / share, 4),
+                                   "max_model_len": model.max_model_len,
+                                   "kv_cache_dtype": model.kv_cache_dtype, "task": model.resolved_task}
+        if share > 1:  # a slice of one GPU: no replica spans slices
+            sizing = tune(arch, pool.gpu, tensor_parallel_size=model.tensor_parallel_size, gpus_available=1,
+                          **options)
+        else:
+            sizing = tune_nodes(arch, pool.gpu, tensor_parallel_size=model.tensor_parallel_size,
+                                pipeline_parallel_size=model.pipeline_parallel_size,
+                                gpus_per_node=gpus_per_node(group, facts), max_nodes=pool.max_nodes, **options)
+    except NodesRefused as error:
+        on = f"node group '{group.name}' ({pool.gpu.product})"
+        index_of = next(i for i, g in enumerate(stack.node_groups) if g.name == group.name)
+        larger = "a pool of larger GPUs, a quantized checkpoint or kvCacheDtype fp8"
+        allowed = (f"triarch:nodeGroups[{index_of}].max >= {error.nodes_needed}, or {larger}"
+                   if error.nodes_needed else larger)
+        raise ConfigError(_model_path(index), model.model,
+                          f"cannot be served on {on}: one node: {error.one_node}; {error}", allowed) from None
     except LengthRefused as error:
         raise ConfigError(f"{_model_path(index)}.maxModelLen", model.max_model_len, f"is refused: {error}",
                           "a length the model supports and one request of which the KV cache holds") from None
@@ -136,7 +166,7 @@ def pod_resources(plan: ModelPlan) -> dict[str, dict[str, str]]:
     """Requests equal to limits (Guaranteed QoS): the replica's GPUs and its share of the node's CPU and memory,
     leaving a core and a fifth of the memory for the kubelet, daemon sets and page cache. On a time-sliced pool
     the share is of the node's slices: every slice's replica must fit beside the others."""
-    gpus = plan.gpus_per_replica
+    gpus = plan.gpus_per_pod
     if plan.instance is not None and plan.instance.gpus:
         share = gpus / plan.pool.schedulable_gpus_per_node
         cpu = max(1, int(plan.instance.vcpus * share) - 1)

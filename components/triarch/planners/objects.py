@@ -20,6 +20,7 @@ from triarch.planners import karpenter, monitoring, pods
 from triarch.planners.capacity import check_capacity
 from triarch.planners.dashboard import dashboard, dashboard_config_map
 from triarch.planners.device_plugin import NAMESPACE as DEVICE_PLUGIN_NAMESPACE
+from triarch.planners.lws import lws_namespace, needs_lws
 from triarch.planners.models import ModelPlan
 from triarch.planners.nodegroups import plan_eks_pool
 from triarch.planners.observability import observability_manifests, scrape_policy
@@ -65,6 +66,8 @@ class KubernetesPlan:
     owners: list[tuple[Owner, dict[str, Any]]] = field(default_factory=list)
     """Every object above with what decided it, plus those created apart (the token Secret) or by an operator
     from ours (KubeRay's Services), which can collide as well."""
+    lws: list[dict[str, Any]] = field(default_factory=list)
+    """The LeaderWorkerSet controller's namespace, where Triarch installs it for a vllm model across nodes."""
 
 
 def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog, secrets: Iterable[str] = ()
@@ -129,7 +132,8 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
                           show_value=False)
     serving = [pods.namespace(settings.namespace, "restricted",
                               "inference pods run as non-root with no added capabilities"),
-               *network_policies(settings, with_ray), *scrape_policy(stack, settings.namespace, with_ray)]
+               *network_policies(settings, with_ray, with_gangs=needs_lws(models)),
+               *scrape_policy(stack, settings.namespace, with_ray)]
     owners += [(Owner("triarch:serving.namespace", settings.namespace), o) for o in serving]
     for present, secret in ((settings.with_token, pods.HF_TOKEN_SECRET), (settings.with_api_key, pods.API_KEY_SECRET)):
         if present:
@@ -141,6 +145,11 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
         if model.config.engine == "vllm":
             vllm[model.name] = vllm_manifests(model, settings)
             owners += [(Owner(f"triarch:models[{i}].name", model.name), o) for o in vllm[model.name]]
+
+    lws: list[dict[str, Any]] = []
+    if needs_lws(models) and stack.leader_worker_set.mode == "install":
+        lws = [lws_namespace()]
+        owners += [(Owner("the LeaderWorkerSet controller"), o) for o in lws]
 
     kuberay: list[dict[str, Any]] = []
     ray = ray_manifests(models, deployed_images(stack)["ray-serve"], images_by_engine(stack, facts)["ray-serve"],
@@ -170,7 +179,7 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
     owners += [(Owner("triarch:observability.prometheus", stack.prometheus), o)
                for o in observability]
     check_objects(owners)
-    return KubernetesPlan(device_plugin, kuberay, serving, vllm, ray, node_pools, observability, owners)
+    return KubernetesPlan(device_plugin, kuberay, serving, vllm, ray, node_pools, observability, owners, lws=lws)
 
 
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str, str]:

@@ -70,11 +70,14 @@ def model_selector(plan: ModelPlan, namespace: str) -> str:
 
 def gpu_pods(plan: ModelPlan, namespace: str) -> str:
     """The DCGM label matchers of the GPUs serving a model: the pods of its Deployment
-    (<name>-<pod-template-hash>-<suffix>), or the Ray worker pods of its worker group, which KubeRay names
+    (<name>-<pod-template-hash>-<suffix>), of its LeaderWorkerSet where a replica spans nodes (<name>-<group> for
+    a leader, <name>-<group>-<index> for a worker), or the Ray worker pods of its worker group, which KubeRay names
     <rayservice>-<suffix>-<group>-worker-<suffix> (the group's GPUs, shared by the models on it)."""
     if plan.config.engine == "ray-serve":
-        group = WorkerGroupKey(plan.pool.name, plan.gpus_per_replica).name
+        group = WorkerGroupKey(plan.pool.name, plan.gpus_per_pod).name
         pods_regex = f"{RAY_SERVICE}-[a-z0-9]+-{group}-worker-[a-z0-9]+"
+    elif plan.multi_node:
+        pods_regex = f"{plan.name}-[0-9]+(-[0-9]+)?"
     else:
         pods_regex = f"{plan.name}-[a-z0-9]+-[a-z0-9]+"
     return f'{{{DCGM_NAMESPACE_LABEL}="{namespace}", {DCGM_POD_LABEL}=~"{pods_regex}"}}'

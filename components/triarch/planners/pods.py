@@ -98,6 +98,14 @@ def placement(pool: PoolPlan, selector: dict[str, str], max_replicas: int) -> di
     }
 
 
+def gang_affinity(members: dict[str, str], group_key: str) -> dict[str, Any]:
+    """The pods of one multi-node replica in one zone: each requires the zone of the group's pods already placed
+    (`matchLabelKeys` adds the pod's own group key to the selector at creation; Kubernetes 1.33 GA). The first pod
+    of a group matches its own term and places freely; the zone spread of the leaders decides where groups go."""
+    return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": dict(members)}, "matchLabelKeys": [group_key], "topologyKey": ZONE_KEY}]}}
+
+
 def pod_security() -> dict[str, Any]:
     return {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
             "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}

@@ -2,7 +2,8 @@
 
 Ray decides *how* work is split: replicas per model, GPUs per replica (tensor x pipeline parallel), routing and
 autoscaling on ongoing requests. Kubernetes only places the pods: the head on CPU nodes with `num-gpus: 0`,
-one worker group per (GPU pool, GPUs per replica), each worker pod one replica's worth of GPUs.
+one worker group per (GPU pool, GPUs per pod), each worker pod one replica's worth of GPUs, or one node of a replica
+that spans several (its placement group then covers whole pods).
 """
 
 from __future__ import annotations
@@ -171,8 +172,12 @@ def advertised_resources(plans: list[ModelPlan]) -> dict[str, str]:
 
 def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim: str,
                  with_token: bool) -> dict[str, Any]:
-    low = sum(replica_bounds(p)[0] for p in plans)
-    high = sum(replica_bounds(p)[1] for p in plans)
+    """Worker pods of `key.gpus` GPUs for the models whose replicas fill them: one replica per pod, or, for a
+    replica across nodes, one pod per node of it (Ray Serve LLM gives such a replica one GPU bundle per worker
+    process, tensor x pipeline of them, with the PACK strategy: its whole pods). The group holds every model's
+    replicas at their fewest and most, in pods."""
+    low = sum(replica_bounds(p)[0] * p.nodes_per_replica for p in plans)
+    high = sum(replica_bounds(p)[1] * p.nodes_per_replica for p in plans)
     container = _container("ray-worker", image, pod_resources(plans[0]), with_token)
     container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", prestop_script()]}}}
     container["env"].append({"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": str(SIGTERM_DRAIN_SECONDS)})
@@ -212,7 +217,7 @@ def ray_manifests(plans: list[ModelPlan], image: str, release: str,
         return []
     groups: dict[WorkerGroupKey, list[ModelPlan]] = defaultdict(list)
     for plan in served:
-        groups[WorkerGroupKey(plan.pool.name, plan.gpus_per_replica)].append(plan)
+        groups[WorkerGroupKey(plan.pool.name, plan.gpus_per_pod)].append(plan)
     claim = pods.cache_claim_name(RAY_SERVICE)
     ray_version = catalog().images[release].ray
     autoscaled = any(p.config.autoscaling for p in served)

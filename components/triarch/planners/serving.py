@@ -59,12 +59,19 @@ def cluster_ranges(vpc_cidr: str | None) -> list[str]:
     return ranges
 
 
-def network_policies(settings: pods.ServingSettings, with_ray: bool) -> list[dict[str, Any]]:
+LWS_POD = {"matchExpressions": [{"key": "leaderworkerset.sigs.k8s.io/name", "operator": "Exists"}]}
+"""Every pod of a LeaderWorkerSet group (its controller labels them with the set's name)."""
+
+
+def network_policies(settings: pods.ServingSettings, with_ray: bool,
+                     with_gangs: bool = False) -> list[dict[str, Any]]:
     """The serving namespace's traffic, both ways.
 
     In: nothing by default; the OpenAI port from this namespace and the client namespaces the stack names; Ray
     pods to each other; the KubeRay operator to the Ray dashboard (it submits the Serve config there). Nothing
     reaches GCS, the dashboard or the Ray client port from elsewhere.
+    The pods of a replica across nodes (LeaderWorkerSet groups) to each other, on every port: torch.distributed and
+    NCCL pick theirs at run time.
     Out: nothing by default; DNS; this namespace's own pods; HTTPS to the model hub, never inside the cluster's
     network (so not the API server, the nodes, or other namespaces); the Ray head, whose autoscaler asks the API
     server for workers, also HTTPS inside the cluster's network.
@@ -96,6 +103,8 @@ def network_policies(settings: pods.ServingSettings, with_ray: bool) -> list[dic
         policy("allow-in-namespace", {}, "Egress", [{"to": [{"podSelector": {}}]}]),
         policy("allow-model-hub", {}, "Egress", [{"to": hub, "ports": https}]),
     ]
+    if with_gangs:
+        policies.append(policy("allow-group-internal", LWS_POD, "Ingress", [{"from": [{"podSelector": LWS_POD}]}]))
     if with_ray:
         ray_pods = {"matchLabels": dict(RAY_NODE_LABEL)}
         operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": KUBERAY_NAMESPACE}}}

@@ -11,6 +11,7 @@ from typing import Any
 
 from triarch.planners import pods
 from triarch.planners.models import ModelPlan, pod_resources, replica_bounds
+from triarch.scheduling import POOL_LABEL, gpu_toleration
 
 PORT = 8000
 ENDPOINT_DRAIN_SECONDS = 15
@@ -70,15 +71,43 @@ def replica_count(plan: ModelPlan) -> dict[str, int]:
     return {} if plan.config.autoscaling else {"replicas": plan.config.replicas}
 
 
-def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict[str, Any]]:
-    labels = pods.model_labels(plan, "vllm")
-    selector = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": plan.name}
-    _, most = replica_bounds(plan)
-    container = {
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
+"""Labels LeaderWorkerSet v0.10.0 puts on a group's pods (its controller and pod webhook): the set's name, the
+pod's index in its group (0: the leader), and a key shared by one group's pods."""
+
+
+def gang_args(plan: ModelPlan, leader: bool) -> list[str]:
+    """How the pods of one multi-node replica find each other, without Ray: vLLM's multiprocessing executor over
+    `nnodes` nodes, rank 0 on the leader (which serves the API), the others headless, all meeting at the leader's
+    address (LWS_LEADER_ADDRESS and LWS_WORKER_INDEX, which LWS's webhook sets; Kubernetes expands them)."""
+    rank = "0" if leader else "$(LWS_WORKER_INDEX)"
+    args = ["--nnodes", str(plan.nodes_per_replica), "--node-rank", rank, "--master-addr", "$(LWS_LEADER_ADDRESS)"]
+    return args if leader else [*args, "--headless"]
+
+
+def worker_args(plan: ModelPlan) -> list[str]:
+    """A headless worker: the model and the engine args (the same as the leader's: every node builds the same
+    config), none of the API server's."""
+    args = [plan.config.model]
+    for key, value in plan.sizing.engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is not False and value is not None:
+            args += [flag, str(value)]
+    return [*args, *gang_args(plan, leader=False)]
+
+
+def _server_container(plan: ModelPlan, settings: pods.ServingSettings) -> dict[str, Any]:
+    """The vLLM container that serves the OpenAI API: a Deployment's pod, or a multi-node replica's leader."""
+    args = serve_args(plan) + (gang_args(plan, leader=True) if plan.multi_node else [])
+    return {
         "name": "vllm",
         "image": plan.image,
         "command": ["vllm", "serve"],
-        "args": serve_args(plan),
+        "args": args,
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": pods.serving_env(settings.with_token) + ([{"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {
             "name": pods.API_KEY_SECRET, "key": pods.API_KEY_KEY}}}] if settings.with_api_key else []),
@@ -90,6 +119,47 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
         "securityContext": pods.container_security(read_only_root=True),
         "volumeMounts": pods.volume_mounts(),
     }
+
+
+def _pod_spec(plan: ModelPlan, settings: pods.ServingSettings, container: dict[str, Any],
+              placement: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **placement,
+        "terminationGracePeriodSeconds": grace_period_seconds(),
+        "automountServiceAccountToken": False,
+        **pods.pull_secrets(settings),
+        "securityContext": pods.pod_security(),
+        "containers": [container],
+        "volumes": pods.volumes(pods.cache_claim_name(plan.name), shm_gib=2 * plan.gpus_per_pod),
+    }
+
+
+def _service_and_budget(plan: ModelPlan, settings: pods.ServingSettings, labels: dict[str, str],
+                        selector: dict[str, str], budget_selector: dict[str, str]) -> list[dict[str, Any]]:
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        # Pulumi waits for a Service with a selector to have ready endpoints (10 minutes by default, as long as
+        # a replica may take to load): the same budget as the workload it fronts.
+        "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels,
+                     "annotations": {"pulumi.com/timeoutSeconds": str(rollout_seconds(plan))}},
+        "spec": {"type": "ClusterIP", "selector": selector,
+                 "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]},
+    }
+    budget = {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": budget_selector}},
+    }
+    return [service, budget]
+
+
+def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict[str, Any]]:
+    if plan.multi_node:
+        return leader_worker_manifests(plan, settings)
+    labels = pods.model_labels(plan, "vllm")
+    selector = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": plan.name}
+    _, most = replica_bounds(plan)
+    container = _server_container(plan, settings)
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels, "annotations": {
@@ -105,31 +175,51 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
             "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(plan)},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {
-                    **pods.placement(plan.pool, selector, most),
-                    "terminationGracePeriodSeconds": grace_period_seconds(),
-                    "automountServiceAccountToken": False,
-                    **pods.pull_secrets(settings),
-                    "securityContext": pods.pod_security(),
-                    "containers": [container],
-                    "volumes": pods.volumes(pods.cache_claim_name(plan.name), shm_gib=2 * plan.gpus_per_replica),
-                },
+                "spec": _pod_spec(plan, settings, container, pods.placement(plan.pool, selector, most)),
             },
         },
     }
-    service = {
-        "apiVersion": "v1", "kind": "Service",
-        # Pulumi waits for a Service with a selector to have ready endpoints (10 minutes by default, as long as
-        # a replica may take to load): the same budget as the Deployment it fronts.
-        "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels,
-                     "annotations": {"pulumi.com/timeoutSeconds": str(rollout_seconds(plan))}},
-        "spec": {"type": "ClusterIP", "selector": selector,
-                 "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]},
+    claim = pods.cache_claim(plan.name, plan.cache_gib, settings)
+    return [claim, deployment, *_service_and_budget(plan, settings, labels, selector, selector)]
+
+
+def leader_worker_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict[str, Any]]:
+    """A replica across nodes as a LeaderWorkerSet: one group per replica, a pod per node (all its GPUs), the leader
+    serving the API; a group restarts as a whole (one lost stage stops the replica); the Service sends to leaders
+    only. Groups spread over zones; a group's pods stay in one zone (see `pods.gang_placement`)."""
+    labels = pods.model_labels(plan, "vllm")
+    selector = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": plan.name}
+    leaders = {**selector, LWS_WORKER_INDEX: "0"}
+    _, most = replica_bounds(plan)
+    together = pods.gang_affinity({LWS_NAME_LABEL: plan.name}, LWS_GROUP_KEY)
+    leader_spec = _pod_spec(plan, settings, _server_container(plan, settings),
+                            {**pods.placement(plan.pool, leaders, most), "affinity": together})
+    worker = {
+        "name": "vllm-worker", "image": plan.image, "command": ["vllm", "serve"], "args": worker_args(plan),
+        "env": pods.serving_env(settings.with_token), "resources": pod_resources(plan),
+        "securityContext": pods.container_security(read_only_root=True), "volumeMounts": pods.volume_mounts(),
     }
-    budget = {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+    worker_spec = _pod_spec(plan, settings, worker,
+                            {"nodeSelector": {POOL_LABEL: plan.pool.name}, "tolerations": [gpu_toleration()],
+                             "affinity": together})
+    lws = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+        "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels, "annotations": {
+            **pods.image_release(plan.image, plan.release), **pods.SCANNER_EXCEPTIONS}},
+        "spec": {
+            "replicas": plan.config.replicas,
+            # Workers start with their leader, not after it is Ready: the leader waits for them to load its model.
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": rolling_update(plan)},
+            "leaderWorkerTemplate": {
+                "size": plan.nodes_per_replica,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": {"metadata": {"labels": {**labels, "triarch.dev/role": "leader"}},
+                                   "spec": leader_spec},
+                "workerTemplate": {"metadata": {"labels": {**labels, "triarch.dev/role": "worker"}},
+                                   "spec": worker_spec},
+            },
+        },
     }
     claim = pods.cache_claim(plan.name, plan.cache_gib, settings)
-    return [claim, deployment, service, budget]
+    return [claim, lws, *_service_and_budget(plan, settings, labels, leaders, selector)]

@@ -69,6 +69,8 @@ class ModelArch:
     first_k_dense_replace: int = 0
     num_moe_layers: int = 0
     """Decoder layers whose MLP is MoE (the rest use the dense MLP)."""
+    moe_layer_indices: tuple[int, ...] = ()
+    """Which decoder layers those are (0-based): a pipeline stage's weights depend on how many it holds."""
     # --- Multi-head latent attention (DeepSeek-V2/V3)
     kv_lora_rank: int | None = None
     q_lora_rank: int | None = None
@@ -201,16 +203,16 @@ def arch_from_hf_config(d: Mapping[str, Any], *, name: str | None = None) -> Mod
     freq = _int(cfg, "moe_layer_freq", default=1) or 1
     sparse_step = _int(cfg, "decoder_sparse_step", default=1) or 1
     mlp_only = {int(i) for i in (cfg.get("mlp_only_layers") or ())} | mlp_only_llama4
-    moe_layers = 0
+    moe_indices: tuple[int, ...] = ()
     if experts:
-        moe_layers = sum(
-            1
+        moe_indices = tuple(
+            i
             for i in range(layers)
             if i >= first_dense and i % freq == 0 and (i + 1) % sparse_step == 0 and i not in mlp_only
         )
 
     kv_lora = _int(cfg, "kv_lora_rank")
-    quant = read_quantization(cfg if "quantization_config" in cfg else d)
+    quant = read_quantization(cfg if "quantization_config" in cfg else d, num_layers=layers)
     bits = quant.bits if quant and quant.bits is not None and quant.bits < 16 else None
     mtype = str(model_type or "")
     layout = read_layout(cfg, str(model_type) if model_type else None, layers)
@@ -237,7 +239,8 @@ def arch_from_hf_config(d: Mapping[str, Any], *, name: str | None = None) -> Mod
         shared_expert_intermediate_size=shared_inter if experts else 0,
         shared_expert_gate=bool(experts) and mtype == "qwen2_moe" and shared_inter > 0,
         first_k_dense_replace=first_dense,
-        num_moe_layers=moe_layers,
+        num_moe_layers=len(moe_indices),
+        moe_layer_indices=moe_indices,
         kv_lora_rank=kv_lora if kv_lora else None,
         q_lora_rank=_int(cfg, "q_lora_rank"),
         qk_rope_head_dim=_int(cfg, "qk_rope_head_dim", default=0) or 0,

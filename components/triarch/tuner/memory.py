@@ -10,7 +10,7 @@ from triarch.tuner.arch import ModelArch, Task
 from triarch.tuner.kv import kv_heads_per_gpu, layers_per_gpu
 from triarch.tuner.releases import VllmRelease
 from triarch.tuner.units import MIB
-from triarch.tuner.weights import parameter_breakdown, weight_bytes
+from triarch.tuner.weights import stage_weight_bytes, weight_bytes
 
 NON_TORCH_BYTES_TP1 = 256 * MIB
 """Non-torch memory the profile adds on one GPU (cuBLAS workspaces, attention-backend buffers): vLLM 0.19.0 logs
@@ -126,16 +126,14 @@ def cuda_graph_bytes(arch: ModelArch, *, pipeline_parallel_size: int = 1, enforc
 
 def weights_per_gpu(arch: ModelArch, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1, *,
                     task: Task = "generate") -> int:
-    """One GPU's share of the weights: the decoder layers split over the pipeline stages, plus the embedding (first
-    stage) or the LM head (last stage), whichever is larger, all split over the TP ranks. vLLM 0.19.0 logs 7.51 and
-    4.26 GiB on the first stage of Llama-3.1-8B at PP=2 and 4 (an even split would be 7.50 and 3.75)."""
-    total = weight_bytes(arch, task=task)
+    """One GPU's share of the weights on the heaviest pipeline stage (:func:`stage_weight_bytes`: the layers vLLM
+    gives each stage, the embedding on the first, the LM head on the last), split over the TP ranks. vLLM 0.19.0
+    logs 7.51 and 4.26 GiB on the first stage of Llama-3.1-8B at PP=2 and 4 (an even split would be 7.50 and
+    3.75)."""
     if pipeline_parallel_size == 1:
-        return math.ceil(total / tensor_parallel_size)
-    p = parameter_breakdown(arch, task=task)
-    ends = max(p.embedding, p.lm_head) * arch.serving_dtype_bytes
-    decoder = total - (p.embedding + p.lm_head) * arch.serving_dtype_bytes
-    return math.ceil((decoder / pipeline_parallel_size + ends) / tensor_parallel_size)
+        return math.ceil(weight_bytes(arch, task=task) / tensor_parallel_size)
+    stages = stage_weight_bytes(arch, pipeline_parallel_size, task=task)
+    return math.ceil(max(stages) / tensor_parallel_size)
 
 
 def memory_budget(

@@ -21,33 +21,48 @@ class Quantization:
     """Parts left in the checkpoint dtype: "attention", "dense_mlp", "shared_experts", "routed_experts"."""
 
 
-def _kept_parts(patterns: Any) -> tuple[str, ...]:
-    """Map ``ignore`` / ``modules_to_not_convert`` patterns to the parts :mod:`weights` counts (a pattern naming one
-    layer's module keeps only that module: too small to count)."""
+def _part(text: str) -> str | None:
+    """The part of :mod:`weights` a module pattern names."""
+    if "attn" in text or "attention" in text:
+        return "attention"
+    if "shared_expert" in text:
+        return "shared_experts"
+    if "experts" in text:
+        return "routed_experts"
+    if "mlp" in text.split(".")[-1] or text.endswith("mlp.*") or ".mlp." in text:
+        return "dense_mlp"
+    return None
+
+
+def _kept_parts(patterns: Any, num_layers: int | None) -> tuple[str, ...]:
+    """Map ``ignore`` / ``modules_to_not_convert`` patterns to the parts :mod:`weights` counts. A pattern naming one
+    layer's module keeps only that module: a part counts as kept when the patterns name it in every decoder layer
+    (Meta's FP8 Llama 3.1 405B lists the attention of all 126 layers one by one), else it is too small to count."""
     kept: set[str] = set()
+    per_layer: dict[str, set[int]] = {}
     for raw in patterns or ():
         text = str(raw).removeprefix("re:")
-        if any(part.isdigit() for part in text.split(".")):
-            continue  # one layer's module, e.g. model.layers.0.mlp.down_proj
-        if "attn" in text or "attention" in text:
-            kept.add("attention")
-        elif "shared_expert" in text:
-            kept.add("shared_experts")
-        elif "experts" in text:
-            kept.add("routed_experts")
-        elif text.endswith("mlp") or text.endswith("mlp.*"):
-            kept.add("dense_mlp")
+        part = _part(text)
+        if part is None:
+            continue
+        layers = [int(piece) for piece in text.split(".") if piece.isdigit()]
+        if layers:
+            per_layer.setdefault(part, set()).add(layers[0])
+        elif text.endswith("mlp") or text.endswith("mlp.*") or part != "dense_mlp":
+            kept.add(part)
+    if num_layers:
+        kept |= {part for part, layers in per_layer.items() if len(layers) >= num_layers}
     return tuple(sorted(kept))
 
 
-def read_quantization(d: Mapping[str, Any]) -> Quantization | None:
+def read_quantization(d: Mapping[str, Any], num_layers: int | None = None) -> Quantization | None:
     """How ``quantization_config`` stores the linear weights; None if absent. Group scales: GPTQ/AWQ a 16-bit scale
     plus a ``bits``-wide zero point per group; MXFP4 one 8-bit scale per 32; NVFP4 one 8-bit scale per 16."""
     q = d.get("quantization_config")
     if not isinstance(q, Mapping):
         return None
     method = str(q.get("quant_method") or q.get("format") or "unknown").lower()
-    kept = _kept_parts(q.get("ignore") or q.get("modules_to_not_convert"))
+    kept = _kept_parts(q.get("ignore") or q.get("modules_to_not_convert"), num_layers)
     group = q.get("group_size")
     group_size = int(group) if isinstance(group, int) and group > 0 else None
     if q.get("bits") is not None:  # GPTQ, AWQ, HQQ, ...

@@ -47,6 +47,31 @@ class Sizing:
     """The vLLM release whose start-up rules sized this (see :mod:`triarch.tuner.releases`)."""
     combined_kv_line: bool = True
     """vLLM 0.29+ prints the KV cache size and the concurrency on one line; 0.19 on two."""
+    nodes: int = 1
+    """Nodes one replica spans (tensor x pipeline GPUs over ``gpus_per_node``): a replica beyond one node takes
+    whole nodes."""
+    gpus_per_node: int = 0
+    """The pool's GPUs per node the replica was sized for (0: not sized for a pool)."""
+    stage_weights: tuple[int, ...] = ()
+    """Weights on one GPU of each pipeline stage (the first holds the embedding, the last the LM head)."""
+
+    def stage_lines(self) -> list[str]:
+        """How a multi-stage replica splits: where the stages run and what each GPU of them holds."""
+        if self.pipeline_parallel_size == 1 or not self.stage_weights:
+            return []
+        per_node = self.gpus_per_node or self.tensor_parallel_size * self.pipeline_parallel_size
+        stages_per_node = max(1, per_node // self.tensor_parallel_size)
+        lines = [f"{self.nodes} node(s) of {per_node} GPU(s): tensor_parallel_size={self.tensor_parallel_size} "
+                 f"within a node, pipeline_parallel_size={self.pipeline_parallel_size} "
+                 f"({stages_per_node} stage(s) per node)"]
+        last = len(self.stage_weights) - 1
+        for i, weights in enumerate(self.stage_weights):
+            holds = " + embedding" if i == 0 else (" + LM head" if i == last else "")
+            lines.append(f"stage {i} (node {i // stages_per_node}): {weights / GIB:.2f} GiB of weights per GPU"
+                         f" (its layers{holds})")
+        lines.append(f"vLLM gives every stage the KV cache of the fullest GPU ({self.memory.weights / GIB:.2f} GiB of "
+                     "weights): the lines below are that GPU's")
+        return lines
 
     def log_lines(self) -> list[str]:
         """The start-up lines vLLM (V1) would print for this configuration."""

@@ -91,13 +91,61 @@ def count_parameters(arch: ModelArch, *, task: Task = "generate") -> int:
     return parameter_breakdown(arch, task=task).total
 
 
-def weight_bytes(arch: ModelArch, *, task: Task = "generate") -> int:
-    """Bytes of weights as loaded: quantized linear layers at :attr:`ModelArch.quantized_bytes_per_weight` (but the
-    parts the quantization config keeps, :attr:`ModelArch.quant_kept`), embeddings, LM head, norms, router and
-    multimodal towers in the serving dtype (quantizers leave those alone)."""
-    p = parameter_breakdown(arch, task=task)
+def _bytes(arch: ModelArch, p: ParameterCount) -> int:
+    """Bytes of these parameters as loaded: quantized linear layers at :attr:`ModelArch.quantized_bytes_per_weight`
+    (but the parts the quantization config keeps, :attr:`ModelArch.quant_kept`), embeddings, LM head, norms, router
+    and multimodal towers in the serving dtype (quantizers leave those alone)."""
     parts = {"attention": p.attention, "dense_mlp": p.dense_mlp, "shared_experts": p.shared_experts,
              "routed_experts": p.routed_experts}
     quantized = sum(n for part, n in parts.items() if part not in arch.quant_kept)
     rest = p.total - quantized
     return int(quantized * arch.quantized_bytes_per_weight + rest * arch.serving_dtype_bytes)
+
+
+def weight_bytes(arch: ModelArch, *, task: Task = "generate") -> int:
+    """Bytes of the whole model's weights as loaded (see :func:`_bytes`)."""
+    return _bytes(arch, parameter_breakdown(arch, task=task))
+
+
+def pipeline_stages(num_layers: int, stages: int) -> list[range]:
+    """The decoder layers of each pipeline stage as vLLM splits them by default (vllm/distributed/utils.py
+    ``get_pp_indices``, without VLLM_PP_LAYER_PARTITION): equal shares, the remainder one layer each to the stages
+    just before the last (so the first stage, which also holds the embedding, gets one when the remainder reaches
+    it)."""
+    sizes = [num_layers // stages] * stages
+    for i in range(2, num_layers % stages + 2):
+        sizes[-i] += 1
+    starts = [sum(sizes[:i]) for i in range(stages)]
+    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+
+
+def stage_weight_bytes(arch: ModelArch, stages: int, *, task: Task = "generate") -> list[int]:
+    """Bytes of weights each pipeline stage loads (whole stage, before tensor parallelism): its decoder layers (an
+    MoE layer's experts and router, or a dense layer's MLP), the embedding and the towers on the first stage, the
+    final norm and the LM head on the last (the embedding's matrix again where the two are tied: the last stage
+    needs it to compute logits)."""
+    p = parameter_breakdown(arch, task=task)
+    layers = arch.num_hidden_layers
+    moe = set(arch.moe_layer_indices)
+    dense_layers = layers - arch.num_moe_layers
+    final_norm = arch.hidden_size
+    per_layer_norms = (p.norms - final_norm) / layers
+    head = p.lm_head or (p.embedding if task == "generate" and stages > 1 else 0)
+    out = []
+    for index, span in enumerate(pipeline_stages(layers, stages)):
+        n_moe = sum(1 for i in span if i in moe)
+        n_dense = len(span) - n_moe
+        first, last = index == 0, index == stages - 1
+        share = ParameterCount(
+            embedding=p.embedding if first else 0,
+            attention=p.attention * len(span) // layers,
+            dense_mlp=p.dense_mlp * n_dense // dense_layers if dense_layers else 0,
+            routed_experts=p.routed_experts * n_moe // arch.num_moe_layers if arch.num_moe_layers else 0,
+            shared_experts=p.shared_experts * n_moe // arch.num_moe_layers if arch.num_moe_layers else 0,
+            router=p.router * n_moe // arch.num_moe_layers if arch.num_moe_layers else 0,
+            norms=int(per_layer_norms * len(span)) + (final_norm if last else 0),
+            lm_head=head if last else 0,
+            towers=p.towers if first else 0,
+        )
+        out.append(_bytes(arch, share))
+    return out
