@@ -20,12 +20,15 @@ CHART_DEFAULTS = {
     ("oci://public.ecr.aws/karpenter/karpenter", "1.14.1"): "karpenter-v1.14.1/values.yaml",
     ("keda", "2.20.2"): "keda-2.20.2/values.yaml",
     ("oci://registry.k8s.io/lws/charts/lws", "0.10.0"): "lws-v0.10.0/values.yaml",
+    ("aws-efa-k8s-device-plugin", "v0.5.30"): "aws-efa-k8s-device-plugin-v0.5.30/values.yaml",
     ("kube-prometheus-stack", "88.5.3"): "prometheus-operator-v0.93.1/kube-prometheus-stack-88.5.3-values.yaml",
 }
 """The chart's own values.yaml for each chart and version Triarch pins (CRD-only charts have no pods)."""
 PRIVILEGED_AS_SHIPPED = {
     "nvidia-device-plugin": "GPU feature discovery runs privileged as the chart ships it (its namespace's "
                             "pod-security reason says so)",
+    "aws-efa-k8s-device-plugin": "the EFA device plugin runs privileged as the chart ships it since v0.5.16, for "
+                                 "topology-aligned allocation (its namespace's pod-security reason says so)",
 }
 """Releases whose coalesced values keep a privilege on purpose, with the reason their namespace carries."""
 
@@ -97,14 +100,17 @@ def test_the_dcgm_exporter_renders_as_root_without_capabilities(shipped: dict[st
         "-f", "/etc/dcgm-exporter/default-counters.csv"]  # the counters the alerts read
 
 
-def test_the_privileged_releases_say_why_on_their_namespace(shipped: dict[str, StackPlan]) -> None:
-    namespaces = {o["metadata"]["name"]: o for o in shipped["prod"].objects("Namespace")}
+@pytest.mark.parametrize(("stack", "expected"), [("prod", ["nvidia-device-plugin"]),
+                                               ("large", ["aws-efa-k8s-device-plugin", "nvidia-device-plugin"])])
+def test_the_privileged_releases_say_why_on_their_namespace(shipped: dict[str, StackPlan], stack: str,
+                                                            expected: list[str]) -> None:
+    namespaces = {o["metadata"]["name"]: o for o in shipped[stack].objects("Namespace")}
     privileged = {}
-    for name, props in _releases(shipped["prod"]):
+    for name, props in _releases(shipped[stack]):
         values = coalesce(_defaults(str(props["chart"]), str(props["version"])), dict(props.get("values") or {}))
         if privilege_findings(values, frozenset({"NET_BIND_SERVICE"})):
             privileged[name] = props
-    assert sorted(privileged) == sorted(PRIVILEGED_AS_SHIPPED)
+    assert sorted(privileged) == expected and set(expected) <= set(PRIVILEGED_AS_SHIPPED)
     for props in privileged.values():
         namespace = namespaces[str(props["namespace"])]
         assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"

@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import StackPlan, compat_data, crd_schema, stack_document, unknown_fields
+from conftest import StackPlan, compat_data, crd_schema, stack_document, stack_path, unknown_fields
 from test_placement import resources
 from test_stack_checks import refusal
 from test_workloads import names_in
 from triarch.catalog import catalog
+from triarch.config import from_pulumi_config
 from triarch.guardrails.placement import prove
+from triarch.offline import read_stack_config
+from triarch.planners.models import plan_models
 from triarch.tuner import TuneError, load_arch
 from triarch.tuner.nodes import NodesRefused, tune_nodes
 from triarch.tuner.quantization import read_quantization
@@ -251,7 +254,8 @@ def test_a_pool_smaller_than_one_group_is_refused(tmp_path: Path, capsys: pytest
 def test_a_model_no_node_count_of_the_pool_holds_is_refused_with_the_count_that_would(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = _large()
-    config["triarch:nodeGroups"][0].update(instanceType="g6e.48xlarge", max=2)  # 8 x L40S 48 GB
+    config["triarch:nodeGroups"][0].update(instanceType="g6e.48xlarge", max=2, efa=False,  # 8 x L40S 48 GB
+                                           placementGroup=False)
     config["triarch:models"] = config["triarch:models"][:1]
     line = refusal(tmp_path, config, capsys)
     assert line.startswith("triarch:models[0]: 'deepseek-ai/DeepSeek-V3' cannot be served on node group 'h100'")
@@ -280,3 +284,109 @@ def test_stages_on_a_sliced_pool_are_refused(tmp_path: Path, capsys: pytest.Capt
     config["triarch:models"][0]["pipelineParallelSize"] = 2
     line = refusal(tmp_path, config, capsys)
     assert line.startswith("triarch:models[0].pipelineParallelSize: 2 needs 2 whole GPUs"), line
+
+
+# --- EFA: close together, fast between -----------------------------------------------------------------------------
+
+def test_an_efa_pools_nodes_get_the_efa_security_group_no_public_address_and_the_placement_group(
+        large: StackPlan) -> None:
+    [node_class] = large.objects("EC2NodeClass")
+    spec = node_class["spec"]
+    assert {"tags": {"triarch.dev/efa": "llm-large"}} in spec["securityGroupSelectorTerms"]
+    assert {"tags": {"aws:eks:cluster-name": "llm-large"}} in spec["securityGroupSelectorTerms"]
+    assert spec["associatePublicIPAddress"] is False
+    assert spec["placementGroupSelector"] == {"name": "llm-large-h100"}
+    [group] = large.of_type("aws:ec2/placementGroup:PlacementGroup")
+    assert group.inputs == {"name": "llm-large-h100", "strategy": "cluster"}
+    [security] = [r for r in large.of_type("aws:ec2/securityGroup:SecurityGroup") if r.name == "karpenter-efa"]
+    for direction in ("ingress", "egress"):  # all traffic to and from itself, and nothing else
+        assert [(r["protocol"], r["self"], r.get("cidrBlocks")) for r in security.inputs[direction]] == [
+            ("-1", True, None)]
+    assert security.inputs["tags"]["triarch.dev/efa"] == "llm-large"
+    # Karpenter resolves the selector itself: its role may describe placement groups where a pool has one
+    # (the policy's ARNs are known only after apply, so the planner's function is checked)
+    from triarch.planners.karpenter import controller_policy
+    arns = {"cluster": "llm-large", "region": "us-east-1", "cluster_arn": "c", "node_role_arn": "n",
+            "queue_arn": "q", "instance_profile_arn": "i"}
+    assert "ec2:DescribePlacementGroups" in str(controller_policy(**arns, placement_groups=True))
+    assert "ec2:DescribePlacementGroups" not in str(controller_policy(**arns))
+
+
+def test_a_stack_without_efa_has_none_of_it(shipped: dict[str, StackPlan]) -> None:
+    prod = shipped["prod"]
+    assert not prod.of_type("aws:ec2/placementGroup:PlacementGroup")
+    assert all("placementGroupSelector" not in c["spec"] and "associatePublicIPAddress" not in c["spec"]
+               for c in prod.objects("EC2NodeClass"))
+    assert "efa" not in str([r.inputs.get("name") for r in prod.of_type("kubernetes:helm.sh/v3:Release")])
+    assert "vpc.amazonaws.com/efa" not in yaml.safe_dump(prod.objects())
+
+
+def test_a_gangs_pods_take_every_efa_interface_of_their_node_and_log_their_transport(large: StackPlan) -> None:
+    [lws] = large.objects("LeaderWorkerSet")
+    [service] = large.objects("RayService")
+    containers = [lws["spec"]["leaderWorkerTemplate"][role]["spec"]["containers"][0]
+                  for role in ("leaderTemplate", "workerTemplate")]
+    containers.append(service["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0])
+    for container in containers:
+        for side in ("requests", "limits"):
+            assert container["resources"][side]["vpc.amazonaws.com/efa"] == "32"  # p5.48xlarge's 32 interfaces
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["NCCL_DEBUG"] == "INFO" and "NET" in env["NCCL_DEBUG_SUBSYS"]
+        assert "IPC_LOCK" not in str(container["securityContext"])  # uid 1000 would not hold it anyway
+
+
+def test_the_efa_device_plugin_runs_on_the_efa_pools_only(large: StackPlan) -> None:
+    [release] = [r for r in large.of_type("kubernetes:helm.sh/v3:Release")
+                 if r.inputs.get("name") == "aws-efa-k8s-device-plugin"]
+    assert release.inputs["namespace"] == "aws-efa" and release.inputs["version"] == "v0.5.30"
+    values = release.inputs["values"]
+    assert values["supportedInstanceLabels"] == {"keys": ["triarch.dev/pool"], "values": ["h100"]}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in values["tolerations"]
+    assert values["image"]["repository"] == ("602401143452.dkr.ecr.us-east-1.amazonaws.com/eks/"
+                                             "aws-efa-k8s-device-plugin")  # the stack's region's copy
+    [nvidia] = [r for r in large.of_type("kubernetes:helm.sh/v3:Release")
+                if r.inputs.get("name") == "nvidia-device-plugin"]
+    assert nvidia.inputs["values"]["mofedEnabled"] is False  # else it hands the EFA devices to GPU pods
+
+
+def test_efa_over_an_image_without_its_libraries_is_warned(large: StackPlan) -> None:
+    from triarch.planners.efa import efa_image_patterns
+    warnings = [w for w in large.run.warnings if "over EFA" in w]
+    assert len(warnings) == 2 and "vllm/vllm-openai:v0.33.0" in warnings[0] and "triarch:images.vllm" in warnings[0]
+    dlc = "public.ecr.aws/deep-learning-containers/vllm:0.27.1-gpu-py312-cu130-ubuntu22.04-ec2"
+    assert any(p.search(dlc) for p in efa_image_patterns())
+    assert not any(p.search("vllm/vllm-openai:v0.33.0") for p in efa_image_patterns())
+
+
+@pytest.mark.parametrize(("edit", "start"), [
+    ({"instanceType": "g6e.48xlarge", "placementGroup": False}, "triarch:nodeGroups[0].efa: True asks for EFA on "
+                                                                "g6e.48xlarge, which has none"),
+    ({"provisioner": "managedNodeGroup", "min": 8}, "triarch:nodeGroups[0].efa: True needs a Karpenter pool"),
+    ({"efa": False}, "triarch:nodeGroups[0].placementGroup: True only serves nodes that talk over EFA"),
+    ({"zones": ["us-east-1a", "us-east-1b"]}, "triarch:nodeGroups[0].zones: ['us-east-1a', 'us-east-1b'] spread "
+                                              "the pool over 2 zones, but a cluster placement group lives in one"),
+])
+def test_efa_and_placement_groups_where_they_cannot_work_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: dict[str, Any], start: str) -> None:
+    config = _large()
+    config["triarch:nodeGroups"][0].update(edit)
+    line = refusal(tmp_path, config, capsys)
+    assert line.startswith(start), line
+
+
+@pytest.mark.parametrize(("log", "transport"), [
+    ("NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 32 nics)\nNCCL INFO Using network Libfabric",
+     "efa"),
+    ("NCCL INFO Using network AWS Libfabric", "efa"),
+    ("NCCL INFO NET/Plugin: Could not find: libnccl-net.so\nNCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>\n"
+     "NCCL INFO Using network Socket", "tcp"),
+    ("INFO: Started server process", None),
+])
+def test_verify_reads_the_transport_nccl_chose(log: str, transport: str | None) -> None:
+    from triarch.verify import check_nccl, nccl_transport
+    assert nccl_transport(log) == transport
+    stack = from_pulumi_config(read_stack_config(stack_path("large"))[0])
+    [plan] = [m for m in plan_models(stack, catalog()) if m.name == "deepseek"]
+    finding = check_nccl(plan, "deepseek-0", log)
+    assert finding.ok == (transport == "efa")
+    assert ("TCP" in finding.message) == (transport == "tcp")

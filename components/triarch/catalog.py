@@ -48,6 +48,8 @@ class InstanceType:
     gpus: int
     vcpus: int
     memory_gib: float
+    efa: int = 0
+    """EFA interfaces the type takes (its vpc.amazonaws.com/efa capacity); 0 without EFA."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,8 @@ def load_catalog(directory: Path = COMPAT_DIR) -> Catalog:
     }
     raw_instances = _read(directory / "instances.yaml")
     instances = {
-        name: InstanceType(name, i.get("gpu"), int(i.get("gpus", 0)), int(i["vcpus"]), float(i["memoryGiB"]))
+        name: InstanceType(name, i.get("gpu"), int(i.get("gpus", 0)), int(i["vcpus"]), float(i["memoryGiB"]),
+                           int(i.get("efa", 0)))
         for section in ("instances", "cpuInstances")
         for name, i in (raw_instances.get(section) or {}).items()
     }

@@ -161,6 +161,13 @@ class NodeGroupConfig(_Model):
     taint: bool = True
     """Taint the nodes with nvidia.com/gpu:NoSchedule. Only a single-node cluster should turn this off."""
     time_slicing: TimeSlicing | None = None
+    efa: bool = False
+    """Created cluster, Karpenter pool of an EFA instance type (p4d, p4de, p5, p5e): the pods of a replica across
+    nodes get every EFA interface of their node, through the EFA device plugin; the nodes get no public address
+    and a security group open to itself."""
+    placement_group: bool = False
+    """With efa: a cluster placement group Triarch creates for the pool, so its nodes sit close on the network. A
+    cluster placement group lives in one zone: the pool's `zones` must name exactly one."""
 
 
 class AutoscalingConfig(_Model):
@@ -634,7 +641,13 @@ def _check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fac
                               f"differs from max ({group.max}), but nothing scales a managed node group "
                               "(Triarch installs no cluster-autoscaler)",
                               f"min == max == {group.max} (a fixed-size pool), or provisioner: karpenter")
+        _check_efa(stack, group, path, provisioner, facts)
     else:
+        for key in ("efa", "placement_group"):
+            if getattr(group, key):
+                raise ConfigError(f"{path}.{to_camel(key)}", True, "only applies when triarch:cluster.create is true "
+                                  "(an adopted cluster's nodes carry their own interfaces and placement)",
+                                  "remove it")
         if group.provisioner is not None:
             raise ConfigError(f"{path}.provisioner", group.provisioner,
                               "only applies when triarch:cluster.create is true",
@@ -659,6 +672,31 @@ def _check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fac
         if version_tuple(group.driver_version) < (400,):
             raise ConfigError(f"{path}.driverVersion", group.driver_version, "is not an NVIDIA driver version",
                               "e.g. 580.95.05")
+
+
+def _check_efa(stack: StackConfig, group: NodeGroupConfig, path: str, provisioner: str, facts: Catalog) -> None:
+    """EFA only where the instance type has it and Karpenter attaches it (it adds one interface per
+    vpc.amazonaws.com/efa a pod asks for); a cluster placement group only with EFA, in one zone."""
+    assert group.instance_type is not None
+    if group.efa:
+        with_efa = sorted(n for n, i in facts.instances.items() if i.efa)
+        if not facts.instances[group.instance_type].efa:
+            raise ConfigError(f"{path}.efa", True, f"asks for EFA on {group.instance_type}, which has none",
+                              f"an instance type with EFA ({', '.join(with_efa)}), or efa: false")
+        if provisioner != "karpenter":
+            raise ConfigError(f"{path}.efa", True,
+                              "needs a Karpenter pool (Karpenter attaches the interfaces a pod asks for; Triarch "
+                              "writes no launch template with them for a managed node group)",
+                              "provisioner: karpenter, or efa: false")
+    if group.placement_group:
+        if not group.efa:
+            raise ConfigError(f"{path}.placementGroup", True, "only serves nodes that talk over EFA", "efa: true")
+        zones = group.zones or stack.cluster.zones
+        if len(zones) != 1:
+            raise ConfigError(f"{path}.zones", zones,
+                              f"spread the pool over {len(zones)} zones, but a cluster placement group lives in one "
+                              "(EC2 places its instances in a single zone)",
+                              f"one zone, e.g. zones: [{zones[0]}], or placementGroup: false")
 
 
 def _check_ami_release(stack: StackConfig, ami_type: str, release_name: str | None, path: str,

@@ -15,6 +15,7 @@ from triarch.errors import ConfigError, TriarchError
 from triarch.existing import check_cluster
 from triarch.matrix import require_compatible
 from triarch.offline import PLAIN_TEXT_REFUSED
+from triarch.planners.efa import efa_image_warnings
 from triarch.planners.models import ModelPlan, plan_models
 from triarch.planners.objects import KubernetesPlan, plan_kubernetes
 from triarch.planners.registry import crd_sources, verify_crds
@@ -42,6 +43,8 @@ def load_stack() -> tuple[StackConfig, list[ModelPlan], KubernetesPlan]:
         if verdict.level == "warning":
             pulumi.log.warn(verdict.message)
     models = plan_models(stack, catalog())
+    for warning in efa_image_warnings(stack, models):
+        pulumi.log.warn(warning)
     given = [key for key in SECRET_KEYS if f"{NAMESPACE}:{key}" in values]
     return stack, models, plan_kubernetes(stack, models, catalog(), given)
 

@@ -28,13 +28,13 @@ from triarch.catalog import Catalog
 from triarch.config import StackConfig
 from triarch.matrix import Node, check_image_on_node, images_by_engine
 from triarch.planners import device_plugin, karpenter, monitoring
-from triarch.planners.models import ModelPlan
+from triarch.planners.models import ModelPlan, uses_efa
 from triarch.planners.nodegroups import PoolPlan
 from triarch.planners.observability import observability_manifests
 from triarch.planners.queries import selectors
-from triarch.planners.ray import RAY_SERVICE
+from triarch.planners.ray import RAY_SERVICE, WorkerGroupKey
 from triarch.planners.serving import KUBERAY_NAMESPACE, serving_settings
-from triarch.planners.vllm import PORT
+from triarch.planners.vllm import LWS_NAME_LABEL, LWS_WORKER_INDEX, PORT
 from triarch.scheduling import POOL_LABEL
 
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
@@ -288,6 +288,39 @@ class KubectlFailed(Exception):
     """The cluster answered, but a kubectl call failed (RBAC, a missing namespace): verify fails."""
 
 
+NCCL_OVER_EFA = ("Using network Libfabric", "Using network AWS Libfabric", "NET/OFI Selected provider is efa")
+"""What NCCL (with aws-ofi-nccl) logs at INFO when it talks over EFA: NVIDIA/nccl src/init.cc "Using network %s"
+with the plugin's name (Libfabric since aws-ofi-nccl 1.12, "AWS Libfabric" before), and the plugin's own line
+(aws/aws-ofi-nccl src/nccl_ofi_net.cpp)."""
+NCCL_OVER_TCP = ("Using network Socket", "NET/Socket : Using")
+"""What it logs when it found no network plugin and uses TCP sockets (src/init.cc, src/transport/net_socket.cc)."""
+RAY_LOGS = "/tmp/ray/session_latest/logs"
+"""Where a Ray worker pod's processes (Serve replicas, vLLM's workers) write their output."""
+
+
+def nccl_transport(log: str) -> str | None:
+    """"efa", "tcp", or None when the log says neither (NCCL not started, or NCCL_DEBUG not INFO)."""
+    if any(marker in log for marker in NCCL_OVER_EFA):
+        return "efa"
+    if any(marker in log for marker in NCCL_OVER_TCP):
+        return "tcp"
+    return None
+
+
+def check_nccl(plan: ModelPlan, pod: str, log: str) -> Finding:
+    """A replica across nodes on an EFA pool talks over EFA, not over the TCP NCCL falls back to unannounced."""
+    subject = f"{plan.name} NCCL ({pod})"
+    transport = nccl_transport(log)
+    if transport == "efa":
+        return Finding("when", subject, True, "the stages talk over EFA (Libfabric)")
+    if transport == "tcp":
+        return Finding("when", subject, False, "NCCL fell back to TCP sockets between the nodes",
+                       "an image with libfabric and aws-ofi-nccl (templates/compat/efa-images.yaml), and the pod's "
+                       "vpc.amazonaws.com/efa request granted")
+    return Finding("when", subject, False, "no NCCL network line in the log (not started yet, or NCCL_DEBUG unset)",
+                   "wait for the replica to load, then run verify again")
+
+
 class Cluster:
     """kubectl through testinfra's local host."""
 
@@ -374,6 +407,8 @@ def verify(cluster: Cluster, stack: StackConfig, models: list[ModelPlan], pools:
     if served:
         findings += check_ray_service(cluster.get("rayservice", RAY_SERVICE, "-n", namespace), served)
     for plan in models:
+        if uses_efa(plan):
+            findings += _nccl_findings(cluster, plan, namespace)
         if plan.config.engine != "vllm":
             continue
         if plan.name in endpoints:
@@ -382,6 +417,28 @@ def verify(cluster: Cluster, stack: StackConfig, models: list[ModelPlan], pools:
             with cluster.forward(namespace, plan.name) as url:
                 findings += check_vllm(plan, url)
     return findings
+
+
+def _nccl_findings(cluster: Cluster, plan: ModelPlan, namespace: str) -> list[Finding]:
+    """The transport NCCL chose, from one leader of a vllm group (its container log) or one Ray worker pod of the
+    model's group (its processes' log files)."""
+    if plan.config.engine == "vllm":
+        pods = cluster.items("pods", "-n", namespace, "-l", f"{LWS_NAME_LABEL}={plan.name},{LWS_WORKER_INDEX}=0")
+        if not pods:
+            return [Finding("when", f"{plan.name} NCCL", False, "no leader pod", "see the LeaderWorkerSet's events")]
+        name = pods[0]["metadata"]["name"]
+        return [check_nccl(plan, name, cluster.kubectl("logs", "-n", namespace, name, "-c", "vllm"))]
+    group = WorkerGroupKey(plan.pool.name, plan.gpus_per_pod).name
+    pods = cluster.items("pods", "-n", namespace, "-l", f"ray.io/group={group}")
+    if not pods:
+        return [Finding("how", f"{plan.name} NCCL", False, f"no worker pod of group {group}", "")]
+    name = pods[0]["metadata"]["name"]
+    try:
+        log = cluster.kubectl("exec", "-n", namespace, name, "-c", "ray-worker", "--", "grep", "-rh", "NCCL INFO",
+                              RAY_LOGS)
+    except KubectlFailed:
+        log = ""
+    return [check_nccl(plan, name, log)]
 
 
 def report(findings: list[Finding]) -> str:

@@ -23,9 +23,24 @@ class Karpenter(pulumi.ComponentResource):
     def __init__(self, name: str, eks: EksCluster, cluster: str, region: str, charts: tuple[Chart, Chart],
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None,
                  monitor_labels: dict[str, str] | None = None, after: list[pulumi.Resource] | None = None,
-                 pull_through: str | None = None, docker_config: pulumi.Input[str] | None = None) -> None:
+                 pull_through: str | None = None, docker_config: pulumi.Input[str] | None = None,
+                 efa: bool = False, placement_groups: list[str] | None = None) -> None:
         super().__init__("triarch:karpenter:Karpenter", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        # What EFA pools' node classes select: a security group open to itself (EFA's requirement between nodes),
+        # and a cluster placement group per pool that asks for one (Karpenter selects them, never creates them).
+        self.node_class_needs: list[pulumi.Resource] = []
+        if efa:
+            self_only = [{"protocol": "-1", "from_port": 0, "to_port": 0, "self": True,
+                          "description": "EFA between the nodes of EFA pools"}]
+            self.node_class_needs.append(aws.ec2.SecurityGroup(
+                f"{name}-efa", name=plan.efa_security_group_name(cluster), vpc_id=eks.network.vpc.id,
+                description=f"EFA traffic between the GPU nodes of {cluster}", ingress=self_only, egress=self_only,
+                tags={plan.EFA_SECURITY_GROUP_TAG: cluster, "Name": plan.efa_security_group_name(cluster)},
+                opts=child))
+        for group in placement_groups or []:
+            self.node_class_needs.append(aws.ec2.PlacementGroup(f"{name}-{group}", name=group, strategy="cluster",
+                                                                opts=child))
         # Its own node role: EKS already holds an access entry for the managed node groups' role, and a second
         # entry for the same principal is refused.
         self.node_role = NodeRole(f"{name}-nodes", pull_through, opts=child)
@@ -57,7 +72,7 @@ class Karpenter(pulumi.ComponentResource):
                                    self.instance_profile.arn).apply(lambda arns: json.dumps(plan.controller_policy(
                                        cluster=cluster, region=region, cluster_arn=str(arns[0]),
                                        node_role_arn=str(arns[1]), queue_arn=str(arns[2]),
-                                       instance_profile_arn=str(arns[3]))))
+                                       instance_profile_arn=str(arns[3]), placement_groups=bool(placement_groups))))
         self.controller_policy = aws.iam.RolePolicy(f"{name}-controller", role=self.controller_role.id,
                                                     policy=policy, opts=child)
         self.pod_identity = aws.eks.PodIdentityAssociation(
@@ -88,7 +103,8 @@ class KarpenterPool(pulumi.ComponentResource):
         super().__init__("triarch:karpenter:KarpenterPool", name, None, opts)
         node_class, node_pool = objects
         self.node_class = register(node_class, pulumi.ResourceOptions(
-            parent=self, provider=provider, depends_on=[karpenter.release, karpenter.instance_profile]))
+            parent=self, provider=provider,
+            depends_on=[karpenter.release, karpenter.instance_profile, *karpenter.node_class_needs]))
         self.node_pool = register(node_pool, pulumi.ResourceOptions(
             parent=self, provider=provider, depends_on=[karpenter.release, self.node_class]))
         self.register_outputs({"nodePool": node_pool["metadata"]["name"]})

@@ -15,6 +15,7 @@ from triarch.components.serving import KubeRayOperator, RayServing, ServingNames
 from triarch.components.storage import BlockStorage, SharedModelStore
 from triarch.config import SYSTEM_RELEASE_TABLE, StackConfig
 from triarch.planners.device_plugin import device_plugin_values
+from triarch.planners.efa import EFA_CHART, EFA_RELEASE, efa_values
 from triarch.planners.lws import LWS_CHART, LWS_RELEASE, lws_values
 from triarch.planners.models import ModelPlan
 from triarch.planners.monitoring import (
@@ -78,7 +79,10 @@ class Platform(pulumi.ComponentResource):
                                            (self.charts["karpenter-crd"], self.charts["karpenter"]), eks.provider,
                                            opts=child, monitor_labels=monitors(stack), after=self.monitor_crds,
                                            pull_through=pull_through_policy(stack),
-                                           docker_config=self.docker_config)
+                                           docker_config=self.docker_config,
+                                           efa=any(p.pool.efa_interfaces for p in plans),
+                                           placement_groups=sorted(p.placement_group for p in plans
+                                                                   if p.placement_group))
             for plan in plans:
                 if self.karpenter is not None and plan.provisioner == "karpenter":
                     self.karpenter_pools.append(KarpenterPool(f"pool-{plan.pool.name}",
@@ -109,6 +113,13 @@ class Platform(pulumi.ComponentResource):
                                               opts=pulumi.ResourceOptions(parent=self,
                                                                           depends_on=self.gpu_node_groups),
                                               docker_config=self.docker_config)
+        self.efa_device_plugin: ChartAddOn | None = None
+        if objects.efa:
+            [namespace] = objects.efa
+            self.efa_device_plugin = ChartAddOn(EFA_RELEASE, self.charts[EFA_CHART], namespace,
+                                                efa_values(stack, self.pools), self.provider,
+                                                opts=pulumi.ResourceOptions(parent=self),
+                                                docker_config=self.docker_config)
         self._serve(stack, models, objects, secrets)
         self.register_outputs({"pools": [p.name for p in self.pools]})
 
@@ -140,7 +151,7 @@ class Platform(pulumi.ComponentResource):
         self.vllm_servers: list[VllmServer] = []
         if not models:
             return
-        ready: list[pulumi.Resource] = [self.device_plugin] if self.device_plugin else []
+        ready: list[pulumi.Resource] = [p for p in (self.device_plugin, self.efa_device_plugin) if p is not None]
         if isinstance(self.cluster, EksCluster) and stack.serving.storage_class is None:
             self.store = SharedModelStore(f"{stack.cluster.name}-models", self.cluster, stack.cluster.name,
                                           stack.cluster.kubernetes_version, self.provider,

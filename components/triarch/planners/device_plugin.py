@@ -46,6 +46,10 @@ def device_plugin_values(pools: list[PoolPlan], image_tag: str, gpu_feature_disc
     if gpu_feature_discovery:
         # GFD publishes its labels through node-feature-discovery: its worker must run on the tainted GPU nodes.
         values["nfd"] = {"worker": {"tolerations": [gpu_toleration()]}}
+    if any(p.efa_interfaces for p in pools):
+        # Since 0.19 the plugin mounts every /dev/infiniband/uverbs* into GPU pods unless told not to, which takes
+        # the EFA plugin's devices (EKS User Guide, "Manage EFA devices on Amazon EKS").
+        values["mofedEnabled"] = False
     sliced = [p for p in pools if p.time_slicing_replicas]
     if sliced:
         config_map = {DEFAULT_CONFIG: yaml.safe_dump({"version": "v1"})}

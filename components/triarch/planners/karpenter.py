@@ -28,6 +28,13 @@ DISCOVERY_TAG = "karpenter.sh/discovery"
 """Tag on the private subnets Karpenter may launch GPU nodes into (value: the cluster name)."""
 CLUSTER_SECURITY_GROUP_TAG = "aws:eks:cluster-name"
 """EKS tags the cluster security group it creates with this key; managed node groups use that group too."""
+EFA_SECURITY_GROUP_TAG = "triarch.dev/efa"
+"""Tag (value: the cluster name) of the security group EFA pools add: all traffic to and from itself, which EFA
+needs between nodes (EC2 User Guide, "Prepare an EFA-enabled security group")."""
+
+
+def efa_security_group_name(cluster: str) -> str:
+    return f"{cluster}-efa"
 
 CONSOLIDATE_AFTER = "10m"
 """An empty GPU node stays this long: a rollout or a Ray scale-down followed by a scale-up reuses it instead of
@@ -71,8 +78,9 @@ def instance_profile_name(cluster: str) -> str:
 
 
 def node_class(plan: EksPoolPlan, cluster: str) -> dict[str, Any]:
-    """The EC2NodeClass of a pool: its pinned AMI release, IMDSv2 with one hop, an encrypted gp3 root volume."""
-    return {
+    """The EC2NodeClass of a pool: its pinned AMI release, IMDSv2 with one hop, an encrypted gp3 root volume; for
+    EFA, the EFA security group, no public address and the pool's placement group."""
+    node: dict[str, Any] = {
         "apiVersion": f"{NODE_CLASS_GROUP}/v1", "kind": "EC2NodeClass",
         "metadata": {"name": node_class_name(plan), "labels": dict(MANAGED_BY)},
         "spec": {
@@ -92,6 +100,15 @@ def node_class(plan: EksPoolPlan, cluster: str) -> dict[str, Any]:
             "tags": {"Name": f"{cluster}-{plan.pool.name}", POOL_LABEL: plan.pool.name},
         },
     }
+    spec: dict[str, Any] = node["spec"]
+    if plan.pool.efa_interfaces:
+        # Karpenter gives every EFA interface the node class's security groups; EC2 refuses a public address with
+        # more than one interface (the pool's subnets are private; said here so a subnet default cannot change it).
+        spec["securityGroupSelectorTerms"].append({"tags": {EFA_SECURITY_GROUP_TAG: cluster}})
+        spec["associatePublicIPAddress"] = False
+    if plan.placement_group:
+        spec["placementGroupSelector"] = {"name": plan.placement_group}
+    return node
 
 
 def pool_limits(plan: EksPoolPlan) -> dict[str, str]:
@@ -155,13 +172,13 @@ def controller_values(cluster: str, monitor_labels: dict[str, str] | None = None
 
 
 def controller_policy(*, cluster: str, region: str, cluster_arn: str, node_role_arn: str, queue_arn: str,
-                      instance_profile_arn: str) -> dict[str, Any]:
+                      instance_profile_arn: str, placement_groups: bool = False) -> dict[str, Any]:
     """What the controller may do, scoped to this cluster: launch and tag instances only with this cluster's
     ownership tags, terminate only what it launched, pass only the node role, read only its queue.
 
     Written for Triarch's setup, narrower than Karpenter's getting-started policy: Triarch creates the instance
-    profile (the controller creates, tags and deletes none), and capacity reservations, placement groups and
-    zonal shift are not used.
+    profile (the controller creates, tags and deletes none), and capacity reservations and zonal shift are not
+    used; placement groups only where a pool has one (Karpenter resolves its placementGroupSelector).
     """
     arn = f"arn:{partition_of(region)}:ec2:{region}"
     owned = {f"aws:ResourceTag/kubernetes.io/cluster/{cluster}": "owned"}
@@ -208,7 +225,8 @@ def controller_policy(*, cluster: str, region: str, cluster_arn: str, node_role_
         {"Sid": "DescribeInThisRegion", "Effect": "Allow", "Resource": "*",
          "Action": ["ec2:DescribeImages", "ec2:DescribeInstances", "ec2:DescribeInstanceStatus",
                     "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplates",
-                    "ec2:DescribeSecurityGroups", "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets"],
+                    "ec2:DescribeSecurityGroups", "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets",
+                    *(["ec2:DescribePlacementGroups"] if placement_groups else [])],
          "Condition": {"StringEquals": {"aws:RequestedRegion": region}}},
         {"Sid": "ResolveAmiAliases", "Effect": "Allow", "Action": "ssm:GetParameter",
          "Resource": f"arn:{partition_of(region)}:ssm:{region}::parameter/aws/service/*"},

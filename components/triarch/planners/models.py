@@ -174,4 +174,16 @@ def pod_resources(plan: ModelPlan) -> dict[str, dict[str, str]]:
     else:
         cpu, memory = 2, 8  # existing nodes of unknown size: a modest floor
     amounts = {"cpu": str(cpu), "memory": f"{memory}Gi", "nvidia.com/gpu": str(gpus)}
+    if uses_efa(plan):
+        # Every interface of the node: Karpenter attaches as many as the pod asks for, and NCCL spreads over them.
+        amounts[EFA_RESOURCE] = str(plan.pool.efa_interfaces)
     return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+"""What the EFA device plugin advertises (one per interface), and Karpenter's capacity of an EFA instance type."""
+
+
+def uses_efa(plan: ModelPlan) -> bool:
+    """A replica across nodes on an EFA pool: its stages talk over EFA (a replica within a node uses NVLink)."""
+    return plan.multi_node and plan.pool.efa_interfaces > 0

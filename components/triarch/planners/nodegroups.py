@@ -46,6 +46,8 @@ class PoolPlan:
     zones: tuple[str, ...] | None
     """The zones the pool's nodes come up in; None where Triarch does not know (existing nodes)."""
     max_nodes: int
+    efa_interfaces: int = 0
+    """EFA interfaces a pod of a replica across nodes asks for (all of its node's); 0 where the pool has no EFA."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class EksPoolPlan:
     zones: list[str]
     disk_gib: int
     launch_template: dict[str, Any]
+    placement_group: str | None = None
+    """The cluster placement group Triarch creates for the pool (its name), where the stack asks for one."""
 
     @property
     def eks_taints(self) -> list[dict[str, str]]:
@@ -92,6 +96,7 @@ def plan_pool(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) -> Poo
         zones=tuple(group.zones or stack.cluster.zones) if stack.cluster.create else (
             tuple(group.zones) if group.zones else None),
         max_nodes=group.max,
+        efa_interfaces=facts.instances[group.instance_type].efa if group.efa and group.instance_type else 0,
     )
 
 
@@ -160,7 +165,12 @@ def plan_eks_pool(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) ->
         zones=list(group.zones or stack.cluster.zones),
         disk_gib=group.disk_gib,
         launch_template=launch_template(cluster, group.name, group.disk_gib),
+        placement_group=placement_group_name(cluster, group.name) if group.placement_group else None,
     )
+
+
+def placement_group_name(cluster: str, pool: str) -> str:
+    return f"{cluster}-{pool}"
 
 
 def node_patch(node: str, pool: PoolPlan) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from triarch.planners import karpenter, monitoring, pods
 from triarch.planners.capacity import check_capacity
 from triarch.planners.dashboard import dashboard, dashboard_config_map
 from triarch.planners.device_plugin import NAMESPACE as DEVICE_PLUGIN_NAMESPACE
+from triarch.planners.efa import efa_namespace
 from triarch.planners.lws import lws_namespace, needs_lws
 from triarch.planners.models import ModelPlan
 from triarch.planners.nodegroups import plan_eks_pool
@@ -68,6 +69,8 @@ class KubernetesPlan:
     from ours (KubeRay's Services), which can collide as well."""
     lws: list[dict[str, Any]] = field(default_factory=list)
     """The LeaderWorkerSet controller's namespace, where Triarch installs it for a vllm model across nodes."""
+    efa: list[dict[str, Any]] = field(default_factory=list)
+    """The EFA device plugin's namespace, where a pool asks for EFA."""
 
 
 def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog, secrets: Iterable[str] = ()
@@ -86,6 +89,10 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
         owners += [(Owner("the NVIDIA device plugin"), o) for o in device_plugin]
 
     node_pools: dict[str, list[dict[str, Any]]] = {}
+    efa: list[dict[str, Any]] = []
+    if stack.cluster.create and any(group.efa for group in stack.node_groups):
+        efa = [efa_namespace()]
+        owners += [(Owner("the EFA device plugin"), o) for o in efa]
     if stack.cluster.create:
         for i, group in enumerate(stack.node_groups):
             plan = plan_eks_pool(stack, group, facts)
@@ -108,7 +115,7 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
         raise ConfigError("triarch:registryPassword", None, f"is not set, but registry.username is "
                           f"('{registry.username}')", "pulumi config set --secret triarch:registryPassword <password>",
                           show_value=False)
-    result = KubernetesPlan(device_plugin=device_plugin, node_pools=node_pools, owners=owners)
+    result = KubernetesPlan(device_plugin=device_plugin, node_pools=node_pools, owners=owners, efa=efa)
     if not models:
         check_objects(owners)
         return result
@@ -179,7 +186,8 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
     owners += [(Owner("triarch:observability.prometheus", stack.prometheus), o)
                for o in observability]
     check_objects(owners)
-    return KubernetesPlan(device_plugin, kuberay, serving, vllm, ray, node_pools, observability, owners, lws=lws)
+    return KubernetesPlan(device_plugin, kuberay, serving, vllm, ray, node_pools, observability, owners, lws=lws,
+                          efa=efa)
 
 
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str, str]:

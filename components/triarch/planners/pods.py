@@ -133,6 +133,11 @@ def serving_env(with_token: bool) -> list[dict[str, Any]]:
     return env
 
 
+NCCL_TRANSPORT_LOGS = [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "NCCL_DEBUG_SUBSYS", "value": "INIT,NET"}]
+"""NCCL says at start-up which network it uses ("Using network Libfabric" over EFA, "Using network Socket" when it
+fell back to TCP): `triarch verify` reads it from a pod of a replica across nodes on an EFA pool."""
+
+
 def volumes(claim: str, shm_gib: int) -> list[dict[str, Any]]:
     """The model cache (a claim, never emptyDir: weights survive restarts), scratch, and shared memory for NCCL."""
     return [

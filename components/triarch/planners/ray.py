@@ -19,7 +19,7 @@ import yaml
 from triarch.catalog import catalog
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
-from triarch.planners.models import ModelPlan, pod_resources, replica_bounds
+from triarch.planners.models import EFA_RESOURCE, ModelPlan, pod_resources, replica_bounds, uses_efa
 from triarch.scheduling import GPU_PRESENT_LABEL
 
 RAY_SERVICE = "llm"
@@ -181,6 +181,12 @@ def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim:
     container = _container("ray-worker", image, pod_resources(plans[0]), with_token)
     container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", prestop_script()]}}}
     container["env"].append({"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": str(SIGTERM_DRAIN_SECONDS)})
+    efa = [p for p in plans if uses_efa(p)]
+    if efa:
+        # The group's pods may hold a gang's stage whichever model they serve: each takes its node's interfaces.
+        for amounts in container["resources"].values():
+            amounts[EFA_RESOURCE] = str(efa[0].pool.efa_interfaces)
+        container["env"] += pods.NCCL_TRANSPORT_LOGS
     selector = {"ray.io/group": key.name}
     return {
         "groupName": key.name,

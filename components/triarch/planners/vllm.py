@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from triarch.planners import pods
-from triarch.planners.models import ModelPlan, pod_resources, replica_bounds
+from triarch.planners.models import ModelPlan, pod_resources, replica_bounds, uses_efa
 from triarch.scheduling import POOL_LABEL, gpu_toleration
 
 PORT = 8000
@@ -194,9 +194,14 @@ def leader_worker_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> 
     together = pods.gang_affinity({LWS_NAME_LABEL: plan.name}, LWS_GROUP_KEY)
     leader_spec = _pod_spec(plan, settings, _server_container(plan, settings),
                             {**pods.placement(plan.pool, leaders, most), "affinity": together})
+    leader_env = leader_spec["containers"][0]["env"]
+    worker_env = pods.serving_env(settings.with_token)
+    if uses_efa(plan):
+        leader_env += pods.NCCL_TRANSPORT_LOGS
+        worker_env += pods.NCCL_TRANSPORT_LOGS
     worker = {
         "name": "vllm-worker", "image": plan.image, "command": ["vllm", "serve"], "args": worker_args(plan),
-        "env": pods.serving_env(settings.with_token), "resources": pod_resources(plan),
+        "env": worker_env, "resources": pod_resources(plan),
         "securityContext": pods.container_security(read_only_root=True), "volumeMounts": pods.volume_mounts(),
     }
     worker_spec = _pod_spec(plan, settings, worker,
