@@ -257,7 +257,7 @@ def start_operator(p: Plane, name: str, spec: PlaneSpec | None = None) -> None:
     if name not in OPERATORS:
         raise PlaneError(f"unknown operator {name}; allowed: {', '.join(sorted(OPERATORS))}")
     operator = OPERATORS[name](p, Pki(p.directory / "pki"), spec or PlaneSpec(p.name, "", []))
-    _install_crds(p, operator.crds)
+    install_crds(p, operator.crds)
     _apply(p, operator.objects)
     state = p.state()
     started = {component: _start(p, component, argv, operator.env) for component, argv in operator.processes.items()}
@@ -313,16 +313,33 @@ def _apply(p: Plane, objects: list[dict[str, Any]]) -> None:
         p.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects, sort_keys=False))
 
 
-def _install_crds(p: Plane, files: Sequence[Path]) -> None:
+def install_crds(p: Plane, files: Sequence[Path]) -> None:
+    """Apply CRD files and wait until the API server serves each. (`kubectl wait` alone fails on a CRD whose status
+    has no conditions yet, which a just-created one may not have.)"""
     documents = [doc for path in files for doc in yaml.safe_load_all(path.read_text()) if doc]
-    if documents:
-        _apply(p, documents)
-        names = [doc["metadata"]["name"] for doc in documents]
-        p.kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in names])
+    if not documents:
+        return
+    _apply(p, documents)
+    names = {doc["metadata"]["name"] for doc in documents}
+
+    def established() -> bool:
+        done = p.kubectl("get", "crd", "-o", "json", check=False)
+        if done.returncode != 0:
+            return False
+        ready = {c["metadata"]["name"] for c in json.loads(done.stdout)["items"]
+                 if any(k["type"] == "Established" and k["status"] == "True"
+                        for k in (c.get("status") or {}).get("conditions") or [])}
+        return names <= ready
+
+    deadline = time.monotonic() + START_TIMEOUT
+    while not established():
+        if time.monotonic() > deadline:
+            raise PlaneError(f"CRDs not established within {START_TIMEOUT:.0f}s: {', '.join(sorted(names))}")
+        time.sleep(0.5)
 
 
 def _install(p: Plane, spec: PlaneSpec) -> None:
-    _install_crds(p, spec.crds)
+    install_crds(p, spec.crds)
     _apply(p, [storage_class(name) for name in spec.storage_classes])
     _apply(p, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}} for name in spec.namespaces])
     # Nodes are created with their status (capacity, allocatable): kwok keeps what is given and reports Ready.

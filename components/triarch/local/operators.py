@@ -117,6 +117,62 @@ def kuberay(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
         "--use-kubernetes-proxy"]}, ready="http://127.0.0.1:18071/healthz")
 
 
+LWS_WEBHOOK_PORT = 9443
+LWS_WEBHOOKS = {
+    "mutate": [("mleaderworkerset.kb.io", "/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset", "leaderworkersets"),
+               ("mpod.kb.io", "/mutate--v1-pod", "pods")],
+    "validate": [("vleaderworkerset.kb.io", "/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset",
+                  "leaderworkersets"), ("vpod.kb.io", "/validate--v1-pod", "pods")],
+}
+"""The LeaderWorkerSet webhooks (the manager's kubebuilder markers, the chart's webhook.yaml): the set's defaults
+and checks, and the pod webhook that gives a group's pods their labels and LWS_* environment."""
+
+
+def _lws_webhooks(kind: str, ca: bytes) -> dict[str, Any]:
+    """The chart's webhook configuration, calling the manager at the plane's address instead of its Service."""
+    hooks = []
+    for name, path, resource in LWS_WEBHOOKS[kind]:
+        pods = resource == "pods"
+        hook: dict[str, Any] = {
+            "name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
+            "clientConfig": {"url": f"https://{AGGREGATED_IP}:{LWS_WEBHOOK_PORT}{path}",
+                             "caBundle": base64.b64encode(ca).decode()},
+            "rules": [{"apiGroups": ["" if pods else "leaderworkerset.x-k8s.io"], "apiVersions": ["v1"],
+                       "operations": ["CREATE"] if pods and kind == "mutate" else ["CREATE", "UPDATE"],
+                       "resources": [resource]}]}
+        if pods:
+            hook["objectSelector"] = {"matchExpressions": [{"key": "leaderworkerset.sigs.k8s.io/name",
+                                                            "operator": "Exists"}]}
+        hooks.append(hook)
+    kind_name = "MutatingWebhookConfiguration" if kind == "mutate" else "ValidatingWebhookConfiguration"
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind_name,
+            "metadata": {"name": f"lws-{kind}-webhook-configuration"}, "webhooks": hooks}
+
+
+def lws(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
+    """The LeaderWorkerSet controller: a set's groups as a leader StatefulSet and one worker StatefulSet per group,
+    its headless Service, and the webhooks (served here, with a certificate from the plane's CA in place of the
+    manager's own rotation, which wants an in-cluster Service)."""
+    certs = plane.directory / "lws-certs"
+    certs.mkdir(exist_ok=True)
+    pair = issue(pki, "lws-webhook", ips=(AGGREGATED_IP,), dns=("lws-webhook-service.lws-system.svc",))
+    for source, name in ((pair.cert, "tls.crt"), (pair.key, "tls.key")):
+        shutil.copy2(source, certs / name)
+    config = plane.directory / "lws-config.yaml"
+    config.write_text(json.dumps({
+        "apiVersion": "config.lws.x-k8s.io/v1alpha1", "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "health": {"healthProbeBindAddress": "127.0.0.1:18101"}, "metrics": {"bindAddress": "127.0.0.1:18100"},
+        "webhook": {"port": LWS_WEBHOOK_PORT, "host": AGGREGATED_IP, "certDir": str(certs)},
+        "internalCertManagement": {"enable": False}}, indent=1))
+    crds = binary("lws-manager").parent / "lws-crds"
+    return Operator(
+        "lws", {"lws-manager": [str(binary("lws-manager")), f"--kubeconfig={plane.kubeconfig}",
+                                f"--config={config}", "--zap-log-level=info"]},
+        objects=[_lws_webhooks("mutate", pki.ca.read_bytes()), _lws_webhooks("validate", pki.ca.read_bytes())],
+        crds=sorted(crds.glob("*.yaml")), ready="http://127.0.0.1:18101/healthz")
+
+
 OPERATORS: dict[str, Callable[[Plane, Pki, PlaneSpec], Operator]] = {
-    "keda": keda, "karpenter": karpenter, "kuberay": kuberay}
+    "keda": keda, "karpenter": karpenter, "kuberay": kuberay, "lws": lws}
 """Every operator a plane can run, by the name a PlaneSpec uses."""

@@ -147,7 +147,10 @@ def spec_for_stack(name: str, stack: StackConfig, references: list[Path], all_cr
     sets = list(CRD_SETS) if all_crds else existing_crd_sets(stack) + (["karpenter"] if from_zero else [])
     operators = tuple(name for name, runs in (
         ("kuberay", stack.kuberay.mode == "existing" and any(m.engine == "ray-serve" for m in stack.models)),
-        ("keda", stack.observability.keda == "existing")) if runs)
+        ("keda", stack.observability.keda == "existing"),
+        # a vllm model with stages may span nodes (the tuner says whether): a LeaderWorkerSet needs its controller
+        ("lws", stack.leader_worker_set.mode == "existing" and any(
+            m.engine == "vllm" and (m.pipeline_parallel_size or 1) > 1 for m in stack.models))) if runs)
     return PlaneSpec(
         name=name,
         context=cluster.context or f"triarch-{name}",
