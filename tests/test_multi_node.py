@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import StackPlan, compat_data, crd_schema, stack_document, stack_path, unknown_fields
+from conftest import (
+    StackPlan,
+    compat_data,
+    crd_schema,
+    reference_file,
+    stack_document,
+    stack_path,
+    unknown_fields,
+)
 from test_placement import resources
 from test_stack_checks import refusal
 from test_workloads import names_in
@@ -390,3 +398,29 @@ def test_verify_reads_the_transport_nccl_chose(log: str, transport: str | None) 
     finding = check_nccl(plan, "deepseek-0", log)
     assert finding.ok == (transport == "efa")
     assert ("TCP" in finding.message) == (transport == "tcp")
+
+
+def test_the_plan_says_an_efa_pool_in_a_placement_group_lives_in_one_zone(capsys: pytest.CaptureFixture[str],
+                                                                           tmp_path: Path) -> None:
+    from triarch import cli
+    assert cli.main(["plan", "--stack", "large", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert ("EFA: a pod across nodes takes its node's 32 interfaces; in cluster placement group llm-large-h100, so "
+            "in one zone: a zone outage takes every replica") in out
+    assert "8 x PP 2 (2 nodes)" in out
+
+
+def test_a_plane_for_a_stack_with_stages_runs_the_leaderworkerset_controller(tmp_path: Path) -> None:
+    from conftest import REFERENCE, write_stack_file
+    from triarch.local.stack import spec_for_stack
+    reference_file("lws-v0.10.0", "crds", "leaderworkerset.x-k8s.io_leaderworkersets.yaml")  # the CRDs it installs
+
+    def operators(config: dict[str, Any]) -> tuple[str, ...]:
+        path = write_stack_file(tmp_path / "Pulumi.t.yaml", config)
+        return spec_for_stack("t", from_pulumi_config(read_stack_config(path)[0]), [REFERENCE]).operators
+
+    config = copy.deepcopy(stack_document("lab"))
+    assert "lws" not in operators(config)
+    config["triarch:leaderWorkerSet"] = {"mode": "existing"}
+    config["triarch:models"][0].update(pipelineParallelSize=2, tensorParallelSize=1)
+    assert "lws" in operators(config)

@@ -95,9 +95,14 @@ def scaling(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) -> str:
     if provisioner == "karpenter":
         zones = ", ".join(group.zones or cluster.zones)
         limits = ", ".join(f"{v} {k}" for k, v in pool_limits(plan_eks_pool(stack, group, facts)).items())
+        plan = plan_eks_pool(stack, group, facts)
+        efa = (f"; EFA: a pod across nodes takes its node's {plan.pool.efa_interfaces} interfaces"
+               if plan.pool.efa_interfaces else "")
+        placed = (f"; in cluster placement group {plan.placement_group}, so in one zone: a zone outage takes every "
+                  "replica" if plan.placement_group else "")
         return (f"Karpenter NodePool {group.name}: from 0 to {group.max} {group.instance_type} "
                 f"{group.capacity_type.lower().replace('_', '-')} nodes in {zones}, launched for pending pods "
-                f"(limits: {limits}); an empty node is removed after {CONSOLIDATE_AFTER}")
+                f"(limits: {limits}); an empty node is removed after {CONSOLIDATE_AFTER}{efa}{placed}")
     if provisioner == "managedNodeGroup":
         return f"EKS managed node group of {group.max} node(s), fixed size: never at zero"
     if cluster.provisioner == "none":
