@@ -133,6 +133,12 @@ def test_a_groups_pods_share_a_zone_and_the_groups_do_not(gangs: GangStack) -> N
     assert all(len(z) == 1 for z in zones.values()), zones
     assert len(set().union(*zones.values())) == 2
     assert len(set(placed)) == 4
+    # The API server merged the group key into each pod's affinity selector at creation (MatchLabelKeysInPodAffinity,
+    # GA in 1.33): Karpenter 1.14, which reads matchLabelKeys only in spread constraints, sees one group's term.
+    for pod in gangs.pods():
+        [term] = pod["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert {"key": GROUP_LABEL, "operator": "In",
+                "values": [pod["metadata"]["labels"][GROUP_LABEL]]} in term["labelSelector"]["matchExpressions"]
 
 
 def test_the_service_sends_to_the_leaders_only(gangs: GangStack) -> None:
