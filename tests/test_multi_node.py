@@ -107,6 +107,14 @@ def test_stages_given_keep_whole_nodes() -> None:
     assert (sizing.nodes, sizing.gpus_per_node) == (2, 8)
 
 
+def test_stages_given_without_tp_stay_in_a_node_where_they_fit_else_take_a_node_each() -> None:
+    small = tune_nodes(load_arch("Qwen/Qwen3-8B"), H100, gpus_per_node=8, max_nodes=2, pipeline_parallel_size=2)
+    assert (small.tensor_parallel_size, small.pipeline_parallel_size, small.nodes) == (1, 2, 1)
+    large = tune_nodes(load_arch("deepseek-ai/DeepSeek-V3"), H100, gpus_per_node=8, max_nodes=2,
+                       pipeline_parallel_size=2, max_model_len=32768)
+    assert (large.tensor_parallel_size, large.pipeline_parallel_size, large.nodes) == (8, 2, 2)
+
+
 def test_attention_kept_in_every_layer_counts_as_kept() -> None:
     """Meta's FP8 405B lists q/k/v/o of all 126 layers in modules_to_not_convert: vLLM loads them in BF16 (about
     450 GiB in all, Hugging Face's "8xH100 + 450GB"); the same list for some layers only stays negligible."""

@@ -33,10 +33,6 @@ class NodesRefused(TuneError):
         self.nodes_needed = nodes_needed
 
 
-def _powers_of_two(limit: int) -> list[int]:
-    return [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
-
-
 def whole_nodes(gpus: int, gpus_per_node: int) -> bool:
     """A replica either fits in one node or takes whole nodes."""
     return gpus <= gpus_per_node or gpus % gpus_per_node == 0
@@ -46,9 +42,11 @@ def _shapes(gpus_per_node: int, nodes: int, tp: int | None, pp: int | None) -> I
     """(tensor, pipeline) parallel sizes to try for a replica of ``nodes`` nodes, in order; tensor None: the
     tuner's own search within the node."""
     if pp is not None:
-        for t in ([tp] if tp else _powers_of_two(gpus_per_node)):
-            if whole_nodes(t * pp, gpus_per_node) and -(-t * pp // gpus_per_node) == nodes:
-                yield t, pp
+        if tp is None:
+            # within one node, the tuner's own search of TP; across nodes, a whole node per stage
+            yield (None, pp) if nodes == 1 else (gpus_per_node, pp)
+        elif whole_nodes(tp * pp, gpus_per_node) and -(-tp * pp // gpus_per_node) == nodes:
+            yield tp, pp
         return
     if nodes == 1:
         yield tp, 1
