@@ -432,3 +432,15 @@ def test_a_plane_for_a_stack_with_stages_runs_the_leaderworkerset_controller(tmp
     config["triarch:leaderWorkerSet"] = {"mode": "existing"}
     config["triarch:models"][0].update(pipelineParallelSize=2, tensorParallelSize=1)
     assert "lws" in operators(config)
+
+
+def test_a_refusal_proposes_stack_keys_not_the_tuners_arguments(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24's wording for the tuner's refusals of a stack: what to change, in the stack file's keys."""
+    config = _large()
+    config["triarch:nodeGroups"][0].update(instanceType="g6e.48xlarge", max=2, efa=False, placementGroup=False)
+    config["triarch:models"] = config["triarch:models"][:1]
+    line = refusal(tmp_path, config, capsys)
+    for python in ("gpus_available", "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size"):
+        assert python not in line, line
+    assert "kvCacheDtype: fp8" in line and "tensorParallelSize 8 x pipelineParallelSize 3" in line

@@ -17,6 +17,7 @@ from triarch.paths import PROJECT_ROOT
 from triarch.planners.nodegroups import PoolPlan, plan_pool
 from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, load_arch, tune
 from triarch.tuner.nodes import NodesRefused, tune_nodes
+from triarch.tuner.search import LENGTH_HINT, REFUSAL_HINT
 
 MIN_CACHE_GIB = 20
 
@@ -71,6 +72,24 @@ def replica_bounds(plan: ModelPlan) -> tuple[int, int]:
     return (scaling.min, scaling.max) if scaling else (plan.config.replicas, plan.config.replicas)
 
 
+STACK_WORDS = (
+    (REFUSAL_HINT, "try a pool with more GPUs per node (or more nodes, with pipelineParallelSize), a quantized "
+                   "checkpoint, kvCacheDtype: fp8 or a smaller maxModelLen"),
+    (LENGTH_HINT, "kvCacheDtype: fp8 or a pool with more GPUs per node"),
+    ("tensor_parallel_size=", "tensorParallelSize "), ("tensor_parallel_size ", "tensorParallelSize "),
+    ("pipeline_parallel_size=", "pipelineParallelSize "), ("pipeline_parallel_size ", "pipelineParallelSize "),
+)
+"""The tuner's argument names in a refusal, as the stack file says them (the tuner also answers `triarch tune`,
+whose flags are its arguments'). What vLLM itself would be given or say stays in its words (the
+gpu_memory_utilization a slice gets, a derived max_model_len)."""
+
+
+def in_stack_words(message: str) -> str:
+    for tuner, stack in STACK_WORDS:
+        message = message.replace(tuner, stack)
+    return message
+
+
 def _model_path(index: int) -> str:
     return f"triarch:models[{index}]"
 
@@ -112,17 +131,20 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
     except NodesRefused as error:
         on = f"node group '{group.name}' ({pool.gpu.product})"
         index_of = next(i for i, g in enumerate(stack.node_groups) if g.name == group.name)
-        larger = "a pool of larger GPUs, a quantized checkpoint or kvCacheDtype fp8"
+        larger = "a pool of larger GPUs, a quantized checkpoint or kvCacheDtype: fp8"
         allowed = (f"triarch:nodeGroups[{index_of}].max >= {error.nodes_needed}, or {larger}"
                    if error.nodes_needed else larger)
         raise ConfigError(_model_path(index), model.model,
-                          f"cannot be served on {on}: one node: {error.one_node}; {error}", allowed) from None
+                          in_stack_words(f"cannot be served on {on}: one node: {error.one_node}; {error}"),
+                          allowed) from None
     except LengthRefused as error:
-        raise ConfigError(f"{_model_path(index)}.maxModelLen", model.max_model_len, f"is refused: {error}",
+        raise ConfigError(f"{_model_path(index)}.maxModelLen", model.max_model_len,
+                          in_stack_words(f"is refused: {error}"),
                           "a length the model supports and one request of which the KV cache holds") from None
     except TuneError as error:
         on = f"node group '{group.name}' ({pool.gpu.product}" + (f", 1/{share} of each GPU)" if share > 1 else ")")
-        raise ConfigError(_model_path(index), model.model, f"cannot be served on {on}: {error}") from None
+        raise ConfigError(_model_path(index), model.model,
+                          in_stack_words(f"cannot be served on {on}: {error}")) from None
     cache = model.cache_gib or max(MIN_CACHE_GIB, math.ceil(2 * sizing.weights_bytes / GIB))
     instance = facts.instances.get(group.instance_type) if group.instance_type else None
     release = images_by_engine(stack, facts)[model.engine]

@@ -26,6 +26,11 @@ MIN_CONCURRENCY = 4
 lowers ``max_model_len`` to the largest power of two that does (never below min(model max, 8192) when that fits),
 so one long request cannot take the whole KV cache."""
 
+REFUSAL_HINT = "try more GPUs (gpus_available), a quantized checkpoint, kv_cache_dtype='fp8' or a smaller max_model_len"
+"""What a refusal proposes, in the tuner's argument names (a stack's refusal says it in stack keys)."""
+LENGTH_HINT = "fp8 KV or more GPUs"
+
+
 def _tp_candidates(arch: ModelArch, gpus: int) -> list[int]:
     """Powers of two up to ``gpus`` that vLLM accepts: dividing the attention heads, and dividing the KV heads or
     being a multiple of them (KV heads replicate beyond that)."""
@@ -58,7 +63,7 @@ def _refusal(arch: ModelArch, gpu: Gpu, plan: Plan, *, util: float, gpus: int, p
     b = plan.budget
     total = b.total
     label = f"{gpu.product} ({_gib(total)})"
-    hint = "try more GPUs (gpus_available), a quantized checkpoint, kv_cache_dtype='fp8' or a smaller max_model_len"
+    hint = REFUSAL_HINT
     where = f"tensor_parallel_size={plan.tp}" + (f", pipeline_parallel_size={pp}" if pp > 1 else "")
     if kv_given:
         return TuneError(
@@ -209,7 +214,7 @@ def tune(
             raise LengthRefused(f"max_model_len {requested_len} does not fit: the KV cache holds "
                                 f"{chosen.reported_tokens(None)} tokens ({chosen.blocks} blocks) at "
                                 f"tensor_parallel_size={chosen.tp} on {gpu.product}, and vLLM refuses to start "
-                                f"below one full request; ask for at most {final_len}, fp8 KV or more GPUs")
+                                f"below one full request; ask for at most {final_len}, {LENGTH_HINT}")
         notes.append(f"max_model_len {ceiling} capped to {final_len}: the KV cache holds "
                      f"{chosen.reported_tokens(final_len)} tokens at tensor_parallel_size={chosen.tp}")
     concurrency = chosen.concurrency(final_len) if final_len else None
