@@ -111,3 +111,10 @@ def test_cli_weights_of_llama3_8b_match_the_log(capsys: pytest.CaptureFixture[st
     logged = _case("vllm-project/vllm issue 12330")["logged"]
     doc = _tune_json(capsys, "--model", "meta-llama/Meta-Llama-3-8B", "--gpu", "a100-40gb")
     assert round(doc["weights_bytes"] / 2**30, 2) == float(logged["model_weights"].split()[0])  # type: ignore[operator]
+
+
+def test_a_refusal_proposes_the_flags_of_triarch_tune(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "l4", "--gpus", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--kv-cache-dtype fp8" in err and "--nodes" in err and "--max-model-len" in err
+    assert "gpus_available" not in err and "kv_cache_dtype='fp8'" not in err

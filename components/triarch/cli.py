@@ -210,12 +210,27 @@ def cmd_comment(args: argparse.Namespace) -> int:
     return 1 if args.strict and failing else 0
 
 
+TUNE_FLAGS = (
+    ("try more GPUs (gpus_available), a quantized checkpoint, kv_cache_dtype='fp8' or a smaller max_model_len",
+     "try more GPUs (--gpus, or more nodes with --nodes), a quantized checkpoint, --kv-cache-dtype fp8 or a smaller "
+     "--max-model-len"),
+    ("fp8 KV or more GPUs", "--kv-cache-dtype fp8 or more GPUs (--gpus)"),
+)
+"""The tuner's refusal hints as `triarch tune`'s flags (a stack's refusal says them in stack keys)."""
+
+
+def in_flags(message: str) -> str:
+    for tuner, flags in TUNE_FLAGS:
+        message = message.replace(tuner, flags)
+    return message
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     import dataclasses
     import json
 
     from triarch.catalog import Gpu, catalog
-    from triarch.tuner import Task, load_arch, tune
+    from triarch.tuner import Task, TuneError, load_arch, tune
     from triarch.tuner.nodes import NodesRefused, tune_nodes
     from triarch.tuner.releases import default_image
 
@@ -238,17 +253,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
                "max_model_len": args.max_model_len, "kv_cache_dtype": args.kv_cache_dtype,
                "kv_cache_memory_bytes": args.kv_cache_memory_bytes, "task": task, "max_num_seqs": args.max_num_seqs,
                "max_num_batched_tokens": args.max_num_batched_tokens}
-    if args.nodes == 1 and args.pipeline_parallel_size is None:
-        sizing = tune(arch, gpu, tensor_parallel_size=args.tensor_parallel_size, gpus_available=args.gpus,
-                      **options)
-    else:
-        try:
+    try:
+        if args.nodes == 1 and args.pipeline_parallel_size is None:
+            sizing = tune(arch, gpu, tensor_parallel_size=args.tensor_parallel_size, gpus_available=args.gpus,
+                          **options)
+        else:
             sizing = tune_nodes(arch, gpu, gpus_per_node=args.gpus, max_nodes=args.nodes,
                                 tensor_parallel_size=args.tensor_parallel_size,
                                 pipeline_parallel_size=args.pipeline_parallel_size, **options)
-        except NodesRefused as error:
-            raise TriarchError(f"{arch.label} on {args.nodes} node(s) of {args.gpus} {gpu.product}: one node: "
-                               f"{error.one_node}; {error}") from None
+    except NodesRefused as error:
+        raise TriarchError(in_flags(f"{arch.label} on {args.nodes} node(s) of {args.gpus} {gpu.product}: one node: "
+                                    f"{error.one_node}; {error}")) from None
+    except TuneError as error:
+        raise type(error)(in_flags(str(error))) from None
     if args.json:
         document = {k: v for k, v in dataclasses.asdict(sizing).items() if k != "memory"}
         document["memory"] = dataclasses.asdict(sizing.memory)
