@@ -26,10 +26,9 @@ def grace_period_seconds() -> int:
     return ENDPOINT_DRAIN_SECONDS + SHUTDOWN_TIMEOUT_SECONDS + GRACE_MARGIN_SECONDS
 
 
-def serve_args(plan: ModelPlan) -> list[str]:
-    """`vllm serve` arguments: the model, where to listen, the drain window and the tuned engine args."""
-    args = [plan.config.model, "--served-model-name", plan.name, "--host", "0.0.0.0", "--port", str(PORT),
-            "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_SECONDS)]
+def engine_flags(plan: ModelPlan) -> list[str]:
+    """The tuned engine args as `vllm serve` flags (a true boolean is a bare flag, false or None none)."""
+    args: list[str] = []
     for key, value in plan.sizing.engine_args.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -37,6 +36,12 @@ def serve_args(plan: ModelPlan) -> list[str]:
         elif value is not False and value is not None:
             args += [flag, str(value)]
     return args
+
+
+def serve_args(plan: ModelPlan) -> list[str]:
+    """`vllm serve` arguments: the model, where to listen, the drain window and the tuned engine args."""
+    return [plan.config.model, "--served-model-name", plan.name, "--host", "0.0.0.0", "--port", str(PORT),
+            "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_SECONDS), *engine_flags(plan)]
 
 
 def rolling_update(plan: ModelPlan) -> dict[str, int]:
@@ -90,14 +95,7 @@ def gang_args(plan: ModelPlan, leader: bool) -> list[str]:
 def worker_args(plan: ModelPlan) -> list[str]:
     """A headless worker: the model and the engine args (the same as the leader's: every node builds the same
     config), none of the API server's."""
-    args = [plan.config.model]
-    for key, value in plan.sizing.engine_args.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            args.append(flag)
-        elif value is not False and value is not None:
-            args += [flag, str(value)]
-    return [*args, *gang_args(plan, leader=False)]
+    return [plan.config.model, *engine_flags(plan), *gang_args(plan, leader=False)]
 
 
 def _server_container(plan: ModelPlan, settings: pods.ServingSettings) -> dict[str, Any]:
