@@ -50,6 +50,8 @@ class InstanceType:
     memory_gib: float
     efa: int = 0
     """EFA interfaces the type takes (its vpc.amazonaws.com/efa capacity); 0 without EFA."""
+    nvme_gb: int = 0
+    """The instance store's total size (local NVMe, GB); 0 where the type has none."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ def load_catalog(directory: Path = COMPAT_DIR) -> Catalog:
     raw_instances = _read(directory / "instances.yaml")
     instances = {
         name: InstanceType(name, i.get("gpu"), int(i.get("gpus", 0)), int(i["vcpus"]), float(i["memoryGiB"]),
-                           int(i.get("efa", 0)))
+                           int(i.get("efa", 0)), int(i.get("nvmeGB", 0)))
         for section in ("instances", "cpuInstances")
         for name, i in (raw_instances.get(section) or {}).items()
     }

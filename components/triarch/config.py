@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 from triarch.catalog import Catalog, catalog, charts, version_tuple
+from triarch.coldfacts import cold_start_facts
 from triarch.errors import ConfigError
 from triarch.images import ImageError, chart_release, parse_host, parse_prefix, release_of
 from triarch.planners.network import plan_subnets
@@ -168,6 +169,18 @@ class NodeGroupConfig(_Model):
     placement_group: bool = False
     """With efa: a cluster placement group Triarch creates for the pool, so its nodes sit close on the network. A
     cluster placement group lives in one zone: the pool's `zones` must name exactly one."""
+    fast_image_pull: bool | None = None
+    """Created cluster: containerd pulls and unpacks an image's layers in parallel (the AMI's SOCI snapshotter,
+    nodeadm's FastImagePull), about twice as fast for a 10+ GB serving image. Default: on where the AMI release has
+    it (v20250821 or later) and the instance has 4+ vCPUs and 7+ GiB, which every GPU type here has."""
+    instance_store: bool | None = None
+    """Created cluster: the instance's local NVMe, as one RAID0 array, holds containerd's images and the kubelet's
+    files (Karpenter's instanceStorePolicy; nodeadm's localStorage for a managed node group), so image layers are
+    not written to the network-attached root volume. Default: on where the instance type has an instance store."""
+    disk_throughput_mib_s: int | None = Field(None, ge=125, le=1000, alias="diskThroughputMiBps")
+    """Created cluster: the gp3 root volume's throughput. Default: 600 MiB/s where images are unpacked on it in
+    parallel (fastImagePull without instanceStore), which the AMI's docs name as the floor for that mode; else
+    gp3's included 125."""
 
 
 class AutoscalingConfig(_Model):
@@ -201,8 +214,18 @@ class ModelConfig(_Model):
     autoscaling: AutoscalingConfig | None = None
     route_prefix: Annotated[str, Field(pattern=r"^/[a-z0-9/_-]*$")] | None = None
     """Ray Serve route prefix (ray-serve engine); default /<name>."""
-    startup_minutes: int = Field(30, ge=5, le=240)
-    """How long the startup probe waits for the weights to download and load before restarting the pod."""
+    startup_minutes: int | None = Field(None, ge=1, le=240)
+    """How long the startup probe waits for the weights to load and vLLM to start before restarting the container.
+    Default: the cold-start prediction's slow end with a margin (`triarch plan` shows both); a value below the
+    prediction is refused."""
+    weights_uri: Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[\w./=+-]*)?$")] | None = None
+    """engine vllm: s3://bucket/prefix holding the model's files (config, tokenizer, safetensors), which vLLM streams
+    into the GPUs with the Run:ai Model Streamer (--load-format runai_streamer) instead of downloading them from the
+    hub into the model cache. The pods read it through a role: on a created cluster one Triarch makes, scoped to
+    the prefix; on an adopted one triarch:serving.weightsRoleArn."""
+    warm_replicas: int = Field(0, ge=0, le=16)
+    """Replicas' worth of GPU capacity kept running empty beside the model's own, so a scale-up or a replacement
+    skips the node's launch (and, with placeholder pods, the image pull). Billed as the nodes it keeps."""
     ttft_slo_seconds: float | None = Field(None, gt=0, le=600, alias="timeToFirstTokenSloSeconds")
     """Alert when the p90 time to first token stays above this (with observability.prometheus)."""
     cache_gib: int | None = Field(None, ge=1, le=4096, alias="cacheGiB")
@@ -231,6 +254,13 @@ class ServingConfig(_Model):
     all replicas); on an adopted cluster, the cluster's default class."""
     access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] | None = None
     """Default: ReadWriteMany on a created cluster (EFS), ReadWriteOnce on an adopted one."""
+    compile_cache: bool | None = None
+    """Keep vLLM's torch.compile cache (VLLM_CACHE_ROOT) on the model cache volume, one directory per GPU type
+    (vLLM keys its entries by model and engine config), so the next replica and the next node start warm. Default:
+    on where the cache is ReadWriteMany; a ReadWriteOnce volume cannot be shared by replicas on several nodes."""
+    weights_role_arn: Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$")] | None = None
+    """Adopted EKS cluster, models with weightsUri: the IAM role the serving pods assume (IRSA: their service account
+    is annotated with it) to read the weights. A created cluster gets a role per model from Triarch."""
 
 
 class ObservabilityConfig(_Model):
@@ -462,6 +492,10 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
     elif cluster.admin_role_arns:
         raise ConfigError(_cluster_path("adminRoleArns"), cluster.admin_role_arns,
                           "only applies to a cluster Triarch creates", "remove it (the kubeconfig context decides)")
+    if cluster.create and stack.serving.weights_role_arn is not None:
+        raise ConfigError(f"{NAMESPACE}:serving.weightsRoleArn", stack.serving.weights_role_arn,
+                          "only applies to an adopted cluster: on a cluster it creates, Triarch gives each model with "
+                          "weightsUri its own role, scoped to that prefix", "remove it")
 
     names: set[str] = set()
     for i, group in enumerate(stack.node_groups):
@@ -494,6 +528,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                               f"exceeds the {per_node} GPU(s) per node of node group '{model.node_group}'",
                               f"1..{per_node}")
         _check_parallelism(stack, model, path, per_node)
+        _check_cold_start_settings(stack, model, path)
         if model.route_prefix is not None and model.engine != "ray-serve":
             raise ConfigError(f"{path}.routePrefix", model.route_prefix, "only applies to engine ray-serve",
                               "remove it (a vllm model gets its own Service)")
@@ -517,6 +552,39 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                 raise ConfigError(f"{path}.autoscaling.min", model.autoscaling.min,
                                   f"is greater than autoscaling.max ({model.autoscaling.max})",
                                   f"0..{model.autoscaling.max}")
+
+
+def _check_cold_start_settings(stack: StackConfig, model: ModelConfig, path: str) -> None:
+    """Weights from S3 need a role that reads them and an engine that streams them; warm capacity needs a pool
+    that scales; a shared compile cache needs a volume every replica can mount."""
+    serving = stack.serving
+    if model.weights_uri is not None:
+        if model.engine != "vllm":
+            raise ConfigError(f"{path}.weightsUri", model.weights_uri,
+                              "is streamed by vLLM's own loader, which Triarch sets up for engine vllm only (Ray "
+                              "Serve LLM reads its model source its own way)", "engine: vllm, or remove it")
+        if not stack.cluster.create and serving.weights_role_arn is None:
+            raise ConfigError(f"{path}.weightsUri", model.weights_uri,
+                              "names S3 weights, but no role can read them: the serving pods of an adopted cluster "
+                              "assume triarch:serving.weightsRoleArn (IRSA), which is not set",
+                              "triarch:serving.weightsRoleArn: arn:aws:iam::<account>:role/<a role that may "
+                              "s3:GetObject and s3:ListBucket there>, or remove weightsUri")
+    if model.warm_replicas:
+        group = stack.node_group(model.node_group)
+        scales = pool_provisioner(stack.cluster, group) == "karpenter" or (
+            not stack.cluster.create and stack.cluster.provisioner != "none")
+        if not scales:
+            raise ConfigError(f"{path}.warmReplicas", model.warm_replicas,
+                              f"keeps capacity warm on node group '{group.name}', whose nodes always run (nothing "
+                              "scales it): there is no launch to skip", "0, or a pool Karpenter scales")
+    compile_cache = serving.compile_cache
+    mode = serving.access_mode or ("ReadWriteMany" if stack.cluster.create else "ReadWriteOnce")
+    largest = model.autoscaling.max if model.autoscaling else model.replicas
+    if compile_cache and mode == "ReadWriteOnce" and (largest > 1 or model.warm_replicas):
+        raise ConfigError(f"{NAMESPACE}:serving.compileCache", True,
+                          f"puts vLLM's compile cache on the ReadWriteOnce model cache that the {largest} replicas "
+                          f"of '{model.name}' share: one node mounts it, a replica on another never starts",
+                          "a ReadWriteMany storageClass (accessMode: ReadWriteMany), or compileCache: false")
 
 
 def _check_parallelism(stack: StackConfig, model: ModelConfig, path: str, per_node: int) -> None:
@@ -642,12 +710,14 @@ def _check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fac
                               "(Triarch installs no cluster-autoscaler)",
                               f"min == max == {group.max} (a fixed-size pool), or provisioner: karpenter")
         _check_efa(stack, group, path, provisioner, facts)
+        _check_image_pull(group, path, facts)
     else:
-        for key in ("efa", "placement_group"):
-            if getattr(group, key):
-                raise ConfigError(f"{path}.{to_camel(key)}", True, "only applies when triarch:cluster.create is true "
-                                  "(an adopted cluster's nodes carry their own interfaces and placement)",
-                                  "remove it")
+        for key in ("efa", "placement_group", "fast_image_pull", "instance_store", "disk_throughput_mib_s"):
+            if getattr(group, key) is not None and getattr(group, key) is not False:
+                alias = "diskThroughputMiBps" if key == "disk_throughput_mib_s" else to_camel(key)
+                raise ConfigError(f"{path}.{alias}", getattr(group, key), "only applies when triarch:cluster.create "
+                                  "is true (an adopted cluster's nodes come with their own interfaces, placement, "
+                                  "disks and container runtime)", "remove it")
         if group.provisioner is not None:
             raise ConfigError(f"{path}.provisioner", group.provisioner,
                               "only applies when triarch:cluster.create is true",
@@ -672,6 +742,29 @@ def _check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fac
         if version_tuple(group.driver_version) < (400,):
             raise ConfigError(f"{path}.driverVersion", group.driver_version, "is not an NVIDIA driver version",
                               "e.g. 580.95.05")
+
+
+def _check_image_pull(group: NodeGroupConfig, path: str, facts: Catalog) -> None:
+    """Parallel image pull only where the AMI release ships it and the node is big enough for nodeadm to turn it on
+    (it ignores the gate silently otherwise); the instance store only where the type has one."""
+    assert group.instance_type is not None and group.ami_release is not None
+    cold = cold_start_facts()
+    instance = facts.instances[group.instance_type]
+    if group.fast_image_pull:
+        if group.ami_release < cold.fast_pull_min_release:
+            raise ConfigError(f"{path}.fastImagePull", True,
+                              f"needs the SOCI snapshotter's parallel mode, which AMI release {group.ami_release} "
+                              f"predates (it came after {cold.fast_pull_min_release})",
+                              f"an amiRelease from {cold.fast_pull_min_release} on, or fastImagePull: false")
+        if instance.vcpus < cold.fast_pull_min_vcpus or instance.memory_gib < cold.fast_pull_min_memory_gib:
+            raise ConfigError(f"{path}.fastImagePull", True,
+                              f"is ignored by nodeadm on {group.instance_type} ({instance.vcpus} vCPUs, "
+                              f"{instance.memory_gib:g} GiB): it needs {cold.fast_pull_min_vcpus}+ vCPUs and "
+                              f"{cold.fast_pull_min_memory_gib:g}+ GiB", "a larger instance type, or remove it")
+    if group.instance_store and not instance.nvme_gb:
+        with_store = sorted(n for n, i in facts.instances.items() if i.gpu and i.nvme_gb)
+        raise ConfigError(f"{path}.instanceStore", True, f"asks for the instance store of {group.instance_type}, "
+                          "which has none", f"an instance type with one ({', '.join(with_store)}), or remove it")
 
 
 def _check_efa(stack: StackConfig, group: NodeGroupConfig, path: str, provisioner: str, facts: Catalog) -> None:

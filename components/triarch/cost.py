@@ -146,7 +146,8 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
     for plan in models:
         low, high = replica_bounds(plan)
         uses.append({"name": plan.name, "engine": plan.config.engine, "pool": plan.pool.name,
-                     "gpusPerReplica": plan.gpus_per_replica, "replicasMin": low, "replicasMax": high})
+                     "gpusPerReplica": plan.gpus_per_replica, "replicasMin": low, "replicasMax": high,
+                     "coldStart": plan.cold_start.document() if plan.cold_start else None})
     for pool_row, group in zip(pools, stack.node_groups, strict=True):
         # The idle floor: what runs with no traffic at all. Fixed replicas and autoscaling minimums (a Ray worker
         # group keeps its models' minimum replicas as workers) hold their GPUs, so their nodes stay up.
@@ -313,4 +314,16 @@ def capacity_change(base: dict[str, Any] | None, head: dict[str, Any] | None) ->
              for name in sorted(set(before) | set(after))]
     lines = cost_change_lines(base, head) if base is not None else []
     return {"baseKnown": base is not None, "pools": pools, "lines": lines,
-            "total": {"before": _totals(base), "after": _totals(head)}}
+            "total": {"before": _totals(base), "after": _totals(head)},
+            "coldStart": cold_start_change(base, head)}
+
+
+def cold_start_change(base: dict[str, Any] | None, head: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each model's predicted cold start in both plans (None where a plan has no such model, or predates the
+    prediction), by model name."""
+    def by_name(document: dict[str, Any] | None) -> dict[str, Any]:
+        return {m["name"]: m.get("coldStart") for m in (document or {}).get("models", [])}
+
+    before, after = by_name(base), by_name(head)
+    return [{"model": name, "before": before.get(name), "after": after.get(name)}
+            for name in sorted(set(before) | set(after))]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from triarch.catalog import Catalog, catalog, charts
+from triarch.coldfacts import Range
 from triarch.config import NodeGroupConfig, StackConfig, driver_of, from_pulumi_config, pool_provisioner
 from triarch.cost import CAPACITY_FILE, capacity_report
 from triarch.diff import KINDS as DIFF_KINDS
@@ -17,6 +18,7 @@ from triarch.errors import TriarchError
 from triarch.existing import trusted_note
 from triarch.matrix import Verdict, require_compatible
 from triarch.offline import PlanRun, Registered, plan_document, read_stack_config, run_program, write_plan
+from triarch.planners.coldstart import duration, span
 from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
 from triarch.planners.models import ModelPlan, plan_models, replica_bounds
 from triarch.planners.nodegroups import plan_eks_pool, plan_pool
@@ -177,6 +179,8 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
                          f"{plan.gpus_per_replica} x {replicas}", parallelism(plan),
                          f"{sizing.kv_cache_tokens:,} tokens", str(sizing.max_model_len or "-"), concurrency])
         lines += _table(rows)
+    if result.models:
+        lines += ["", *cold_start_lines(result.models)]
     lines += ["", *capacity_lines(result.capacity)]
     notes = [w for w in result.run.warnings if w not in {v.message for v in result.verdicts}]
     if notes:
@@ -189,6 +193,48 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
     for key, label in LAYERS.items():
         lines.append(f"  {label:20} {counts.get(key, 0)}")
     return "\n".join(lines)
+
+
+def cold_start_lines(models: list[ModelPlan]) -> list[str]:
+    """Each model's predicted start from no node to Ready, part by part, with the startup probe's budget."""
+    lines = ["Cold start per model, from no node to Ready (ranges from published figures, "
+             "templates/compat/cold-start.yaml)"]
+    for plan in models:
+        cold = plan.cold_start
+        if cold is None:
+            continue
+        unknown = cold.unknown()
+        head = f"  {plan.name}: {span(cold.total())}" + (f" + {', '.join(unknown)} (unknown)" if unknown else "")
+        if cold.warm_skips:
+            head += f"; onto its warm capacity {span(cold.total(skip=cold.warm_skips))}"
+        lines.append(head)
+        for part in cold.parts:
+            shown = span(part.seconds) if part.seconds is not None else "unknown"
+            lines.append(f"    {part.key:8} {shown:12} {part.how}")
+        if plan.config.engine == "vllm":
+            lines.append(f"    startup probe: {duration(cold.budget_seconds)}: {cold.budget_reason}")
+        lines.append(f"    first start: {cold.first_start}")
+    return lines
+
+
+def cold_start_cell(document: dict[str, Any] | None) -> str:
+    """A model's prediction as capacity.json keeps it, in one cell."""
+    if document is None:
+        return "-"
+    text = span(Range(document["secondsLow"], document["secondsHigh"]))
+    if document["unknown"]:
+        text += f" + {', '.join(document['unknown'])} (unknown)"
+    return text + f", startup probe {duration(document['startupBudgetSeconds'])}"
+
+
+def cold_start_change_rows(change: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(model, base, head) for every model whose prediction differs between the plans."""
+    rows = []
+    for row in change.get("coldStart") or []:
+        before, after = cold_start_cell(row["before"]), cold_start_cell(row["after"])
+        if before != after:
+            rows.append((row["model"], before, after))
+    return rows
 
 
 def parallelism(plan: ModelPlan) -> str:
@@ -354,6 +400,10 @@ def capacity_change_lines(change: dict[str, Any]) -> list[str]:
     explained = cost_explanation(change)
     if explained:
         lines += ["  what moves the total:", *(f"    {line}" for line in explained)]
+    moved = cold_start_change_rows(change)
+    if moved:
+        lines += ["Cold start from no node to Ready (predicted)",
+                  *(f"  {model}: {before} -> {after}" for model, before, after in moved)]
     return lines
 
 
@@ -368,3 +418,19 @@ def capacity_change_table(change: dict[str, Any]) -> list[str]:
     if explained:
         lines += ["", "What moves the total, line by line:", "", *(f"- {line}" for line in explained)]
     return lines
+
+
+def cold_start_table(change: dict[str, Any] | None, head: dict[str, Any] | None) -> list[str]:
+    """Every model's predicted cold start in the head plan, beside the base's where there is one (marked where it
+    moved)."""
+    if change is not None:
+        rows = [(r["model"], cold_start_cell(r["before"]), cold_start_cell(r["after"]))
+                for r in change.get("coldStart") or []]
+    else:
+        rows = [(m["name"], "-", cold_start_cell(m.get("coldStart"))) for m in (head or {}).get("models", [])]
+    if not rows:
+        return []
+    return ["**Cold start from no node to Ready** (predicted from published figures; `triarch plan` shows the "
+            "parts):", "", "| model | base | head |", "|---|---|---|",
+            *(f"| `{model}`{'' if before == after else ' :arrow_right:'} | {before} | {after} |"
+              for model, before, after in rows)]

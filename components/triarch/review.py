@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from triarch.report import capacity_change_table, usage_line, usd
+from triarch.report import capacity_change_table, cold_start_table, usage_line, usd
 
 MARKER = "<!-- triarch-review -->"
 """The first line of the comment: the workflow updates the comment that starts with it instead of adding one."""
@@ -189,6 +189,7 @@ def _stack_section(directory: Path, stack: str) -> list[str]:
                           "(templates/compat/prices.yaml)" + ("; spot pools at that price, an upper bound." if spot
                                                              else ".")]
         if capacity["models"]:
+            lines += ["", *cold_start_table((diff or {}).get("capacity"), capacity)]
             lines += ["", *placement_diagram(capacity)]
     mirrored = _load(directory / "head" / stack / "mirror.json")
     if mirrored and mirrored.get("images"):

@@ -22,7 +22,7 @@ from triarch.planners.iam import (
     key_policy,
     pod_identity_trust,
 )
-from triarch.planners.nodegroups import managed_node_group_name
+from triarch.planners.nodegroups import launch_template, managed_node_group_name
 from triarch.planners.registry import pull_through_policy
 from triarch.scheduling import POOL_LABEL, SYSTEM_POOL
 
@@ -143,7 +143,7 @@ class EksCluster(pulumi.ComponentResource):
                                                     zones=config.zones),
             instance_type=system.instance_type, ami_type=SYSTEM_AMI_TYPE,
             release_version=system_release_version, capacity_type="ON_DEMAND", min_size=system.min,
-            max_size=system.max, disk_gib=system.disk_gib,
+            max_size=system.max, template=launch_template(config.name, SYSTEM_POOL, system.disk_gib),
             subnet_ids=[s.id for s in self.network.private_subnets], node_role=self.node_role,
             labels={POOL_LABEL: SYSTEM_POOL}, eks_taints=[], cluster_for_tags=config.name, pool=SYSTEM_POOL,
             opts=pulumi.ResourceOptions(parent=self, depends_on=self.node_prerequisites))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from triarch.planners.nodegroups import EksPoolPlan, PoolPlan, launch_template, node_patch
+from triarch.planners.nodegroups import EksPoolPlan, PoolPlan, node_patch
 from triarch.scheduling import POOL_LABEL
 
 NODE_POLICIES = {
@@ -46,14 +48,14 @@ class ManagedNodeGroup(pulumi.ComponentResource):
 
     def __init__(self, name: str, *, cluster_name: pulumi.Input[str], node_group_name: str, name_base: str,
                  instance_type: str, ami_type: str, release_version: str, capacity_type: str,
-                 min_size: int, max_size: int, disk_gib: int, subnet_ids: list[pulumi.Output[str]],
+                 min_size: int, max_size: int, template: dict[str, Any], subnet_ids: list[pulumi.Output[str]],
                  node_role: NodeRole, labels: dict[str, str], eks_taints: list[dict[str, str]],
                  cluster_for_tags: str, pool: str, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:nodegroups:ManagedNodeGroup", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.launch_template = aws.ec2.LaunchTemplate(
             f"{name}-lt", name_prefix=f"{name_base}-", update_default_version=True,
-            **launch_template(cluster_for_tags, pool, disk_gib), opts=child)
+            **template, opts=child)
         self.node_group = aws.eks.NodeGroup(
             name,
             cluster_name=cluster_name,
@@ -82,7 +84,7 @@ def gpu_node_group(plan: EksPoolPlan, *, cluster_name: pulumi.Input[str], cluste
         f"gpu-{plan.pool.name}", cluster_name=cluster_name, node_group_name=plan.node_group_name,
         name_base=f"{cluster_for_tags}-{plan.pool.name}",
         instance_type=plan.instance_type, ami_type=plan.ami_type, release_version=plan.release_version,
-        capacity_type=plan.capacity_type, min_size=plan.min, max_size=plan.max, disk_gib=plan.disk_gib,
+        capacity_type=plan.capacity_type, min_size=plan.min, max_size=plan.max, template=plan.launch_template,
         subnet_ids=subnet_ids, node_role=node_role, labels=plan.pool.labels, eks_taints=plan.eks_taints,
         cluster_for_tags=cluster_for_tags, pool=plan.pool.name, opts=opts)
 

@@ -11,9 +11,10 @@ from triarch.components.device_plugin import DevicePlugin
 from triarch.components.karpenter import Karpenter, KarpenterPool
 from triarch.components.nodegroups import ExistingGpuPool, ManagedNodeGroup, gpu_node_group
 from triarch.components.observability import ChartAddOn, Observability, PrometheusStack
-from triarch.components.serving import KubeRayOperator, RayServing, ServingNamespace, VllmServer
+from triarch.components.serving import KubeRayOperator, RayServing, ServingNamespace, VllmServer, WeightsReader
 from triarch.components.storage import BlockStorage, SharedModelStore
 from triarch.config import SYSTEM_RELEASE_TABLE, StackConfig
+from triarch.planners import pods
 from triarch.planners.device_plugin import device_plugin_values
 from triarch.planners.efa import EFA_CHART, EFA_RELEASE, efa_values
 from triarch.planners.lws import LWS_CHART, LWS_RELEASE, lws_values
@@ -170,10 +171,22 @@ class Platform(pulumi.ComponentResource):
                                   crds=[(c.file, c.url) for c in crd_sources(LWS_CHART, stack)])
         # A LeaderWorkerSet needs the controller's CRD and webhooks in place first.
         grouped = pulumi.ResourceOptions(parent=self, depends_on=[*ready, *([self.lws.release] if self.lws else [])])
+        self.weights_readers: list[WeightsReader] = []
         for plan in models:
             if plan.config.engine == "vllm":
+                opts = grouped if plan.multi_node else after
+                if plan.config.weights_uri and isinstance(self.cluster, EksCluster):
+                    assert stack.aws_region is not None
+                    reader = WeightsReader(f"{plan.name}-weights", cluster_name=self.cluster.cluster.name,
+                                           cluster=stack.cluster.name, namespace=stack.serving.namespace,
+                                           service_account=pods.weights_service_account(plan.name),
+                                           uri=plan.config.weights_uri, region=stack.aws_region,
+                                           depends_on=[self.cluster.addons["eks-pod-identity-agent"]],
+                                           opts=pulumi.ResourceOptions(parent=self))
+                    self.weights_readers.append(reader)
+                    opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[reader]))
                 self.vllm_servers.append(VllmServer(plan.name, objects.vllm[plan.name], plan.config.model,
-                                                    self.provider, opts=grouped if plan.multi_node else after))
+                                                    self.provider, opts=opts))
         if objects.ray and objects.kuberay:
             system_pool = SYSTEM_POOL if stack.cluster.create else None
             [namespace] = objects.kuberay

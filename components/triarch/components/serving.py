@@ -4,14 +4,17 @@ RayService (how), one vLLM server per model (when). Each registers the objects p
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pulumi
+import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from triarch.catalog import Chart
 from triarch.components.manifests import crd_files, helm_release, pull_secret, register
 from triarch.planners import pods
+from triarch.planners.iam import pod_identity_trust, weights_read_policy
 from triarch.scheduling import POOL_LABEL
 
 
@@ -78,6 +81,25 @@ class KubeRayOperator(pulumi.ComponentResource):
                                                            depends_on=[self.namespace, *self.crds, *(after or [])]),
                                     skip_crds=bool(self.crds), docker_config=docker_config)
         self.register_outputs({"status": self.release.status})
+
+
+class WeightsReader(pulumi.ComponentResource):
+    """What lets one model's pods read its S3 weights on a created cluster: a role only its service account can
+    assume (EKS Pod Identity), allowed to read that prefix, and the association that hands it to the pods."""
+
+    def __init__(self, name: str, *, cluster_name: pulumi.Input[str], cluster: str, namespace: str,
+                 service_account: str, uri: str, region: str, depends_on: list[pulumi.Resource],
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("triarch:vllm:WeightsReader", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.role = aws.iam.Role(f"{name}-role", assume_role_policy=pod_identity_trust(cluster, namespace,
+                                                                                      service_account), opts=child)
+        self.policy = aws.iam.RolePolicy(f"{name}-read", role=self.role.id,
+                                         policy=json.dumps(weights_read_policy(uri, region)), opts=child)
+        self.association = aws.eks.PodIdentityAssociation(
+            f"{name}-identity", cluster_name=cluster_name, namespace=namespace, service_account=service_account,
+            role_arn=self.role.arn, opts=pulumi.ResourceOptions(parent=self, depends_on=[self.policy, *depends_on]))
+        self.register_outputs({"roleArn": self.role.arn})
 
 
 class VllmServer(pulumi.ComponentResource):

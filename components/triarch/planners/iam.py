@@ -77,3 +77,21 @@ def file_system_policy(file_system_arn: str) -> dict[str, Any]:
 
 def cluster_admin_policy(region: str) -> str:
     return CLUSTER_ADMIN_POLICY.format(partition=partition_of(region))
+
+
+def s3_location(uri: str) -> tuple[str, str]:
+    """s3://bucket/some/prefix/ -> ("bucket", "some/prefix/")."""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    return bucket, prefix
+
+
+def weights_read_policy(uri: str, region: str) -> dict[str, Any]:
+    """Read one model's weights and nothing else: its objects, and the listing of its prefix (the streamer lists the
+    safetensors files before reading them)."""
+    bucket, prefix = s3_location(uri)
+    arn = f"arn:{partition_of(region)}:s3:::{bucket}"
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "ReadTheWeights", "Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{arn}/{prefix}*"},
+        {"Sid": "ListTheWeights", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn,
+         "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}},
+    ]}

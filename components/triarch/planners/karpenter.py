@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from triarch.planners.iam import partition_of
-from triarch.planners.nodegroups import IMDS_HOP_LIMIT, EksPoolPlan
+from triarch.planners.nodegroups import BASELINE_PULL, IMDS_HOP_LIMIT, EksPoolPlan, user_data
 from triarch.planners.pods import MANAGED_BY
 from triarch.scheduling import GPU_RESOURCE, POOL_LABEL, SYSTEM_POOL
 
@@ -77,9 +77,21 @@ def instance_profile_name(cluster: str) -> str:
     return f"{cluster}-karpenter-node"
 
 
+def root_volume(plan: EksPoolPlan) -> dict[str, Any]:
+    """An encrypted gp3 root volume, at the throughput the pool's image pull needs where it is above gp3's
+    included baseline."""
+    ebs: dict[str, Any] = {"volumeSize": f"{plan.disk_gib}Gi", "volumeType": "gp3", "encrypted": True,
+                           "deleteOnTermination": True}
+    if plan.pull.root_mib_s != BASELINE_PULL.root_mib_s:
+        ebs.update(throughput=plan.pull.root_mib_s, iops=plan.pull.root_iops)
+    return ebs
+
+
 def node_class(plan: EksPoolPlan, cluster: str) -> dict[str, Any]:
-    """The EC2NodeClass of a pool: its pinned AMI release, IMDSv2 with one hop, an encrypted gp3 root volume; for
-    EFA, the EFA security group, no public address and the pool's placement group."""
+    """The EC2NodeClass of a pool: its pinned AMI release, IMDSv2 with one hop, an encrypted gp3 root volume; the
+    instance store as RAID0 and parallel image pull where the pool has them (Karpenter sets up the array itself
+    from instanceStorePolicy, so only the feature gate goes in user data); for EFA, the EFA security group, no
+    public address and the pool's placement group."""
     node: dict[str, Any] = {
         "apiVersion": f"{NODE_CLASS_GROUP}/v1", "kind": "EC2NodeClass",
         "metadata": {"name": node_class_name(plan), "labels": dict(MANAGED_BY)},
@@ -92,15 +104,16 @@ def node_class(plan: EksPoolPlan, cluster: str) -> dict[str, Any]:
             "securityGroupSelectorTerms": [{"tags": {CLUSTER_SECURITY_GROUP_TAG: cluster}}],
             "metadataOptions": {"httpEndpoint": "enabled", "httpProtocolIPv6": "disabled",
                                 "httpPutResponseHopLimit": IMDS_HOP_LIMIT, "httpTokens": "required"},
-            "blockDeviceMappings": [{
-                "deviceName": "/dev/xvda", "rootVolume": True,
-                "ebs": {"volumeSize": f"{plan.disk_gib}Gi", "volumeType": "gp3", "encrypted": True,
-                        "deleteOnTermination": True},
-            }],
+            "blockDeviceMappings": [{"deviceName": "/dev/xvda", "rootVolume": True, "ebs": root_volume(plan)}],
             "tags": {"Name": f"{cluster}-{plan.pool.name}", POOL_LABEL: plan.pool.name},
         },
     }
     spec: dict[str, Any] = node["spec"]
+    if plan.pull.instance_store:
+        spec["instanceStorePolicy"] = "RAID0"
+    data = user_data(plan.pull.node_config(local_storage=False))
+    if data:
+        spec["userData"] = data
     if plan.pool.efa_interfaces:
         # Karpenter gives every EFA interface the node class's security groups; EC2 refuses a public address with
         # more than one interface (the pool's subnets are private; said here so a subnet default cannot change it).

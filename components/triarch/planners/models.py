@@ -14,6 +14,7 @@ from triarch.config import ModelConfig, StackConfig, gpus_per_node
 from triarch.errors import ConfigError
 from triarch.matrix import deployed_images, images_by_engine
 from triarch.paths import PROJECT_ROOT
+from triarch.planners.coldstart import ColdStart, check_budget, predict
 from triarch.planners.nodegroups import PoolPlan, plan_pool
 from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, load_arch, tune
 from triarch.tuner.nodes import NodesRefused, tune_nodes
@@ -37,6 +38,8 @@ class ModelPlan:
     release: str = ""
     """The upstream release `image` is (a key of templates/compat/images.yaml): the same string unless the image
     comes from a mirror or by digest."""
+    cold_start: ColdStart | None = None
+    """From no node to Ready, predicted (planners/coldstart.py); the startup probe's budget comes from it."""
 
     @property
     def name(self) -> str:
@@ -158,6 +161,10 @@ def largest_gpu_use(plan: ModelPlan) -> int:
 def plan_models(stack: StackConfig, facts: Catalog) -> list[ModelPlan]:
     plans = [plan_model(stack, i, facts) for i in range(len(stack.models))]
     plans = [replace(plan, surge_fits=_surge_fits(stack, plan, plans)) for plan in plans]
+    plans = [replace(plan, cold_start=predict(stack, plan, facts)) for plan in plans]
+    for index, plan in enumerate(plans):
+        assert plan.cold_start is not None
+        check_budget(index, plan.cold_start, plan.config.startup_minutes)
     prefixes: dict[str, str] = {}
     for i, plan in enumerate(plans):
         if plan.config.engine != "ray-serve":

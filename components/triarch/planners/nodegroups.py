@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from triarch.catalog import Catalog, Gpu
+from triarch.coldfacts import cold_start_facts
 from triarch.config import (
     NODE_GROUP_NAME_HASH,
     NodeGroupConfig,
@@ -29,6 +32,62 @@ EKS_TAINT_EFFECT = {"NoSchedule": "NO_SCHEDULE", "NoExecute": "NO_EXECUTE", "Pre
 
 IMDS_HOP_LIMIT = 1
 """One hop: the node reaches the instance metadata service, pods (one hop further) do not."""
+
+
+@dataclass(frozen=True)
+class ImagePull:
+    """Where a pool's nodes unpack images and how: decided once, read by the node class or launch template that
+    sets it up and by the cold-start prediction that counts on it."""
+
+    parallel: bool
+    """containerd's SOCI snapshotter in parallel-pull mode (nodeadm's FastImagePull)."""
+    instance_store: bool
+    """The local NVMe, as one RAID0 array, under containerd and the kubelet."""
+    root_mib_s: int
+    """The gp3 root volume's throughput."""
+    root_iops: int
+
+    def node_config(self, local_storage: bool = True) -> dict[str, Any] | None:
+        """The nodeadm NodeConfig these settings need (None: the AMI's defaults); `local_storage`: whether it sets
+        up the instance store itself (Karpenter does from its node class). Karpenter and EKS merge it with the one
+        they write; their own values win where both set a field."""
+        spec: dict[str, Any] = {}
+        if self.parallel:
+            spec["featureGates"] = {"FastImagePull": True}
+        if self.instance_store and local_storage:
+            spec["instance"] = {"localStorage": {"strategy": "RAID0"}}
+        return {"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig", "spec": spec} if spec else None
+
+
+BASELINE_PULL = ImagePull(parallel=False, instance_store=False, root_mib_s=125, root_iops=3000)
+"""An EBS gp3 root volume at its included baseline, images unpacked one layer at a time: the AMI's defaults."""
+
+MIME_BOUNDARY = "//"
+
+
+def user_data(node_config: dict[str, Any] | None) -> str | None:
+    """A NodeConfig as the MIME multipart user data nodeadm reads (its part typed application/node.eks.aws)."""
+    if node_config is None:
+        return None
+    body = json.dumps(node_config, sort_keys=True)
+    return (f'MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary="{MIME_BOUNDARY}"\n\n'
+            f"--{MIME_BOUNDARY}\nContent-Type: application/node.eks.aws\n\n{body}\n--{MIME_BOUNDARY}--\n")
+
+
+def image_pull(group: NodeGroupConfig, facts: Catalog) -> ImagePull:
+    """A created pool's image pull: parallel where the AMI release and the instance allow it, on the instance store
+    where the type has one, else on a root volume fast enough for parallel unpacking (each unless the stack says
+    otherwise; templates/compat/cold-start.yaml has the sources)."""
+    assert group.instance_type is not None and group.ami_release is not None
+    cold = cold_start_facts()
+    instance = facts.instances[group.instance_type]
+    parallel_possible = (group.ami_release >= cold.fast_pull_min_release and instance.vcpus >= cold.fast_pull_min_vcpus
+                         and instance.memory_gib >= cold.fast_pull_min_memory_gib)
+    parallel = parallel_possible if group.fast_image_pull is None else group.fast_image_pull
+    store = instance.nvme_gb > 0 if group.instance_store is None else group.instance_store
+    on_root = parallel and not store
+    mib_s = group.disk_throughput_mib_s or (cold.root_fast_pull_mibps if on_root else cold.root_baseline_mibps)
+    return ImagePull(parallel=parallel, instance_store=store, root_mib_s=mib_s, root_iops=cold.root_baseline_iops)
 
 
 @dataclass(frozen=True)
@@ -70,6 +129,7 @@ class EksPoolPlan:
     zones: list[str]
     disk_gib: int
     launch_template: dict[str, Any]
+    pull: ImagePull = BASELINE_PULL
     placement_group: str | None = None
     """The cluster placement group Triarch creates for the pool (its name), where the stack asks for one."""
 
@@ -114,24 +174,27 @@ def device_plugin_config_name(pool: str) -> str:
     return f"{pool}-time-slicing"
 
 
-def launch_template(cluster: str, name: str, disk_gib: int) -> dict[str, Any]:
-    """Launch template data (pulumi_aws argument names): IMDSv2 only, one hop, encrypted gp3 root volume.
+def launch_template(cluster: str, name: str, disk_gib: int, pull: ImagePull = BASELINE_PULL) -> dict[str, Any]:
+    """Launch template data (pulumi_aws argument names): IMDSv2 only, one hop, encrypted gp3 root volume at the
+    pool's throughput, and the NodeConfig of its image pull as user data.
 
     No image id: the managed node group picks the AMI from ami_type + release_version, so the pin stays visible
     to EKS (and to the matrix check) rather than hidden in an AMI id.
     """
-    return {
+    ebs: dict[str, Any] = {"volume_size": disk_gib, "volume_type": "gp3", "encrypted": "true",
+                           "delete_on_termination": "true"}
+    if pull.root_mib_s != BASELINE_PULL.root_mib_s:
+        ebs.update(throughput=pull.root_mib_s, iops=pull.root_iops)
+    data = user_data(pull.node_config())
+    extra = {"user_data": base64.b64encode(data.encode()).decode()} if data else {}
+    return {**extra,
         "metadata_options": {
             "http_endpoint": "enabled",
             "http_tokens": "required",
             "http_put_response_hop_limit": IMDS_HOP_LIMIT,
             "instance_metadata_tags": "disabled",
         },
-        "block_device_mappings": [{
-            "device_name": "/dev/xvda",
-            "ebs": {"volume_size": disk_gib, "volume_type": "gp3", "encrypted": "true",
-                    "delete_on_termination": "true"},
-        }],
+        "block_device_mappings": [{"device_name": "/dev/xvda", "ebs": ebs}],
         "tag_specifications": [
             {"resource_type": kind, "tags": {"Name": f"{cluster}-{name}", POOL_LABEL: name}}
             for kind in ("instance", "volume")
@@ -146,6 +209,7 @@ def plan_eks_pool(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) ->
     instance = facts.instances[group.instance_type]
     provisioner = pool_provisioner(stack.cluster, group)
     assert provisioner != "existing"
+    pull = image_pull(group, facts)
     return EksPoolPlan(
         pool=plan_pool(stack, group, facts),
         provisioner=provisioner,
@@ -164,7 +228,8 @@ def plan_eks_pool(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) ->
         max=group.max,
         zones=list(group.zones or stack.cluster.zones),
         disk_gib=group.disk_gib,
-        launch_template=launch_template(cluster, group.name, group.disk_gib),
+        launch_template=launch_template(cluster, group.name, group.disk_gib, pull),
+        pull=pull,
         placement_group=placement_group_name(cluster, group.name) if group.placement_group else None,
     )
 

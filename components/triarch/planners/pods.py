@@ -133,6 +133,34 @@ def serving_env(with_token: bool) -> list[dict[str, Any]]:
     return env
 
 
+COMPILE_CACHE_DIR = f"{CACHE_MOUNT}/vllm"
+
+
+def compile_cache_env(gpu_key: str) -> list[dict[str, Any]]:
+    """vLLM's cache root (its torch.compile artifacts among them) on the model cache volume, one directory per GPU
+    type: vLLM keys each entry by its config (model, parallelism, engine args, vLLM version) and code hashes, which
+    say nothing of the GPU the kernels were built for."""
+    return [{"name": "VLLM_CACHE_ROOT", "value": f"{COMPILE_CACHE_DIR}/{gpu_key}"}]
+
+
+def weights_service_account(model: str) -> str:
+    """The service account of a model whose weights come from S3: the one identity its role trusts."""
+    return f"{model}-weights"
+
+
+IRSA_ANNOTATION = "eks.amazonaws.com/role-arn"
+"""What EKS's pod identity webhook reads (IAM roles for service accounts) to give pods a role's credentials."""
+
+
+def service_account(name: str, namespace: str, role_arn: str | None) -> dict[str, Any]:
+    """A service account whose token is never mounted by default; annotated with a role for IRSA where given (EKS Pod
+    Identity needs no annotation: its association names the account)."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(MANAGED_BY)}
+    if role_arn:
+        metadata["annotations"] = {IRSA_ANNOTATION: role_arn}
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata, "automountServiceAccountToken": False}
+
+
 NCCL_TRANSPORT_LOGS = [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "NCCL_DEBUG_SUBSYS", "value": "INIT,NET"}]
 """NCCL says at start-up which network it uses ("Using network Libfabric" over EFA, "Using network Socket" when it
 fell back to TCP): `triarch verify` reads it from a pod of a replica across nodes on an EFA pool."""
@@ -173,6 +201,10 @@ class ServingSettings:
     """The created cluster's VPC range (nodes, the API server's endpoints), kept out of the pods' egress."""
     with_pull_secret: bool = False
     """Whether the pods pull with the registry's credentials (triarch:registryPassword)."""
+    compile_cache: bool = False
+    """Whether vLLM keeps its compile cache on the model cache volume (serving.compileCache)."""
+    weights_role_arn: str | None = None
+    """An adopted cluster's role for S3 weights (IRSA), annotated on each S3 model's service account."""
 
 
 def cache_claim(owner: str, size_gib: int, settings: ServingSettings) -> dict[str, Any]:

@@ -171,7 +171,7 @@ def advertised_resources(plans: list[ModelPlan]) -> dict[str, str]:
 
 
 def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim: str,
-                 with_token: bool) -> dict[str, Any]:
+                 with_token: bool, compile_cache: bool = False) -> dict[str, Any]:
     """Worker pods of `key.gpus` GPUs for the models whose replicas fill them: one replica per pod, or, for a
     replica across nodes, one pod per node of it (Ray Serve LLM gives such a replica one GPU bundle per worker
     process, tensor x pipeline of them, with the PACK strategy: its whole pods). The group holds every model's
@@ -181,6 +181,8 @@ def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim:
     container = _container("ray-worker", image, pod_resources(plans[0]), with_token)
     container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", prestop_script()]}}}
     container["env"].append({"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": str(SIGTERM_DRAIN_SECONDS)})
+    if compile_cache:  # a worker group is one pool, so one GPU type
+        container["env"] += pods.compile_cache_env(plans[0].pool.gpu.key)
     efa = [p for p in plans if uses_efa(p)]
     if efa:
         # The group's pods may hold a gang's stage whichever model they serve: each takes its node's interfaces.
@@ -230,7 +232,8 @@ def ray_manifests(plans: list[ModelPlan], image: str, release: str,
     cluster: dict[str, Any] = {
         "headGroupSpec": head_group(image, claim, settings.with_token, autoscaled),
         # Ordered by group, not by model: adding a model never reorders the groups.
-        "workerGroupSpecs": [worker_group(key, groups[key], image, claim, settings.with_token)
+        "workerGroupSpecs": [worker_group(key, groups[key], image, claim, settings.with_token,
+                                                     settings.compile_cache)
                              for key in sorted(groups, key=lambda k: (k.pool, k.gpus))],
         "enableInTreeAutoscaling": autoscaled,
     }

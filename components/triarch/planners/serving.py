@@ -7,6 +7,7 @@ from typing import Any
 
 from triarch.config import StackConfig
 from triarch.planners import pods
+from triarch.planners.coldstart import compile_cache_on
 from triarch.planners.pods import BLOCK_STORAGE_CLASS, EFS_STORAGE_CLASS
 
 __all__ = ["BLOCK_STORAGE_CLASS", "EFS_STORAGE_CLASS", "block_storage_class", "serving_settings"]
@@ -30,7 +31,8 @@ def serving_settings(stack: StackConfig, with_token: bool, with_api_key: bool = 
     access_mode = serving.access_mode or ("ReadWriteMany" if created else "ReadWriteOnce")
     return pods.ServingSettings(serving.namespace, storage_class, access_mode, with_token, with_api_key,
                                 tuple(serving.client_namespaces), tuple(str(c) for c in serving.hub_cidrs),
-                                str(stack.cluster.vpc_cidr) if created else None, with_pull_secret)
+                                str(stack.cluster.vpc_cidr) if created else None, with_pull_secret,
+                                compile_cache=compile_cache_on(stack), weights_role_arn=serving.weights_role_arn)
 
 
 KUBERAY_NAMESPACE = "kuberay-system"

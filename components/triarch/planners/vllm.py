@@ -7,8 +7,11 @@ download, preStop lets endpoints drain, and `--shutdown-timeout` lets vLLM finis
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
+from triarch.coldfacts import cold_start_facts
 from triarch.planners import pods
 from triarch.planners.models import ModelPlan, pod_resources, replica_bounds, uses_efa
 from triarch.scheduling import POOL_LABEL, gpu_toleration
@@ -38,10 +41,31 @@ def engine_flags(plan: ModelPlan) -> list[str]:
     return args
 
 
+STREAMER_LOAD_FORMAT = "runai_streamer"
+"""vLLM's loader for weights in object storage (s3://): the Run:ai Model Streamer reads the safetensors files
+concurrently straight into GPU memory, where the default loader would need them on a filesystem first."""
+
+
+def model_source(plan: ModelPlan) -> list[str]:
+    """What vLLM loads: the hub repo (into the model cache), or the model's S3 prefix through the streamer at the
+    concurrency its benchmark found fastest (templates/compat/cold-start.yaml)."""
+    if plan.config.weights_uri is None:
+        return [plan.config.model]
+    concurrency = cold_start_facts().streamer_concurrency
+    return [plan.config.weights_uri, "--load-format", STREAMER_LOAD_FORMAT,
+            "--model-loader-extra-config", json.dumps({"concurrency": concurrency})]
+
+
 def serve_args(plan: ModelPlan) -> list[str]:
     """`vllm serve` arguments: the model, where to listen, the drain window and the tuned engine args."""
-    return [plan.config.model, "--served-model-name", plan.name, "--host", "0.0.0.0", "--port", str(PORT),
+    return [*model_source(plan), "--served-model-name", plan.name, "--host", "0.0.0.0", "--port", str(PORT),
             "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_SECONDS), *engine_flags(plan)]
+
+
+def server_env(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict[str, Any]]:
+    """What every vLLM process of the model reads: the serving env, and the compile cache's root where shared."""
+    env = pods.serving_env(settings.with_token)
+    return env + (pods.compile_cache_env(plan.pool.gpu.key) if settings.compile_cache else [])
 
 
 def rolling_update(plan: ModelPlan) -> dict[str, int]:
@@ -58,13 +82,25 @@ def _probe(failures: int, period: int) -> dict[str, Any]:
 
 
 NODE_PROVISIONING_SECONDS = 900
-"""Time for the autoscaler to bring a GPU node from zero (boot, driver, image pull) before the startup probe runs."""
+"""Time allowed for a GPU node and its image before the startup probe runs, where the prediction cannot say (a node
+type or disk Triarch does not know)."""
+
+
+def startup_seconds(plan: ModelPlan) -> int:
+    """The startup probe's budget: the cold-start prediction's (planners/coldstart.py), or startupMinutes."""
+    assert plan.cold_start is not None
+    return plan.cold_start.budget_seconds
 
 
 def rollout_seconds(plan: ModelPlan) -> int:
-    """How long a new replica may take to serve: a node from zero, then the startup probe's whole budget. What
-    `pulumi up` waits on (the Deployment and its Service) and the Deployment's progress deadline get this long."""
-    return NODE_PROVISIONING_SECONDS + plan.config.startup_minutes * 60
+    """How long a new replica may take to serve: a node from zero and its image (the prediction's slow end with its
+    margin, or NODE_PROVISIONING_SECONDS where unknown), then the startup probe's whole budget. What `pulumi up`
+    waits on (the Deployment and its Service) and the Deployment's progress deadline get this long."""
+    assert plan.cold_start is not None
+    before = plan.cold_start.before_container
+    margin = plan.cold_start.margin
+    arrival = NODE_PROVISIONING_SECONDS if before is None else math.ceil(before.high * margin)
+    return arrival + startup_seconds(plan)
 
 
 def replica_count(plan: ModelPlan) -> dict[str, int]:
@@ -95,7 +131,7 @@ def gang_args(plan: ModelPlan, leader: bool) -> list[str]:
 def worker_args(plan: ModelPlan) -> list[str]:
     """A headless worker: the model and the engine args (the same as the leader's: every node builds the same
     config), none of the API server's."""
-    return [plan.config.model, *engine_flags(plan), *gang_args(plan, leader=False)]
+    return [*model_source(plan), *engine_flags(plan), *gang_args(plan, leader=False)]
 
 
 def _server_container(plan: ModelPlan, settings: pods.ServingSettings) -> dict[str, Any]:
@@ -107,10 +143,10 @@ def _server_container(plan: ModelPlan, settings: pods.ServingSettings) -> dict[s
         "command": ["vllm", "serve"],
         "args": args,
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
-        "env": pods.serving_env(settings.with_token) + ([{"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {
+        "env": server_env(plan, settings) + ([{"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {
             "name": pods.API_KEY_SECRET, "key": pods.API_KEY_KEY}}}] if settings.with_api_key else []),
         "resources": pod_resources(plan),
-        "startupProbe": _probe(plan.config.startup_minutes * 60 // PROBE_PERIOD_SECONDS, PROBE_PERIOD_SECONDS),
+        "startupProbe": _probe(startup_seconds(plan) // PROBE_PERIOD_SECONDS, PROBE_PERIOD_SECONDS),
         "readinessProbe": _probe(3, 5),
         "livenessProbe": _probe(3, PROBE_PERIOD_SECONDS),
         "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", f"sleep {ENDPOINT_DRAIN_SECONDS}"]}}},
@@ -125,6 +161,8 @@ def _pod_spec(plan: ModelPlan, settings: pods.ServingSettings, container: dict[s
         **placement,
         "terminationGracePeriodSeconds": grace_period_seconds(),
         "automountServiceAccountToken": False,
+        # S3 weights: the account their role trusts (its token comes from the pod identity webhook's own volume).
+        **({"serviceAccountName": pods.weights_service_account(plan.name)} if plan.config.weights_uri else {}),
         **pods.pull_secrets(settings),
         "securityContext": pods.pod_security(),
         "containers": [container],
@@ -178,7 +216,8 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
         },
     }
     claim = pods.cache_claim(plan.name, plan.cache_gib, settings)
-    return [claim, deployment, *_service_and_budget(plan, settings, labels, selector, selector)]
+    return [*_identity(plan, settings), claim, deployment,
+            *_service_and_budget(plan, settings, labels, selector, selector)]
 
 
 def leader_worker_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict[str, Any]]:
@@ -193,7 +232,7 @@ def leader_worker_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> 
     leader_spec = _pod_spec(plan, settings, _server_container(plan, settings),
                             {**pods.placement(plan.pool, leaders, most), "affinity": together})
     leader_env = leader_spec["containers"][0]["env"]
-    worker_env = pods.serving_env(settings.with_token)
+    worker_env = server_env(plan, settings)
     if uses_efa(plan):
         leader_env += pods.NCCL_TRANSPORT_LOGS
         worker_env += pods.NCCL_TRANSPORT_LOGS
@@ -225,4 +264,12 @@ def leader_worker_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> 
         },
     }
     claim = pods.cache_claim(plan.name, plan.cache_gib, settings)
-    return [claim, lws, *_service_and_budget(plan, settings, labels, leaders, selector)]
+    return [*_identity(plan, settings), claim, lws, *_service_and_budget(plan, settings, labels, leaders, selector)]
+
+
+def _identity(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict[str, Any]]:
+    """The service account of a model whose weights come from S3 (before the pods that name it)."""
+    if plan.config.weights_uri is None:
+        return []
+    return [pods.service_account(pods.weights_service_account(plan.name), settings.namespace,
+                                 settings.weights_role_arn)]
