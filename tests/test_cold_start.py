@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import MutatedConfig, plan_config, stack_document
+from conftest import MutatedConfig, crd_schema, plan_config, stack_document, unknown_fields
 from triarch import cli
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
@@ -431,3 +431,144 @@ def test_weights_use_every_byte_of_the_checkpoint() -> None:
     low, high = seconds(plan.cold_start, "weights")
     assert (low, high) == pytest.approx((plan.sizing.weights_bytes / 3073e6, plan.sizing.weights_bytes / 1776e6))
     assert plan.sizing.weights_bytes / GIB == pytest.approx(626.8, abs=0.1)
+
+
+# --- warm capacity ----------------------------------------------------------------------------------------------
+
+def adopted_with_karpenter(**settings: Any) -> Any:
+    """The local stack as an adopted cluster whose own Karpenter scales the pool (two nodes may come)."""
+    def mutate(config: dict[str, Any]) -> None:
+        config["triarch:cluster"]["nodeProvisioner"] = "karpenter"
+        config["triarch:nodeGroups"][0].update(max=2, nodes=["workstation", "workstation-2"])
+        config["triarch:models"][0].update(settings)
+    return mutate
+
+
+def test_a_karpenter_pool_keeps_warm_capacity_with_a_capacity_buffer(mutated_config: MutatedConfig) -> None:
+    found = objects(mutated_config("dev", model(warmReplicas=1)))
+    template = of_kind(found, "PodTemplate", "embed-warm")
+    buffer = of_kind(found, "CapacityBuffer", "embed-warm")
+    assert buffer["apiVersion"] == "autoscaling.x-k8s.io/v1beta1"
+    assert buffer["spec"] == {"podTemplateRef": {"name": "embed-warm"}, "replicas": 1}
+    pod = template["template"]["spec"]
+    server = of_kind(found, "Deployment", "embed")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"] == server["containers"][0]["resources"]  # shaped like a replica
+    assert pod["nodeSelector"] == server["nodeSelector"] and pod["tolerations"] == server["tolerations"]
+    assert "volumes" not in pod  # Karpenter drops a buffer template's claims anyway
+    assert not [o for o in found if o["kind"] == "PriorityClass"]
+
+
+def test_a_buffer_is_what_karpenter_1_14s_crd_accepts() -> None:
+    from triarch.planners.warm import warm_manifests
+    schema = crd_schema("karpenter-v1.14.1", "crds", "autoscaling.x-k8s.io_capacitybuffers.yaml", version="v1beta1")
+    config = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in stack_document("dev").items()}
+    config["triarch:models"] = json.dumps([{**stack_document("dev")["triarch:models"][0], "warmReplicas": 2}])
+    stack = from_pulumi_config(config)
+    [plan] = plan_models(stack, catalog())
+    buffer = next(o for o in warm_manifests(stack, plan, "llm") if o["kind"] == "CapacityBuffer")
+    assert unknown_fields(buffer["spec"], schema["properties"]["spec"]) == []
+    assert buffer["spec"]["replicas"] == 2
+
+
+def test_karpenters_buffer_gate_is_on_only_with_a_buffer(tmp_path: Path) -> None:
+    def gate(document: dict[str, Any], where: Path) -> Any:
+        plan = plan_config("dev", document, where)
+        [release] = [r for r in plan.of_type("kubernetes:helm.sh/v3:Release") if r.name == "karpenter"]
+        return release.inputs["values"]["settings"].get("featureGates")
+    warm = stack_document("dev")
+    warm["triarch:models"][0]["warmReplicas"] = 1
+    assert gate(warm, tmp_path / "warm") == {"capacityBuffer": True}
+    assert gate(stack_document("dev"), tmp_path / "cold") is None
+
+
+def test_elsewhere_placeholders_of_a_negative_priority_pull_the_image(mutated_config: MutatedConfig) -> None:
+    found = objects(mutated_config("local", adopted_with_karpenter(warmReplicas=1)))
+    priority = of_kind(found, "PriorityClass", "triarch-warm-capacity")
+    assert priority["value"] < 0 and priority["preemptionPolicy"] == "Never" and priority["globalDefault"] is False
+    placeholder = of_kind(found, "Deployment", "embed-warm")
+    assert placeholder["spec"]["replicas"] == 1
+    assert placeholder["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
+    pod = placeholder["spec"]["template"]["spec"]
+    server = of_kind(found, "Deployment", "embed")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "triarch-warm-capacity" and pod["terminationGracePeriodSeconds"] == 0
+    [container] = pod["containers"]
+    assert container["image"] == server["containers"][0]["image"]  # the node pulls the model's image
+    assert container["command"] == ["sleep", "infinity"] and "ports" not in container
+    assert container["resources"] == server["containers"][0]["resources"]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_placeholders_are_not_servers_to_the_guardrails(mutated_config: MutatedConfig, tmp_path: Path) -> None:
+    from triarch.guardrails.check import evaluate, resources_of_plan
+    document = stack_document("local")
+    adopted_with_karpenter(warmReplicas=1)(document)
+    path = tmp_path / "Pulumi.local.yaml"
+    path.write_text(yaml.safe_dump({"config": document}), encoding="utf-8")
+    assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")]) == 0
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text(encoding="utf-8"))
+    resources = resources_of_plan(plan)
+    assert any(r.name.endswith("embed-warm") for r in resources)
+    findings = evaluate(resources)
+    assert [f for f in findings if "embed-warm" in str(f)] == []
+    # The same pod, serving (a port and a vLLM command), is a server again: the exemption is what it does.
+    [placeholder] = [r for r in resources if r.name.endswith("embed-warm")]
+    container = placeholder.props["spec"]["template"]["spec"]["containers"][0]
+    container["command"] = ["vllm", "serve"]
+    assert any("embed-warm" in str(f) for f in evaluate([placeholder]))
+
+
+def test_warm_capacity_needs_a_pool_that_scales(mutated_config: MutatedConfig) -> None:
+    error = refusal(mutated_config, "dev", both(pool(provisioner="managedNodeGroup", min=2, max=2),
+                                               model(warmReplicas=1)))
+    assert error.path == "triarch:models[0].warmReplicas" and "nothing scales it" in str(error)
+    error = refusal(mutated_config, "local", model(warmReplicas=1))
+    assert error.path == "triarch:models[0].warmReplicas"
+
+
+def test_warm_capacity_beside_the_fewest_replicas_must_fit_the_pool(mutated_config: MutatedConfig) -> None:
+    def mutate(config: dict[str, Any]) -> None:
+        config["triarch:models"][0].update(warmReplicas=2)  # 1 replica + 2 warm GPUs on a pool of 2
+    with pytest.raises(ConfigError) as caught:
+        objects(mutated_config("dev", mutate))
+    assert caught.value.path == "triarch:nodeGroups[0].max"
+    assert "too few to keep 2 warm" in str(caught.value) and ">= 3 nodes" in str(caught.value)
+
+
+def test_warm_capacity_is_priced_as_the_nodes_it_keeps(mutated_config: MutatedConfig) -> None:
+    def report(config: dict[str, str]) -> dict[str, Any]:
+        stack = from_pulumi_config(config)
+        return capacity_report("dev", stack, plan_models(stack, catalog()), catalog())
+    cold_pool = report(mutated_config("dev", model()))["pools"][0]
+    warm = report(mutated_config("dev", model(warmReplicas=1)))
+    [warm_pool], [embed] = warm["pools"], warm["models"]
+    assert warm_pool["nodesIdle"] == cold_pool["nodesIdle"] + 1 and warm_pool["gpusWarm"] == 1
+    hourly = warm_pool["hourlyUsdPerNode"]
+    assert embed["warm"] == {"replicas": 1, "gpus": 1, "nodes": 1, "monthlyUsd": round(hourly * 730, 2)}
+    assert warm_pool["monthlyUsdIdle"] - cold_pool["monthlyUsdIdle"] == pytest.approx(hourly * 730, abs=0.01)
+
+
+def test_onto_warm_capacity_a_start_skips_the_launch_and_with_placeholders_the_pull(
+        mutated_config: MutatedConfig) -> None:
+    buffered = cold(mutated_config("dev", model(warmReplicas=1)), "embed")
+    assert buffered.warm_skips == ("node",)
+    assert buffered.total(skip=buffered.warm_skips).high == pytest.approx(buffered.total().high - 170)
+    held = cold(mutated_config("local", adopted_with_karpenter(warmReplicas=1)), "embed")
+    assert held.warm_skips == ("node", "image")
+
+
+def test_the_root_volumes_extra_throughput_is_priced(mutated_config: MutatedConfig) -> None:
+    stack = from_pulumi_config(mutated_config("dev", pool(instanceStore=False)))
+    report = capacity_report("dev", stack, plan_models(stack, catalog()), catalog())
+    [line] = [f for f in report["fixed"] if f["key"] == "ebsRootThroughput"]
+    assert line["monthlyUsdAtMax"] == pytest.approx((600 - 125) * 2 * 0.04)  # two nodes at most, $0.04/MiB/s
+    plain = from_pulumi_config(mutated_config("dev", model()))
+    assert not [f for f in capacity_report("dev", plain, plan_models(plain, catalog()), catalog())["fixed"]
+                if f["key"] == "ebsRootThroughput"]
+
+
+def test_a_warm_replica_across_nodes_keeps_a_node_per_pod(mutated_config: MutatedConfig) -> None:
+    def mutate(config: dict[str, Any]) -> None:
+        config["triarch:models"][0]["warmReplicas"] = 1
+    found = objects(mutated_config("large", mutate))
+    buffer = of_kind(found, "CapacityBuffer", "deepseek-warm")
+    assert buffer["spec"]["replicas"] == 2  # DeepSeek-V3's replica spans two p5 nodes

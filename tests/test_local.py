@@ -291,7 +291,8 @@ def test_crds_come_from_the_charts_copies_where_given() -> None:
     files = crd_files(["kuberay", "karpenter"], [REFERENCE])
     assert [f.name for f in files] == ["ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml",
                                        "ray.io_raycronjobs.yaml", "karpenter.sh_nodepools.yaml",
-                                       "karpenter.sh_nodeclaims.yaml", "karpenter.k8s.aws_ec2nodeclasses.yaml"]
+                                       "karpenter.sh_nodeclaims.yaml", "karpenter.k8s.aws_ec2nodeclasses.yaml",
+                                       "autoscaling.x-k8s.io_capacitybuffers.yaml"]
     assert all(f.is_relative_to(REFERENCE) for f in files)
 
 

@@ -208,3 +208,38 @@ def test_the_nodepool_limit_holds_where_the_plan_refuses(from_zero: FromZero, tm
     assert len(staying) == most, [(n["metadata"]["name"], n["metadata"].get("deletionTimestamp")) for n in nodes]
     pending = [p for p in from_zero.pods("embed") if p["status"].get("phase") == "Pending"]
     assert len(pending) == 1
+
+
+def test_warm_capacity_keeps_a_node_that_the_next_replica_takes(from_zero: FromZero) -> None:
+    """The plan's CapacityBuffer on real Karpenter: with the pool empty and no replica asking, Karpenter launches a
+    node for the buffer, keeps it although it is empty past consolidateAfter, and the next replica binds there."""
+    plane = from_zero.plane
+    plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=0")
+    plane.kubectl("delete", "pods", "-n", "llm", "-l", "app.kubernetes.io/instance=embed", "--force",
+                  "--grace-period=0")
+    plane.kubectl("patch", "nodepool", "l4", "--type=merge",
+                  "-p", json.dumps({"spec": {"disruption": {"consolidateAfter": "5s"}}}))
+    from_zero.wait("the l4 pool empty", lambda: not from_zero.pool_nodes("l4"), 240)
+
+    config = read_stack_config(stack_path(STACK))[0]
+    models = json.loads(config["triarch:models"])
+    next(m for m in models if m["name"] == "embed")["warmReplicas"] = 1
+    stack = from_pulumi_config({**config, "triarch:models": json.dumps(models)})
+    warm = plan_kubernetes(stack, plan_models(stack, catalog()), catalog()).warm
+    assert sorted(o["kind"] for o in warm) == ["CapacityBuffer", "PodTemplate"]
+    plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(warm))
+    try:
+        from_zero.wait("a node launched for the buffer", lambda: len(from_zero.pool_nodes("l4")) == 1)
+        [buffer] = from_zero.get("capacitybuffers.autoscaling.x-k8s.io", "-n", "llm")
+        conditions = {c["type"]: c["status"] for c in buffer.get("status", {}).get("conditions", [])}
+        assert buffer["status"]["replicas"] == 1 and conditions.get("ReadyForProvisioning") == "True", buffer
+        assert from_zero.pods("embed") == []
+        [warm_node] = from_zero.pool_nodes("l4")
+        time.sleep(15)  # three times consolidateAfter: an empty node not kept for the buffer would be going
+        assert [n["metadata"]["name"] for n in from_zero.pool_nodes("l4")] == [warm_node["metadata"]["name"]]
+        plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=1")
+        from_zero.wait("the replica Running", lambda: _running(from_zero.pods("embed")) == 1, 60)
+        [pod] = from_zero.pods("embed")
+        assert pod["spec"]["nodeName"] == warm_node["metadata"]["name"]
+    finally:
+        plane.kubectl("delete", "-f", "-", "--ignore-not-found", input=yaml.safe_dump_all(warm))

@@ -102,7 +102,7 @@ def test_the_shipped_price_table_prices_every_instance_type_in_the_stacks_region
         assert missing == [], f"{region}: no price for {missing}"
         assert set(table.instances[region]).isdisjoint(table.not_offered[region])
         assert set(table.fixed[region]) == {"eksControlPlane", "natGateway", "publicIpv4"}
-        assert set(table.storage[region]) == {"ebsGp3", "efsStandard"}
+        assert set(table.storage[region]) == {"ebsGp3", "ebsGp3Throughput", "efsStandard"}
         assert set(table.usage[region]) == {"natGatewayProcessed", "efsElasticRead", "efsElasticWrite",
                                             "logsIngested", "logsStored"}
         for rate in [*table.storage[region].values(), *table.usage[region].values()]:

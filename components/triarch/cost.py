@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from triarch.catalog import Catalog, _read
+from triarch.catalog import Catalog, _read, catalog
 from triarch.config import StackConfig
 from triarch.paths import COMPAT_DIR
 from triarch.planners.models import ModelPlan, replica_bounds
-from triarch.planners.nodegroups import plan_pool
+from triarch.planners.nodegroups import BASELINE_PULL, image_pull, plan_pool
 from triarch.tuner import GIB
 
 CAPACITY_FILE = "capacity.json"
@@ -151,11 +151,22 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
     for pool_row, group in zip(pools, stack.node_groups, strict=True):
         # The idle floor: what runs with no traffic at all. Fixed replicas and autoscaling minimums (a Ray worker
         # group keeps its models' minimum replicas as workers) hold their GPUs, so their nodes stay up.
-        held = sum(replica_bounds(m)[0] * m.gpus_per_replica for m in models if m.pool.name == group.name)
+        # Warm capacity is held idle on purpose: its nodes run with nothing on them until a replica comes.
+        on_pool = [m for m in models if m.pool.name == group.name]
+        warm = sum(m.config.warm_replicas * m.gpus_per_replica for m in on_pool)
+        held = sum(replica_bounds(m)[0] * m.gpus_per_replica for m in on_pool) + warm
         schedulable = int(pool_row["gpusPerNode"]) * int(pool_row["timeSlicedWays"] or 1)
         nodes = max(group.min, -(-held // schedulable))
         price = table.instance(region, group.instance_type)
-        pool_row.update({"gpusIdle": held, "nodesIdle": nodes, "monthlyUsdIdle": _monthly(price, nodes, table)})
+        pool_row.update({"gpusIdle": held, "gpusWarm": warm, "nodesIdle": nodes,
+                         "monthlyUsdIdle": _monthly(price, nodes, table)})
+        for use, warmed in ((u, m) for u in uses for m in on_pool if m.name == u["name"]):
+            if warmed.config.warm_replicas:
+                # What the warm capacity alone keeps running: its own nodes' worth, at the pool's price.
+                warm_nodes = -(-warmed.config.warm_replicas * warmed.gpus_per_replica // schedulable)
+                use["warm"] = {"replicas": warmed.config.warm_replicas,
+                               "gpus": warmed.config.warm_replicas * warmed.gpus_per_replica,
+                               "nodes": warm_nodes, "monthlyUsd": _monthly(price, warm_nodes, table)}
     fixed = fixed_costs(stack, models, pools, table) if cluster.create and region else []
     at_idle: list[float | None] = [row["monthlyUsdIdle"] for row in [*pools, *fixed]]
     at_min: list[float | None] = [row["monthlyUsdAtMin"] for row in [*pools, *fixed]]
@@ -200,6 +211,16 @@ def fixed_costs(stack: StackConfig, models: list[ModelPlan], pools: list[dict[st
     name = f"EBS root volumes (gp3: idle {gib['idle']} GiB, {gib['min']}-{gib['max']} GiB)"
     rows.append(_fixed("ebsRootVolumes", name,
                        _stored(gp3, gib["idle"]), _stored(gp3, gib["min"]), _stored(gp3, gib["max"]), gp3))
+    # Throughput above gp3's included 125 MiB/s, where a pool's nodes unpack images on the root volume in parallel.
+    faster = {group.name: image_pull(group, catalog()).root_mib_s - BASELINE_PULL.root_mib_s
+              for group in stack.node_groups if group.instance_type}
+    if any(faster.values()):
+        mib_s = {when: sum(faster.get(p["name"], 0) * int(p[nodes]) for p in pools)
+                 for when, nodes in (("idle", "nodesIdle"), ("min", "minNodes"), ("max", "maxNodes"))}
+        rate = storage.get("ebsGp3Throughput")
+        rows.append(_fixed("ebsRootThroughput", f"EBS root volume throughput above 125 MiB/s (idle {mib_s['idle']} "
+                           f"MiB/s, {mib_s['min']}-{mib_s['max']} MiB/s)", _stored(rate, mib_s["idle"]),
+                           _stored(rate, mib_s["min"]), _stored(rate, mib_s["max"]), rate))
     if stack.prometheus == "install":
         size = stack.observability.storage_gib
         cost = _stored(gp3, size)

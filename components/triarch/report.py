@@ -281,6 +281,10 @@ def capacity_lines(capacity: dict[str, Any]) -> list[str]:
                          + (f"-{m['replicasMax']}" if m["replicasMax"] != m["replicasMin"] else "")
                          + f" on {m['pool']}" for m in capacity["models"])
         lines.append(f"  GPUs held (per replica x replicas): {held}")
+        warm = [f"{m['name']} {m['warm']['gpus']} GPU(s) on {m['warm']['nodes']} node(s), "
+                f"{usd(m['warm']['monthlyUsd'])}" for m in capacity["models"] if m.get("warm")]
+        if warm:
+            lines.append(f"  Warm capacity (kept running empty, in the pools' idle cost): {'; '.join(warm)}")
     return lines
 
 

@@ -24,7 +24,8 @@ class Karpenter(pulumi.ComponentResource):
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None,
                  monitor_labels: dict[str, str] | None = None, after: list[pulumi.Resource] | None = None,
                  pull_through: str | None = None, docker_config: pulumi.Input[str] | None = None,
-                 efa: bool = False, placement_groups: list[str] | None = None) -> None:
+                 efa: bool = False, placement_groups: list[str] | None = None,
+                 capacity_buffers: bool = False) -> None:
         super().__init__("triarch:karpenter:Karpenter", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         # What EFA pools' node classes select: a security group open to itself (EFA's requirement between nodes),
@@ -86,7 +87,7 @@ class Karpenter(pulumi.ComponentResource):
         self.crds = helm_release(f"{plan.RELEASE}-crd", crd_chart, plan.NAMESPACE, {},
                                  pulumi.ResourceOptions(parent=self, provider=provider))
         self.release = helm_release(
-            plan.RELEASE, chart, plan.NAMESPACE, plan.controller_values(cluster, monitor_labels),
+            plan.RELEASE, chart, plan.NAMESPACE, plan.controller_values(cluster, monitor_labels, capacity_buffers),
             pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[
                 self.crds, self.pod_identity, self.controller_policy, self.queue_policy, self.access_entry,
                 eks.addons["coredns"], *(after or [])]),

@@ -23,6 +23,8 @@ KINDS: dict[tuple[str, str], Any] = {
     ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
     ("storage.k8s.io/v1", "StorageClass"): k8s.storage.v1.StorageClass,
     ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
+    ("v1", "PodTemplate"): k8s.core.v1.PodTemplate,
+    ("scheduling.k8s.io/v1", "PriorityClass"): k8s.scheduling.v1.PriorityClass,
 }
 
 

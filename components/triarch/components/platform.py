@@ -11,7 +11,14 @@ from triarch.components.device_plugin import DevicePlugin
 from triarch.components.karpenter import Karpenter, KarpenterPool
 from triarch.components.nodegroups import ExistingGpuPool, ManagedNodeGroup, gpu_node_group
 from triarch.components.observability import ChartAddOn, Observability, PrometheusStack
-from triarch.components.serving import KubeRayOperator, RayServing, ServingNamespace, VllmServer, WeightsReader
+from triarch.components.serving import (
+    KubeRayOperator,
+    RayServing,
+    ServingNamespace,
+    VllmServer,
+    WarmCapacity,
+    WeightsReader,
+)
 from triarch.components.storage import BlockStorage, SharedModelStore
 from triarch.config import SYSTEM_RELEASE_TABLE, StackConfig
 from triarch.planners import pods
@@ -34,6 +41,7 @@ from triarch.planners.monitoring import (
 from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
 from triarch.planners.objects import KubernetesPlan
 from triarch.planners.registry import crd_sources, docker_config, pull_through_policy, stack_charts
+from triarch.planners.warm import uses_buffers
 from triarch.scheduling import SYSTEM_POOL
 
 
@@ -83,7 +91,8 @@ class Platform(pulumi.ComponentResource):
                                            docker_config=self.docker_config,
                                            efa=any(p.pool.efa_interfaces for p in plans),
                                            placement_groups=sorted(p.placement_group for p in plans
-                                                                   if p.placement_group))
+                                                                   if p.placement_group),
+                                           capacity_buffers=uses_buffers(stack, models))
             for plan in plans:
                 if self.karpenter is not None and plan.provisioner == "karpenter":
                     self.karpenter_pools.append(KarpenterPool(f"pool-{plan.pool.name}",
@@ -187,6 +196,12 @@ class Platform(pulumi.ComponentResource):
                     opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[reader]))
                 self.vllm_servers.append(VllmServer(plan.name, objects.vllm[plan.name], plan.config.model,
                                                     self.provider, opts=opts))
+        self.warm: WarmCapacity | None = None
+        if objects.warm:
+            # A CapacityBuffer needs Karpenter's CRD (its chart) in place; placeholders only the namespace.
+            needs = [self.serving_namespace, *([self.karpenter.crds] if self.karpenter else [])]
+            self.warm = WarmCapacity("warm-capacity", objects.warm, self.provider,
+                                     opts=pulumi.ResourceOptions(parent=self, depends_on=needs))
         if objects.ray and objects.kuberay:
             system_pool = SYSTEM_POOL if stack.cluster.create else None
             [namespace] = objects.kuberay

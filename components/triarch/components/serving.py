@@ -102,6 +102,20 @@ class WeightsReader(pulumi.ComponentResource):
         self.register_outputs({"roleArn": self.role.arn})
 
 
+class WarmCapacity(pulumi.ComponentResource):
+    """The models' warm capacity (triarch.planners.warm): CapacityBuffers with their PodTemplates, or placeholder
+    Deployments after their PriorityClass."""
+
+    def __init__(self, name: str, objects: list[dict[str, Any]], provider: k8s.Provider,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("triarch:serving:WarmCapacity", name, None, opts)
+        first = [register(o, pulumi.ResourceOptions(parent=self, provider=provider))
+                 for o in objects if o["kind"] in ("PriorityClass", "PodTemplate")]
+        then = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=first)
+        self.objects = first + [register(o, then) for o in objects if o["kind"] not in ("PriorityClass", "PodTemplate")]
+        self.register_outputs({})
+
+
 class VllmServer(pulumi.ComponentResource):
     def __init__(self, name: str, objects: list[dict[str, Any]], model: str, provider: k8s.Provider,
                  opts: pulumi.ResourceOptions | None = None) -> None:

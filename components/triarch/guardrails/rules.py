@@ -19,6 +19,7 @@ from triarch.guardrails.workloads import (
     flag,
     gpu_count,
     hook_commands,
+    is_placeholder,
     is_vllm,
     kind_of,
     llm_configs,
@@ -606,7 +607,7 @@ def no_cpu_hpa(resources: list[Resource], config: Config) -> list[tuple[Resource
 
 def _inference_containers(template: PodTemplate) -> list[Mapping[str, Any]]:
     return [c for c in template.spec.get("containers") or []
-            if (gpu_count(c) or 0) > 0 or is_vllm(c)]
+            if ((gpu_count(c) or 0) > 0 or is_vllm(c)) and not is_placeholder(c)]
 
 
 UNMANAGED_KINDS = ("core/v1:Pod", "batch/v1:Job", "serving.kserve.io/v1beta1:InferenceService",

@@ -170,7 +170,15 @@ def command_line(container: Mapping[str, Any]) -> list[str]:
     return words
 
 
+def is_placeholder(container: Mapping[str, Any]) -> bool:
+    """A container that only sleeps and listens on nothing (warm capacity's placeholder: it holds a node's GPUs until
+    a serving pod preempts it, and pulls the image it runs): it serves nothing, whatever its image."""
+    return command_line(container) == ["sleep", "infinity"] and not container.get("ports")
+
+
 def is_vllm(container: Mapping[str, Any]) -> bool:
+    if is_placeholder(container):
+        return False
     argv = command_line(container)
     return "vllm" in str(container.get("image", "")) or any(w in ("vllm", "vllm.entrypoints.openai.api_server")
                                                             for w in argv)

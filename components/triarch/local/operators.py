@@ -100,8 +100,10 @@ def karpenter(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
     crds = binary("karpenter-kwok").parent / "karpenter-kwok-crds"
     return Operator(
         "karpenter", {"karpenter": [str(binary("karpenter-kwok"))]},
+        # CapacityBuffer on, as the chart's settings.featureGates.capacityBuffer sets it for a stack with warm
+        # capacity (its CRD comes with the karpenter CRD set); without a buffer the gate changes nothing.
         env={"DISABLE_LEADER_ELECTION": "true", "METRICS_PORT": "18090", "HEALTH_PROBE_PORT": "18091",
-             "INSTANCE_TYPES_FILE_PATH": str(types), "LOG_LEVEL": "info"},
+             "INSTANCE_TYPES_FILE_PATH": str(types), "LOG_LEVEL": "info", "FEATURE_GATES": "CapacityBuffer=true"},
         crds=sorted(crds.glob("*.yaml")), ready="http://127.0.0.1:18091/healthz")
 
 

@@ -26,6 +26,7 @@ def check_capacity(stack: StackConfig, models: list[ModelPlan], facts: Catalog) 
     check_gangs(stack, models)
     check_ray_head(stack, models, facts)
     check_pool_capacity(stack, models)
+    check_warm_capacity(stack, models)
     check_spot_drain(stack, models)
 
 
@@ -109,6 +110,27 @@ def check_pool_capacity(stack: StackConfig, models: list[ModelPlan]) -> None:
             fix = f">= {nodes} nodes, or fewer replicas on this pool"
         raise ConfigError(f"triarch:nodeGroups[{index}].max", pool.max_nodes,
                           f"holds {capacity} GPU(s), but {what}", fix)
+
+
+def check_warm_capacity(stack: StackConfig, models: list[ModelPlan]) -> None:
+    """Warm capacity sits beside the replicas a pool holds at its quietest (its models' fewest replicas); when a
+    replica needs the room, it takes it (a CapacityBuffer's room or a placeholder gives way), so the pool's peak
+    does not count it. A pool too small to hold it beside those replicas would keep none of it warm."""
+    for pool_name in sorted({p.pool.name for p in models if p.config.warm_replicas}):
+        on_pool = [p for p in models if p.pool.name == pool_name]
+        pool = on_pool[0].pool
+        capacity = pool.max_nodes * pool.schedulable_gpus_per_node
+        fewest = sum(replica_bounds(p)[0] * p.gpus_per_replica for p in on_pool)
+        warm = sum(p.config.warm_replicas * p.gpus_per_replica for p in on_pool)
+        if fewest + warm > capacity:
+            index = _group_index(stack, pool_name)
+            warmed = ", ".join(f"'{p.name}' {p.config.warm_replicas} x {p.gpus_per_replica}" for p in on_pool
+                               if p.config.warm_replicas)
+            raise ConfigError(f"triarch:nodeGroups[{index}].max", pool.max_nodes,
+                              f"holds {capacity} GPU(s), too few to keep {warm} warm ({warmed}) beside the {fewest} "
+                              "its models hold at their fewest replicas",
+                              f">= {-(-(fewest + warm) // pool.schedulable_gpus_per_node)} nodes, or fewer "
+                              "warmReplicas")
 
 
 def spot_drain_problem(grace_seconds: int) -> str | None:

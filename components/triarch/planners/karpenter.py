@@ -169,12 +169,17 @@ def queue_name(cluster: str) -> str:
     return f"{cluster}-karpenter"
 
 
-def controller_values(cluster: str, monitor_labels: dict[str, str] | None = None) -> dict[str, Any]:
+def controller_values(cluster: str, monitor_labels: dict[str, str] | None = None,
+                      capacity_buffers: bool = False) -> dict[str, Any]:
     """The chart's values: this cluster and its interruption queue, on the system nodes, with fixed resources, and
-    a ServiceMonitor (with the labels the cluster's Prometheus selects) where one runs. Every key exists in the
-    chart's values.yaml (1.14.1); the image stays the one the chart release stamps."""
+    a ServiceMonitor (with the labels the cluster's Prometheus selects) where one runs; the CapacityBuffer feature
+    gate (alpha, off by default) where a model keeps warm capacity. Every key exists in the chart's values.yaml
+    (1.14.1); the image stays the one the chart release stamps."""
+    settings: dict[str, Any] = {"clusterName": cluster, "interruptionQueue": queue_name(cluster)}
+    if capacity_buffers:
+        settings["featureGates"] = {"capacityBuffer": True}
     values: dict[str, Any] = {
-        "settings": {"clusterName": cluster, "interruptionQueue": queue_name(cluster)},
+        "settings": settings,
         "serviceAccount": {"create": True, "name": SERVICE_ACCOUNT},
         "nodeSelector": {POOL_LABEL: SYSTEM_POOL},
         "controller": {"resources": CONTROLLER_RESOURCES},

@@ -29,6 +29,7 @@ from triarch.planners.queries import check_queries, shipped_queries
 from triarch.planners.ray import RAY_SERVICE, ray_manifests
 from triarch.planners.serving import KUBERAY_NAMESPACE, network_policies, serving_settings
 from triarch.planners.vllm import vllm_manifests
+from triarch.planners.warm import priority_class, uses_placeholders, warm_manifests
 
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 LABEL_VALUE_MAX = 63
@@ -71,6 +72,9 @@ class KubernetesPlan:
     """The LeaderWorkerSet controller's namespace, where Triarch installs it for a vllm model across nodes."""
     efa: list[dict[str, Any]] = field(default_factory=list)
     """The EFA device plugin's namespace, where a pool asks for EFA."""
+    warm: list[dict[str, Any]] = field(default_factory=list)
+    """Warm capacity (triarch.planners.warm): CapacityBuffers and their PodTemplates, or placeholder Deployments and
+    their PriorityClass."""
 
 
 def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog, secrets: Iterable[str] = ()
@@ -153,6 +157,14 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
             vllm[model.name] = vllm_manifests(model, settings)
             owners += [(Owner(f"triarch:models[{i}].name", model.name), o) for o in vllm[model.name]]
 
+    warm: list[dict[str, Any]] = [priority_class()] if uses_placeholders(stack, models) else []
+    if warm:
+        owners.append((Owner("the warm capacity's placeholders"), warm[0]))
+    for i, model in enumerate(models):
+        found = warm_manifests(stack, model, settings.namespace)
+        warm += found
+        owners += [(Owner(f"triarch:models[{i}].warmReplicas", str(model.config.warm_replicas)), o) for o in found]
+
     lws: list[dict[str, Any]] = []
     if needs_lws(models) and stack.leader_worker_set.mode == "install":
         lws = [lws_namespace()]
@@ -187,7 +199,7 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
                for o in observability]
     check_objects(owners)
     return KubernetesPlan(device_plugin, kuberay, serving, vllm, ray, node_pools, observability, owners, lws=lws,
-                          efa=efa)
+                          efa=efa, warm=warm)
 
 
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str, str]:
