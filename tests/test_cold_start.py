@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -415,6 +416,10 @@ def test_review_shows_how_a_change_moves_the_prediction(mutated_config: MutatedC
 def test_plan_summary_lists_the_parts_and_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["plan", "--stack", "large", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
+    models = out.split("\nModels (", 1)[1].split("\n\n", 1)[0]
+    deepseek = next(line for line in models.splitlines() if line.strip().startswith("deepseek"))
+    low, high = re.search(r"([\d,]+)-([\d,]+) tokens", deepseek).groups()  # type: ignore[union-attr]
+    assert int(low.replace(",", "")) < int(high.replace(",", ""))  # the pessimistic end, then the nominal one
     section = out.split("Cold start per model", 1)[1].split("\n\n", 1)[0]
     assert "deepseek:" in section and "streamed from S3 into each node" in section
     assert "startup probe: 11m" in section

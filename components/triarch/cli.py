@@ -230,7 +230,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import json
 
     from triarch.catalog import Gpu, catalog
-    from triarch.tuner import Task, TuneError, load_arch, tune
+    from triarch.tuner import GIB, Task, TuneError, load_arch, tune
     from triarch.tuner.nodes import NodesRefused, tune_nodes
     from triarch.tuner.releases import default_image
 
@@ -281,6 +281,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"  {line}")
     for line in sizing.log_lines():
         print(f"  {line}")
+    if sizing.kv_cache_tokens_low < sizing.kv_cache_tokens:
+        print(f"  at the pessimistic end of the estimate (every component at its worst calibrated underestimate): "
+              f"{sizing.available_kv_bytes_low / GIB:.2f} GiB, {sizing.kv_cache_tokens_low:,} tokens; the engine "
+              "args start there too")
     for note in sizing.notes:
         print(f"  note: {note}")
     print("engine args: " + " ".join(f"--{k.replace('_', '-')}={v}" for k, v in sizing.engine_args.items()))

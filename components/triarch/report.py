@@ -20,12 +20,13 @@ from triarch.matrix import Verdict, require_compatible
 from triarch.offline import PlanRun, Registered, plan_document, read_stack_config, run_program, write_plan
 from triarch.planners.coldstart import duration, span
 from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
-from triarch.planners.models import ModelPlan, plan_models, replica_bounds
+from triarch.planners.models import ModelPlan, in_stack_words, plan_models, replica_bounds
 from triarch.planners.nodegroups import plan_eks_pool, plan_pool
 from triarch.planners.objects import KubernetesPlan, plan_kubernetes
 from triarch.planners.registry import MIRROR_FILE, mirror_list
 from triarch.program import StackError
 from triarch.scheduling import POOL_LABEL
+from triarch.tuner import Sizing
 
 LAYERS = {"where": "Kubernetes (where)", "how": "Ray (how)", "when": "vLLM (when)"}
 LAYER_OF_MODULE = {
@@ -167,7 +168,8 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
         lines += ["", "Driver/CUDA matrix"]
         lines += [f"  {v.level:7} {v.message}" for v in result.verdicts]
     if result.models:
-        lines += ["", "Models (engine args from the tuner; KV capacity per replica)"]
+        lines += ["", "Models (engine args from the tuner; KV capacity per replica, from the pessimistic end of the "
+                  "memory estimate to the nominal one: the args start at either)"]
         rows = [["name", "engine", "model", "node group", "GPUs x replicas", "TP", "KV cache", "max len",
                  "max concurrency"]]
         for plan in result.models:
@@ -176,9 +178,12 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
             sizing = plan.sizing
             concurrency = f"{sizing.max_concurrency:.1f}x" if sizing.max_concurrency is not None else "-"
             rows.append([plan.name, plan.config.engine, plan.config.model, plan.pool.name,
-                         f"{plan.gpus_per_replica} x {replicas}", parallelism(plan),
-                         f"{sizing.kv_cache_tokens:,} tokens", str(sizing.max_model_len or "-"), concurrency])
+                         f"{plan.gpus_per_replica} x {replicas}", parallelism(plan), kv_range(sizing),
+                         str(sizing.max_model_len or "-"), concurrency])
         lines += _table(rows)
+        told = [(plan.name, in_stack_words(note)) for plan in result.models for note in plan.sizing.notes]
+        if told:
+            lines += ["  What the tuner adjusted or warns of:", *(f"    {name}: {note}" for name, note in told)]
     if result.models:
         lines += ["", *cold_start_lines(result.models)]
     lines += ["", *capacity_lines(result.capacity)]
@@ -193,6 +198,12 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
     for key, label in LAYERS.items():
         lines.append(f"  {label:20} {counts.get(key, 0)}")
     return "\n".join(lines)
+
+
+def kv_range(sizing: Sizing) -> str:
+    """The KV cache's tokens from the pessimistic end of the memory estimate to the nominal one."""
+    low, high = sizing.kv_cache_tokens_low, sizing.kv_cache_tokens
+    return f"{high:,} tokens" if low >= high else f"{low:,}-{high:,} tokens"
 
 
 def cold_start_lines(models: list[ModelPlan]) -> list[str]:

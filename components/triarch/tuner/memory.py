@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from triarch.tuner.arch import ModelArch, Task
 from triarch.tuner.kv import kv_heads_per_gpu, layers_per_gpu
-from triarch.tuner.releases import VllmRelease
+from triarch.tuner.releases import Spread, VllmRelease
 from triarch.tuner.units import MIB
 from triarch.tuner.weights import stage_weight_bytes, weight_bytes
 
@@ -149,10 +149,12 @@ def memory_budget(
     task: Task = "generate",
     kv_cache_memory_bytes: int | None = None,
     enforce_eager: bool = False,
+    spread: Spread | None = None,
 ) -> MemoryBudget:
     """``available = ceil(total x gpu_memory_utilization) - (weights/(tp x pp) + non-torch + activation peak)``,
     minus the CUDA-graph estimate where ``release`` takes it out before the KV cache; ``total`` is torch's device
-    total. Or ``kv_cache_memory_bytes`` as given (vLLM then ignores the utilization)."""
+    total. Or ``kv_cache_memory_bytes`` as given (vLLM then ignores the utilization). With ``spread``, each
+    component at the pessimistic end of the estimate."""
     weights = weights_per_gpu(arch, tensor_parallel_size, pipeline_parallel_size, task=task)
     non_torch = non_torch_bytes(tensor_parallel_size, pipeline_parallel_size)
     activation = activation_peak_bytes(
@@ -163,6 +165,12 @@ def memory_budget(
         task=task,
     )
     graphs = cuda_graph_bytes(arch, pipeline_parallel_size=pipeline_parallel_size, enforce_eager=enforce_eager)
+    if spread is not None:  # the pessimistic end: every component at its worst calibrated underestimate
+        estimated = arch.quant_method is not None or arch.tower_parameters > 0
+        weights = math.ceil(weights * (spread.weights_estimated if estimated else spread.weights))
+        non_torch = math.ceil(non_torch * spread.non_torch)
+        activation = math.ceil(activation * spread.activation_peak)
+        graphs = math.ceil(graphs * spread.cuda_graphs)
     if kv_cache_memory_bytes is not None:
         return MemoryBudget(gpu_memory_bytes, 1.0, gpu_memory_bytes, weights, non_torch, activation, graphs,
                             kv_cache_memory_bytes, kv_cache_memory_bytes, graphs_before_kv=False)

@@ -119,3 +119,25 @@ def release_for(version: str | None) -> tuple[VllmRelease, str | None]:
     nearest = min(reversed(list(releases)), key=distance)
     return releases[nearest], (f"vLLM {wanted} is not modelled (templates/compat/vllm-releases.yaml has "
                                f"{', '.join(releases)}); sized with {nearest}'s start-up rules")
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Factors on each component of the memory estimate that give its pessimistic end (the data file's
+    estimateSpread, from the calibration runs)."""
+
+    weights: float
+    """Unquantized, text-only checkpoints: their tensors are counted from the config, nearly exactly."""
+    weights_estimated: float
+    """Quantized checkpoints and those with a vision or audio tower, whose bytes the tuner estimates."""
+    activation_peak: float
+    non_torch: float
+    cuda_graphs: float
+
+
+@cache
+def estimate_spread() -> Spread:
+    with RELEASES_FILE.open(encoding="utf-8") as handle:
+        raw = yaml.safe_load(handle)["estimateSpread"]
+    return Spread(float(raw["weights"]), float(raw["weightsQuantizedOrMultimodal"]), float(raw["activationPeak"]),
+                  float(raw["nonTorch"]), float(raw["cudaGraphs"]))

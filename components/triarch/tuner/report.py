@@ -54,6 +54,11 @@ class Sizing:
     """The pool's GPUs per node the replica was sized for (0: not sized for a pool)."""
     stage_weights: tuple[int, ...] = ()
     """Weights on one GPU of each pipeline stage (the first holds the embedding, the last the LM head)."""
+    kv_cache_tokens_low: int = 0
+    """``kv_cache_tokens`` at the pessimistic end of the memory estimate (every component at its worst calibrated
+    underestimate; templates/compat/vllm-releases.yaml estimateSpread): what the engine args were chosen to start
+    with."""
+    available_kv_bytes_low: int = 0
 
     def stage_lines(self) -> list[str]:
         """How a multi-stage replica splits: where the stages run and what each GPU of them holds."""

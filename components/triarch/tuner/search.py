@@ -10,7 +10,7 @@ from triarch.tuner.arch import TASKS, LengthRefused, ModelArch, Task, TuneError
 from triarch.tuner.context import derive_context, refuse_longer
 from triarch.tuner.kv import DEFAULT_BLOCK_SIZE, kv_dtype_bytes
 from triarch.tuner.plan import DEFAULT_CONTEXT_TARGET, Plan, plan_for
-from triarch.tuner.releases import release_for
+from triarch.tuner.releases import estimate_spread, modelled_releases, release_for
 from triarch.tuner.report import Sizing
 from triarch.tuner.units import GIB, MIB
 from triarch.tuner.weights import count_parameters, weight_bytes
@@ -167,6 +167,21 @@ def tune(
                      block_size=block_size, longest=ceiling, enforce_eager=enforce_eager, max_num_seqs=seqs,
                      max_num_batched_tokens=batched)
 
+    spread = estimate_spread()
+    # A release the tuner does not model is sized, at the pessimistic end, under every modelled release's rules and
+    # the worst of them: the largest activation and overheads any modelled release takes.
+    pessimists = [release] if release_note is None else list(modelled_releases().values())
+
+    def low(p: Plan) -> Plan:
+        """The same configuration at the pessimistic end of the memory estimate (estimateSpread)."""
+        options = [plan_for(arch, total, p.tp, release=r, pp=pipeline_parallel_size, util=gpu_memory_utilization,
+                            kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, task=task,
+                            block_size=block_size, longest=ceiling, enforce_eager=enforce_eager,
+                            max_num_seqs=p.max_num_seqs_cap, max_num_batched_tokens=p.max_num_batched_tokens,
+                            spread=spread)
+                   for r in pessimists]
+        return min(options, key=lambda q: q.blocks)
+
     plans = [plan(tp) for tp in candidates]
     need = target if target is not None else block_size
     chosen = next((p for p in plans if p.fits(need)), None)
@@ -180,10 +195,17 @@ def tune(
 
     def length_for(plan: Plan) -> int | None:
         """max_model_len for a plan: the ceiling, capped to what one request may hold (and, when no length was
-        asked for, to room for MIN_CONCURRENCY full-length requests)."""
+        asked for, to room for MIN_CONCURRENCY full-length requests, and to what one request may hold at the
+        pessimistic end, so vLLM's start-up check passes there too)."""
         if ceiling is None:
             return None
         length = plan.longest(ceiling)
+        if requested_len is None:
+            # Down to what one request may hold at the pessimistic end, unless that is below the context the TP
+            # choice aimed at: such a length serves nobody, so the nominal one stays, with a note.
+            safe = low(plan).longest(ceiling)
+            if target is None or safe >= min(target, length):
+                length = min(length, safe)
         if requested_len is None and target is not None and plan.concurrency(length) < MIN_CONCURRENCY:
             room = _pow2_floor(length)
             while room > target and plan.concurrency(room) < MIN_CONCURRENCY:
@@ -218,6 +240,15 @@ def tune(
         notes.append(f"max_model_len {ceiling} capped to {final_len}: the KV cache holds "
                      f"{chosen.reported_tokens(final_len)} tokens at tensor_parallel_size={chosen.tp}")
     concurrency = chosen.concurrency(final_len) if final_len else None
+    pessimistic = low(chosen)
+    if final_len is not None and not pessimistic.fits(final_len):
+        # A length the stack asked for, or one the pessimistic end would cut below the target: kept, and said,
+        # with the tensor-parallel size at which it would fit there too.
+        safer = next((p.tp for p in plans if p.tp > chosen.tp and low(p).fits(final_len)), None)
+        notes.append(f"at the pessimistic end of the memory estimate one request of max_model_len {final_len} does "
+                     f"not fit ({pessimistic.reported_tokens(None)} tokens of KV cache): vLLM may refuse to start; "
+                     + (f"tensor_parallel_size={safer} holds it there, or " if safer else "")
+                     + f"a shorter max_model_len, {LENGTH_HINT}")
 
     args: dict[str, Any] = {"tensor_parallel_size": chosen.tp}
     if pipeline_parallel_size > 1:
@@ -254,6 +285,8 @@ def tune(
         tensor_parallel_size=chosen.tp,
         pipeline_parallel_size=pipeline_parallel_size,
         available_kv_bytes=chosen.budget.available_kv,
+        available_kv_bytes_low=pessimistic.budget.available_kv,
+        kv_cache_tokens_low=pessimistic.reported_tokens(final_len),
         memory=chosen.budget,
         engine_args=args,
         notes=tuple(notes),
