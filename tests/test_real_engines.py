@@ -84,6 +84,19 @@ def test_vllm_replicas_run_on_their_pools_gpu_nodes_in_distinct_zones(deployed: 
     assert len(zones) == 2
 
 
+def test_verify_reads_each_replicas_start_from_the_api_servers_pods(deployed: Lab) -> None:
+    """The start times `triarch verify` reports, read from pods as the real API server and kubelet (kwok's) wrote
+    them: created, scheduled, the container running and Ready follow one another and add up."""
+    from triarch.verify import start_times
+    pods = deployed.kubectl_json("get", "pods", "-n", SERVING, "-l", "app.kubernetes.io/instance=chat")["items"]
+    assert pods
+    for pod in pods:
+        times = start_times(pod, "")
+        parts = (times.to_scheduled, times.to_started, times.to_ready)
+        assert times.total is not None and all(p is not None and p >= 0 for p in parts), (pod["status"], times)
+        assert abs(sum(p for p in parts if p is not None) - times.total) <= 1
+
+
 def test_the_deployment_became_available_through_pulumis_await(deployed: Lab) -> None:
     deployment = deployed.kubectl_json("get", "deployment", "chat", "-n", SERVING)
     assert deployment["status"]["availableReplicas"] == 2

@@ -27,7 +27,16 @@ from triarch.config import from_pulumi_config
 from triarch.offline import read_stack_config
 from triarch.planners.models import plan_models
 from triarch.planners.nodegroups import plan_pool
-from triarch.verify import check_drivers, check_nodes, check_ray_service, check_ready, check_vllm, exposition_names
+from triarch.verify import (
+    check_drivers,
+    check_nodes,
+    check_ray_service,
+    check_ready,
+    check_start,
+    check_vllm,
+    exposition_names,
+    start_times,
+)
 
 HERE = Path(__file__).resolve().parent
 RECORDED = HERE / "verify"
@@ -45,7 +54,7 @@ def local_stack() -> tuple[Any, list[Any], list[Any]]:
     return stack, plan_models(stack, catalog()), pools
 
 
-@pytest.mark.parametrize("name", ["nodes.json", "daemonsets-nvidia-device-plugin.json"])
+@pytest.mark.parametrize("name", ["nodes.json", "daemonsets-nvidia-device-plugin.json", "pods-llm.json"])
 def test_the_recorded_shapes_are_what_the_api_server_returns(name: str) -> None:
     for item in recorded(name)["items"]:
         kubernetes_validate.validate(item, "1.34", strict=True)
@@ -211,6 +220,10 @@ if args[:2] == ["get", "--raw"]:
     print("ok"); sys.exit(0)
 if args[:2] == ["get", "nodes"]:
     print((recorded / "nodes.json").read_text()); sys.exit(0)
+if args[:2] == ["get", "pods"]:
+    print((recorded / "pods-llm.json").read_text()); sys.exit(0)
+if args[:1] == ["logs"]:
+    print((recorded / "vllm-embed.log").read_text()); sys.exit(0)
 if args[:2] == ["get", "daemonsets"] and args[3] == "nvidia-device-plugin":
     print((recorded / "daemonsets-nvidia-device-plugin.json").read_text()); sys.exit(0)
 print("error: the server doesn't have a resource type", file=sys.stderr); sys.exit(1)
@@ -227,6 +240,7 @@ def test_verify_end_to_end_against_recorded_answers(tmp_path: Path, serve: Any, 
     assert main(["verify", "--stack", "local", "--context", "triarch-local", "--endpoint", f"embed={url}"]) == 0
     out = capsys.readouterr().out
     assert "Where (Kubernetes)" in out and "When (vLLM)" in out and "0 failing" in out
+    assert "ok   embed start (embed-6d8f9c7b5-x2k4q): Ready 4m51s after creation" in out
     sick = serve(Server(health=503))
     assert main(["verify", "--stack", "local", "--endpoint", f"embed={sick}"]) == 1
     assert "FAIL vLLM server embed: /health answered 503 -> kubectl" in capsys.readouterr().out
@@ -349,3 +363,42 @@ def test_prometheus_is_asked_how_many_series_it_holds(serve: Any) -> None:
     assert prometheus_count(url, "vllm:num_requests_waiting") == 0
     assert asked == ['count(DCGM_FI_DEV_GPU_UTIL{exported_namespace="llm"})', "count(vllm:num_requests_waiting)"]
     assert prometheus_count("http://127.0.0.1:9", "up", timeout=1) is None
+
+
+# --- a replica's start, measured -----------------------------------------------------------------------------
+
+def test_a_replicas_start_is_read_from_its_status_and_vllms_log() -> None:
+    [pod] = recorded("pods-llm.json")["items"]
+    times = start_times(pod, (RECORDED / "vllm-embed.log").read_text(encoding="utf-8"))
+    # 08:00:00 created, 08:02:22 scheduled, 08:03:33 the container running, 08:04:51 Ready
+    assert (times.to_scheduled, times.to_started, times.to_ready, times.total) == (142, 71, 78, 291)
+    assert times.vllm == {"load": 4.213391, "compile": 8.37, "graphs": 14, "init": 33.12}
+
+
+def test_older_vllm_wording_and_a_restart_read_the_last_start() -> None:
+    [pod] = recorded("pods-llm.json")["items"]
+    log = ("Model loading took 15.00 GiB and 41.5 seconds\ntorch.compile takes 52.0 s in total\n"
+           "init engine (profile, create kv cache, warmup model) took 90.10 seconds\n"
+           "Model loading took 15.00 GiB and 12.0 seconds\n")
+    assert start_times(pod, log).vllm == {"load": 12.0, "compile": 52.0, "init": 90.1}
+
+
+def test_a_start_slower_than_the_prediction_with_its_margin_fails() -> None:
+    _, models, _ = local_stack()
+    [plan] = models
+    [pod] = recorded("pods-llm.json")["items"]
+    times = start_times(pod, "")
+    # The local stack's image pull is unknown (an adopted cluster's disks): no verdict on speed, only the facts.
+    finding = check_start(plan, times)
+    assert finding.ok and "Ready 4m51s after creation (to a node 2m22s, image 1m11s, weights + engine 1m18s)" in \
+        finding.message
+    stack = from_pulumi_config(read_stack_config(ROOT / "stacks" / "Pulumi.dev.yaml")[0])
+    [dev] = plan_models(stack, catalog())
+    assert dev.cold_start is not None and not dev.cold_start.unknown()
+    slow = copy.deepcopy(pod)
+    for condition in slow["status"]["conditions"]:
+        if condition["type"] == "Ready":
+            condition["lastTransitionTime"] = "2026-12-02T08:30:00Z"  # 30 minutes: beyond 1.5 x the slow end
+    assert check_start(dev, start_times(pod, "")).ok
+    late = check_start(dev, start_times(slow, ""))
+    assert not late.ok and "slower than the prediction's slow end" in late.message

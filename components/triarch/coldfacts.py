@@ -56,6 +56,8 @@ class ColdStartFacts:
     engine_warm: Range
     engine_cold: Range
     engine_cold_parallel: Range
+    engine_warm_moe: Range
+    engine_cold_moe: Range
     engine_eager: Range
     startup_margin: float
     sources: dict[str, str]
@@ -103,6 +105,7 @@ def cold_start_facts() -> ColdStartFacts:
         streamer_s3_mbps=_range(weights["streamerS3MBps"]), streamer_concurrency=int(weights["streamerConcurrency"]),
         engine_warm=_range(engine["warmCompileSeconds"]), engine_cold=_range(engine["coldCompileSeconds"]),
         engine_cold_parallel=_range(engine["coldCompileTensorParallelSeconds"]),
+        engine_warm_moe=_range(engine["warmMoeSeconds"]), engine_cold_moe=_range(engine["coldMoeSeconds"]),
         engine_eager=_range(engine["eagerSeconds"]),
         startup_margin=float(raw["startupMargin"]),
         sources=_sources(raw),

@@ -21,6 +21,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -28,6 +29,7 @@ from triarch.catalog import Catalog
 from triarch.config import StackConfig
 from triarch.matrix import Node, check_image_on_node, images_by_engine
 from triarch.planners import device_plugin, karpenter, monitoring
+from triarch.planners.coldstart import duration, span
 from triarch.planners.models import ModelPlan, uses_efa
 from triarch.planners.nodegroups import PoolPlan
 from triarch.planners.observability import observability_manifests
@@ -321,6 +323,80 @@ def check_nccl(plan: ModelPlan, pod: str, log: str) -> Finding:
                    "wait for the replica to load, then run verify again")
 
 
+VLLM_START_LINES = {
+    "load": re.compile(r"Model loading took [\d.]+ ?GiB(?: memory)? and ([\d.]+) seconds"),
+    "compile": re.compile(r"torch\.compile (?:takes|took) ([\d.]+) s in total"),
+    "graphs": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
+    "init": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) (?:seconds|s)"),
+}
+"""What vLLM logs of its own start (0.33.0's format strings: model_loader gpu_model_runner.py "Model loading took",
+compilation/monitor.py "torch.compile took", gpu_model_runner.py "Graph capturing finished", v1/engine/core.py "init
+engine ... took"; earlier releases' "takes" and "seconds" too). The last match wins: a restarted engine logs again."""
+
+
+def _seconds_at(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class StartTimes:
+    """One pod's start, as its own status and vLLM's log tell it (seconds; None where they do not say)."""
+
+    pod: str
+    to_scheduled: float | None
+    """Created to bound to a node: the node's launch, where none had room."""
+    to_started: float | None
+    """Bound to the server container running: the image pull (and volume mounts)."""
+    to_ready: float | None
+    """Container running to Ready: the weights and vLLM's start."""
+    total: float | None
+    vllm: dict[str, float]
+    """load, compile, graphs, init: vLLM's own figures."""
+
+
+def start_times(pod: Mapping[str, Any], log: str, container: str = "vllm") -> StartTimes:
+    """A Ready pod's start from its creation, its conditions' transition times and its container's start."""
+    status = pod.get("status") or {}
+    created = _seconds_at((pod.get("metadata") or {}).get("creationTimestamp"))
+    when = {c.get("type"): _seconds_at(c.get("lastTransitionTime")) for c in status.get("conditions") or []
+            if c.get("status") == "True"}
+    running = next((c.get("state", {}).get("running", {}).get("startedAt") for c in
+                    status.get("containerStatuses") or [] if c.get("name") == container), None)
+    started = _seconds_at(running)
+    scheduled, ready = when.get("PodScheduled"), when.get("Ready")
+
+    def between(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else max(0.0, b - a)
+
+    found = {name: float(matches[-1]) for name, pattern in VLLM_START_LINES.items()
+             if (matches := pattern.findall(log))}
+    return StartTimes(str(pod["metadata"]["name"]), between(created, scheduled), between(scheduled, started),
+                      between(started, ready), between(created, ready), found)
+
+
+def check_start(plan: ModelPlan, times: StartTimes) -> Finding:
+    """A replica's measured start beside its prediction; slower than the prediction's slow end with its margin is a
+    finding (the budget the startup probe and `pulumi up` were given came from it)."""
+    subject = f"{plan.name} start ({times.pod})"
+    measured = ", ".join(f"{label} {duration(value)}" for label, value in (
+        ("to a node", times.to_scheduled), ("image", times.to_started), ("weights + engine", times.to_ready))
+        if value is not None)
+    own = ", ".join(f"{k} {v:g}s" for k, v in times.vllm.items())
+    cold = plan.cold_start
+    predicted = "" if cold is None else f"; predicted {span(cold.total())}" + (
+        f" + {', '.join(cold.unknown())} unknown" if cold.unknown() else "")
+    text = (f"Ready {duration(times.total)} after creation" if times.total is not None else "not Ready yet") + (
+        f" ({measured})" if measured else "") + (f"; vLLM: {own}" if own else "") + predicted
+    if cold is not None and times.total is not None and not cold.unknown() \
+            and times.total > cold.total().high * cold.margin:
+        return Finding("when", subject, False, text + ": slower than the prediction's slow end with its margin",
+                       "compare the parts with `triarch plan`'s; a slow part is worth a look (image size, the cache's "
+                       "throughput, a cold compile cache)")
+    return Finding("when", subject, True, text)
+
+
 class Cluster:
     """kubectl through testinfra's local host."""
 
@@ -411,12 +487,31 @@ def verify(cluster: Cluster, stack: StackConfig, models: list[ModelPlan], pools:
             findings += _nccl_findings(cluster, plan, namespace)
         if plan.config.engine != "vllm":
             continue
+        findings += _start_findings(cluster, plan, namespace)
         if plan.name in endpoints:
             findings += check_vllm(plan, endpoints[plan.name])
         else:
             with cluster.forward(namespace, plan.name) as url:
                 findings += check_vllm(plan, url)
     return findings
+
+
+def _start_findings(cluster: Cluster, plan: ModelPlan, namespace: str) -> list[Finding]:
+    """Each Ready server pod's start (a multi-node replica's leader: it serves when the group does)."""
+    selector = f"app.kubernetes.io/name=vllm,app.kubernetes.io/instance={plan.name}"
+    if plan.multi_node:
+        selector += f",{LWS_WORKER_INDEX}=0"
+    found = []
+    for pod in cluster.items("pods", "-n", namespace, "-l", selector):
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+            continue
+        try:
+            log = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], "-c", "vllm")
+        except KubectlFailed:
+            log = ""  # the times from the pod's status stand on their own
+        found.append(check_start(plan, start_times(pod, log)))
+    return found
 
 
 def _nccl_findings(cluster: Cluster, plan: ModelPlan, namespace: str) -> list[Finding]:

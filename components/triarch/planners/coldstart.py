@@ -58,6 +58,9 @@ class ColdStart:
     """Parts a start onto the model's warm capacity skips."""
     margin: float = 1.0
     """The factor on the slow end that budgets allow (cold-start.yaml's startupMargin)."""
+    first_container: Range | None = None
+    """Weights and a cold engine start: what the first replica's container takes (the startup probe lets it
+    through too)."""
 
     def total(self, skip: tuple[str, ...] = ()) -> Range:
         """The known parts added up (see `unknown` for what is missing)."""
@@ -188,18 +191,27 @@ def shared_cache(stack: StackConfig) -> bool:
     return mode == "ReadWriteMany"
 
 
-def _engine(stack: StackConfig, plan: ModelPlan, cold: ColdStartFacts) -> Part:
+def _engine(plan: ModelPlan, cold: ColdStartFacts, warm: bool) -> Part:
+    """vLLM's own start: from the compile cache (`warm`) or compiling cold; an MoE model also warms up its expert
+    kernels, a replica across GPUs checks their links."""
     if plan.sizing.engine_args.get("enforce_eager"):
         return Part("engine", cold.engine_eager, "vLLM's profile and start in eager mode (no compile, no graphs)",
                     ("engine.eagerSeconds",))
-    if compile_cache_on(stack):
-        return Part("engine", cold.engine_warm, "vLLM's profile, compile from the shared compile cache, graph "
-                    "capture and the server's start", ("engine.warmCompileSeconds",))
+    moe = " and the MoE kernels' warm-up" if plan.sizing.moe else ""
+    if warm:
+        figure, key = (cold.engine_warm_moe, "warmMoeSeconds") if plan.sizing.moe else (cold.engine_warm,
+                                                                                         "warmCompileSeconds")
+        return Part("engine", figure, f"vLLM's profile, compile from the shared compile cache, graph capture{moe} "
+                    "and the server's start", (f"engine.{key}",))
     across = plan.gpus_per_replica > 1
-    figure = cold.engine_cold_parallel if across else cold.engine_cold
-    return Part("engine", figure, "vLLM's profile, a cold compile (no shared compile cache), graph capture and the "
-                "server's start" + (" across GPUs" if across else ""),
-                ("engine.coldCompileTensorParallelSeconds" if across else "engine.coldCompileSeconds",))
+    options = [(cold.engine_cold, "coldCompileSeconds")]
+    if across:
+        options.append((cold.engine_cold_parallel, "coldCompileTensorParallelSeconds"))
+    if plan.sizing.moe:
+        options.append((cold.engine_cold_moe, "coldMoeSeconds"))
+    figure, key = max(options, key=lambda option: option[0].high)
+    return Part("engine", figure, f"vLLM's profile, a cold compile, graph capture{moe} and the server's start"
+                + (" across GPUs" if across else ""), (f"engine.{key}",))
 
 
 def predict(stack: StackConfig, plan: ModelPlan, facts: Catalog, cold: ColdStartFacts | None = None) -> ColdStart:
@@ -207,15 +219,17 @@ def predict(stack: StackConfig, plan: ModelPlan, facts: Catalog, cold: ColdStart
     parts = [_node(stack, plan, cold), _image(stack, plan, facts, cold)]
     if plan.config.engine == "ray-serve":
         parts.append(Part("ray", None, "a Ray worker joins the cluster and Ray Serve places the replica", ()))
-    parts += [_weights(stack, plan, cold), _engine(stack, plan, cold)]
+    parts += [_weights(stack, plan, cold), _engine(plan, cold, warm=compile_cache_on(stack))]
     first = ("streams from S3 like every start" if plan.config.weights_uri else
              f"downloads {plan.sizing.weights_bytes / GIB:.1f} GiB from the hub into the cache (rate unknown)")
     if compile_cache_on(stack):
         first += "; the first replica on a GPU type compiles cold"
-    prediction = ColdStart(plan.name, tuple(parts), first, 0, "")
-    budget, reason = startup_budget(plan, prediction, cold)
+    # The startup probe must also let the first start through, which compiles cold.
+    first_parts = tuple(p if p.key != "engine" else _engine(plan, cold, warm=False) for p in parts)
+    first_start = ColdStart(plan.name, first_parts, first, 0, "")
+    budget, reason = startup_budget(plan, first_start, cold)
     return ColdStart(plan.name, tuple(parts), first, budget, reason, warm_skips=_warm_skips(stack, plan),
-                     margin=cold.startup_margin)
+                     margin=cold.startup_margin, first_container=first_start.container)
 
 
 def _warm_skips(stack: StackConfig, plan: ModelPlan) -> tuple[str, ...]:
@@ -240,7 +254,7 @@ def startup_budget(plan: ModelPlan, prediction: ColdStart, cold: ColdStartFacts)
         return HUB_FIRST_START_MINUTES * 60, (f"Triarch's fixed allowance, as the prediction of weights + engine is "
                                               f"incomplete ({missing} unknown)")
     minutes = max(1, math.ceil(container.high * cold.startup_margin / 60))
-    reason = f"{cold.startup_margin:g} x {duration(container.high)}, the slow end of weights + engine"
+    reason = f"{cold.startup_margin:g} x {duration(container.high)}, the slow end of weights + a cold engine start"
     if hub and minutes < HUB_FIRST_START_MINUTES:
         return HUB_FIRST_START_MINUTES * 60, (f"the first download from the hub takes a time no plan knows (the "
                                               f"prediction alone gives {minutes}m: {reason}); weightsUri or "
@@ -251,12 +265,13 @@ def startup_budget(plan: ModelPlan, prediction: ColdStart, cold: ColdStartFacts)
 def check_budget(index: int, prediction: ColdStart, startup_minutes: int | None) -> None:
     """A startupMinutes below the slow end of what the container's start is predicted to take restarts a start
     that is only slow: refused, naming the prediction."""
-    container = prediction.container
+    container = prediction.first_container or prediction.container
     if startup_minutes is not None and container is not None and startup_minutes * 60 < container.high:
         need = math.ceil(container.high / 60)
         model = prediction.model
         raise ConfigError(f"triarch:models[{index}].startupMinutes", startup_minutes,
                               f"is shorter than the predicted start of '{model}' after its container starts "
-                              f"({span(container)}: weights and engine; `triarch plan` shows the parts), so the "
+                              f"({span(container)}: weights and a cold engine start; `triarch plan` shows the parts), "
+                              "so the "
                               "startup probe would restart a start that is only slow",
                           f">= {need}, or remove it to take the prediction with its margin")

@@ -59,6 +59,8 @@ class Sizing:
     underestimate; templates/compat/vllm-releases.yaml estimateSpread): what the engine args were chosen to start
     with."""
     available_kv_bytes_low: int = 0
+    moe: bool = False
+    """Whether the model routes tokens to experts (its start warms up the MoE kernels too)."""
 
     def stage_lines(self) -> list[str]:
         """How a multi-stage replica splits: where the stages run and what each GPU of them holds."""

@@ -287,6 +287,7 @@ def tune(
         available_kv_bytes=chosen.budget.available_kv,
         available_kv_bytes_low=pessimistic.budget.available_kv,
         kv_cache_tokens_low=pessimistic.reported_tokens(final_len),
+        moe=arch.is_moe,
         memory=chosen.budget,
         engine_args=args,
         notes=tuple(notes),
