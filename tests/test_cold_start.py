@@ -311,7 +311,8 @@ def test_a_created_cluster_gives_the_s3_model_a_role_scoped_to_its_prefix(tmp_pa
     [policy] = [r for r in plan.of_type("aws:iam/rolePolicy:RolePolicy") if r.name == "embed-weights-read"]
     statements = json.loads(policy.inputs["policy"])["Statement"]
     assert {s["Action"]: s["Resource"] for s in statements} == {
-        "s3:GetObject": "arn:aws:s3:::models/qwen/*", "s3:ListBucket": "arn:aws:s3:::models"}
+        "s3:GetObject": ["arn:aws:s3:::models/qwen/*"], "s3:ListBucket": "arn:aws:s3:::models"}
+    assert statements[1]["Condition"] == {"StringLike": {"s3:prefix": ["qwen/*"]}}
     [association] = plan.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")[-1:]
     assert association.inputs["serviceAccount"] == "embed-weights"
     # The server waits for its role: a pod started before the association gets no credentials.
@@ -338,12 +339,37 @@ def test_an_adopted_cluster_needs_a_role_for_s3_weights(mutated_config: MutatedC
     assert "no role can read them" in str(error) and "weightsRoleArn" in str(error)
 
 
-def test_s3_weights_on_ray_serve_are_refused(mutated_config: MutatedConfig) -> None:
-    def mutate(config: dict[str, Any]) -> None:
-        chat = next(m for m in config["triarch:models"] if m["name"] == "chat")
-        chat["weightsUri"] = "s3://models/x/"
-    error = refusal(mutated_config, "prod", mutate)
-    assert error.path.endswith(".weightsUri") and "engine vllm only" in str(error)
+def test_s3_weights_on_ray_serve_stream_through_the_worker_groups_account(tmp_path: Path) -> None:
+    document = stack_document("prod")
+    chat = next(m for m in document["triarch:models"] if m["name"] == "chat")
+    chat["weightsUri"] = "s3://models/deepseek/"
+    plan = plan_config("prod", document, tmp_path)
+    [service] = plan.objects("RayService")
+    configs = {a["name"]: a["args"]["llm_configs"][0] for a in yaml.safe_load(service["spec"]["serveConfigV2"])[
+        "applications"]}
+    assert configs["chat"]["model_loading_config"] == {"model_id": "chat", "model_source": "s3://models/deepseek/"}
+    assert configs["chat"]["engine_kwargs"]["load_format"] == "runai_streamer"
+    assert configs["chat"]["engine_kwargs"]["model_loader_extra_config"] == {"concurrency": 32}
+    assert configs["qwen"]["model_loading_config"]["model_source"] == "Qwen/Qwen3-8B"  # the other model as before
+    groups = {g["groupName"]: g["template"]["spec"] for g in service["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    assert groups["a100-2gpu"]["serviceAccountName"] == "llm-a100-2gpu-weights"
+    assert "serviceAccountName" not in groups["l4-1gpu"]
+    [account] = [o for o in plan.objects("ServiceAccount") if o["metadata"]["name"] == "llm-a100-2gpu-weights"]
+    assert account["automountServiceAccountToken"] is False
+    [policy] = [r for r in plan.of_type("aws:iam/rolePolicy:RolePolicy") if r.name == "llm-a100-2gpu-weights-read"]
+    statements = json.loads(policy.inputs["policy"])["Statement"]
+    assert statements[0]["Resource"] == ["arn:aws:s3:::models/deepseek/*"]
+    [ray] = [r for r in plan.resources if r.type == "triarch:ray:RayServing"]
+    assert any(u.endswith("::llm-a100-2gpu-weights-identity") for u in plan.dependencies[ray.urn])
+
+
+def test_one_group_role_reads_each_of_its_models_prefixes() -> None:
+    from triarch.planners.iam import weights_read_policy
+    policy = weights_read_policy(["s3://b/two/", "s3://a/one/", "s3://b/three/"], "us-east-1")
+    read, *lists = policy["Statement"]
+    assert read["Resource"] == ["arn:aws:s3:::a/one/*", "arn:aws:s3:::b/three/*", "arn:aws:s3:::b/two/*"]
+    assert [(s["Resource"], s["Condition"]["StringLike"]["s3:prefix"]) for s in lists] == [
+        ("arn:aws:s3:::a", ["one/*"]), ("arn:aws:s3:::b", ["three/*", "two/*"])]
 
 
 def test_a_role_for_s3_weights_on_a_created_cluster_is_refused(mutated_config: MutatedConfig) -> None:

@@ -219,10 +219,11 @@ class ModelConfig(_Model):
     Default: the cold-start prediction's slow end with a margin (`triarch plan` shows both); a value below the
     prediction is refused."""
     weights_uri: Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[\w./=+-]*)?$")] | None = None
-    """engine vllm: s3://bucket/prefix holding the model's files (config, tokenizer, safetensors), which vLLM streams
+    """s3://bucket/prefix holding the model's files (config, tokenizer, safetensors), which vLLM streams
     into the GPUs with the Run:ai Model Streamer (--load-format runai_streamer) instead of downloading them from the
-    hub into the model cache. The pods read it through a role: on a created cluster one Triarch makes, scoped to
-    the prefix; on an adopted one triarch:serving.weightsRoleArn."""
+    hub into the model cache (engine ray-serve: Ray Serve LLM's model_source, which it hands to vLLM without a
+    download). The pods read it through a role: on a created cluster one Triarch makes, scoped to the prefix (a Ray
+    worker group's to its models' prefixes); on an adopted one triarch:serving.weightsRoleArn."""
     warm_replicas: int = Field(0, ge=0, le=16)
     """Replicas' worth of GPU capacity kept running empty beside the model's own, so a scale-up or a replacement
     skips the node's launch (and, with placeholder pods, the image pull). Billed as the nodes it keeps."""
@@ -558,17 +559,12 @@ def _check_cold_start_settings(stack: StackConfig, model: ModelConfig, path: str
     """Weights from S3 need a role that reads them and an engine that streams them; warm capacity needs a pool
     that scales; a shared compile cache needs a volume every replica can mount."""
     serving = stack.serving
-    if model.weights_uri is not None:
-        if model.engine != "vllm":
-            raise ConfigError(f"{path}.weightsUri", model.weights_uri,
-                              "is streamed by vLLM's own loader, which Triarch sets up for engine vllm only (Ray "
-                              "Serve LLM reads its model source its own way)", "engine: vllm, or remove it")
-        if not stack.cluster.create and serving.weights_role_arn is None:
-            raise ConfigError(f"{path}.weightsUri", model.weights_uri,
-                              "names S3 weights, but no role can read them: the serving pods of an adopted cluster "
-                              "assume triarch:serving.weightsRoleArn (IRSA), which is not set",
-                              "triarch:serving.weightsRoleArn: arn:aws:iam::<account>:role/<a role that may "
-                              "s3:GetObject and s3:ListBucket there>, or remove weightsUri")
+    if model.weights_uri is not None and not stack.cluster.create and serving.weights_role_arn is None:
+        raise ConfigError(f"{path}.weightsUri", model.weights_uri,
+                          "names S3 weights, but no role can read them: the serving pods of an adopted cluster "
+                          "assume triarch:serving.weightsRoleArn (IRSA), which is not set",
+                          "triarch:serving.weightsRoleArn: arn:aws:iam::<account>:role/<a role that may "
+                          "s3:GetObject and s3:ListBucket there>, or remove weightsUri")
     if model.warm_replicas:
         group = stack.node_group(model.node_group)
         scales = pool_provisioner(stack.cluster, group) == "karpenter" or (

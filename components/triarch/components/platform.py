@@ -40,6 +40,7 @@ from triarch.planners.monitoring import (
 )
 from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
 from triarch.planners.objects import KubernetesPlan
+from triarch.planners.ray import weights_account, weights_uris, worker_groups
 from triarch.planners.registry import crd_sources, docker_config, pull_through_policy, stack_charts
 from triarch.planners.warm import uses_buffers
 from triarch.scheduling import SYSTEM_POOL
@@ -189,7 +190,7 @@ class Platform(pulumi.ComponentResource):
                     reader = WeightsReader(f"{plan.name}-weights", cluster_name=self.cluster.cluster.name,
                                            cluster=stack.cluster.name, namespace=stack.serving.namespace,
                                            service_account=pods.weights_service_account(plan.name),
-                                           uri=plan.config.weights_uri, region=stack.aws_region,
+                                           uris=[plan.config.weights_uri], region=stack.aws_region,
                                            depends_on=[self.cluster.addons["eks-pod-identity-agent"]],
                                            opts=pulumi.ResourceOptions(parent=self))
                     self.weights_readers.append(reader)
@@ -212,7 +213,20 @@ class Platform(pulumi.ComponentResource):
                                            crds=[(c.file, c.url) for c in crd_sources("kuberay-operator", stack)])
         if objects.ray:
             served = [plan.name for plan in models if plan.config.engine == "ray-serve"]
-            self.ray = RayServing("ray-serve", objects.ray, served, self.kuberay, self.provider, opts=after)
+            readers: list[pulumi.Resource] = []
+            for key, hosted in sorted(worker_groups(models).items(), key=lambda kv: kv[0].name):
+                uris = weights_uris(hosted)
+                if uris and isinstance(self.cluster, EksCluster):
+                    assert stack.aws_region is not None
+                    reader = WeightsReader(weights_account(key), cluster_name=self.cluster.cluster.name,
+                                           cluster=stack.cluster.name, namespace=stack.serving.namespace,
+                                           service_account=weights_account(key), uris=uris, region=stack.aws_region,
+                                           depends_on=[self.cluster.addons["eks-pod-identity-agent"]],
+                                           opts=pulumi.ResourceOptions(parent=self))
+                    self.weights_readers.append(reader)
+                    readers.append(reader)
+            self.ray = RayServing("ray-serve", objects.ray, served, self.kuberay, self.provider,
+                                  opts=pulumi.ResourceOptions.merge(after, pulumi.ResourceOptions(depends_on=readers)))
         self.dcgm_exporter: ChartAddOn | None = None
         self.keda: ChartAddOn | None = None
         observed = stack.observability

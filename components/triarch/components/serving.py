@@ -84,18 +84,19 @@ class KubeRayOperator(pulumi.ComponentResource):
 
 
 class WeightsReader(pulumi.ComponentResource):
-    """What lets one model's pods read its S3 weights on a created cluster: a role only its service account can
-    assume (EKS Pod Identity), allowed to read that prefix, and the association that hands it to the pods."""
+    """What lets pods read S3 weights on a created cluster (a vllm model's, or a Ray worker group's models'): a role
+    only their service account can assume (EKS Pod Identity), allowed to read those prefixes, and the association
+    that hands it to the pods."""
 
     def __init__(self, name: str, *, cluster_name: pulumi.Input[str], cluster: str, namespace: str,
-                 service_account: str, uri: str, region: str, depends_on: list[pulumi.Resource],
+                 service_account: str, uris: list[str], region: str, depends_on: list[pulumi.Resource],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:vllm:WeightsReader", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.role = aws.iam.Role(f"{name}-role", assume_role_policy=pod_identity_trust(cluster, namespace,
                                                                                       service_account), opts=child)
         self.policy = aws.iam.RolePolicy(f"{name}-read", role=self.role.id,
-                                         policy=json.dumps(weights_read_policy(uri, region)), opts=child)
+                                         policy=json.dumps(weights_read_policy(uris, region)), opts=child)
         self.association = aws.eks.PodIdentityAssociation(
             f"{name}-identity", cluster_name=cluster_name, namespace=namespace, service_account=service_account,
             role_arn=self.role.arn, opts=pulumi.ResourceOptions(parent=self, depends_on=[self.policy, *depends_on]))

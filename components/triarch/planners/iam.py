@@ -85,13 +85,16 @@ def s3_location(uri: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-def weights_read_policy(uri: str, region: str) -> dict[str, Any]:
-    """Read one model's weights and nothing else: its objects, and the listing of its prefix (the streamer lists the
+def weights_read_policy(uris: list[str], region: str) -> dict[str, Any]:
+    """Read these weights and nothing else: their objects, and the listing of their prefixes (the streamer lists the
     safetensors files before reading them)."""
-    bucket, prefix = s3_location(uri)
-    arn = f"arn:{partition_of(region)}:s3:::{bucket}"
+    partition = partition_of(region)
+    located = [s3_location(uri) for uri in sorted(uris)]
     return {"Version": "2012-10-17", "Statement": [
-        {"Sid": "ReadTheWeights", "Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{arn}/{prefix}*"},
-        {"Sid": "ListTheWeights", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn,
-         "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}},
+        {"Sid": "ReadTheWeights", "Effect": "Allow", "Action": "s3:GetObject",
+         "Resource": [f"arn:{partition}:s3:::{bucket}/{prefix}*" for bucket, prefix in located]},
+        *({"Sid": f"ListTheWeights{i}", "Effect": "Allow", "Action": "s3:ListBucket",
+           "Resource": f"arn:{partition}:s3:::{bucket}",
+           "Condition": {"StringLike": {"s3:prefix": sorted(f"{p}*" for b, p in located if b == bucket)}}}
+          for i, bucket in enumerate(sorted({b for b, _ in located}))),
     ]}

@@ -17,9 +17,11 @@ import jinja2
 import yaml
 
 from triarch.catalog import catalog
+from triarch.coldfacts import cold_start_facts
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
 from triarch.planners.models import EFA_RESOURCE, ModelPlan, pod_resources, replica_bounds, uses_efa
+from triarch.planners.vllm import STREAMER_LOAD_FORMAT
 from triarch.scheduling import GPU_PRESENT_LABEL
 
 RAY_SERVICE = "llm"
@@ -87,9 +89,17 @@ def llm_config(plan: ModelPlan) -> dict[str, Any]:
                                             "target_ongoing_requests": max(1, batch // 2)}
     else:
         deployment["num_replicas"] = low
+    engine_kwargs = dict(plan.sizing.engine_args)
+    source = plan.config.model
+    if plan.config.weights_uri:
+        # Ray Serve LLM hands an s3:// source to vLLM as the model when the load format streams (Ray 2.60,
+        # vllm_engine.py), and no node downloads it first.
+        source = plan.config.weights_uri
+        engine_kwargs.update(load_format=STREAMER_LOAD_FORMAT,
+                             model_loader_extra_config={"concurrency": cold_start_facts().streamer_concurrency})
     config: dict[str, Any] = {
-        "model_loading_config": {"model_id": plan.name, "model_source": plan.config.model},
-        "engine_kwargs": dict(plan.sizing.engine_args),
+        "model_loading_config": {"model_id": plan.name, "model_source": source},
+        "engine_kwargs": engine_kwargs,
         "deployment_config": deployment,
     }
     if plan.pool.gpu.ray_accelerator_type:
@@ -202,12 +212,33 @@ def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim:
                 **pods.placement(plans[0].pool, selector, high),
                 "terminationGracePeriodSeconds": worker_grace_seconds(),
                 "automountServiceAccountToken": False,
+                # S3 weights: the account the group's role trusts.
+                **({"serviceAccountName": weights_account(key)} if weights_uris(plans) else {}),
                 "securityContext": pods.pod_security(),
                 "containers": [container],
                 "volumes": pods.volumes(claim, shm_gib=2 * key.gpus),
             },
         },
     }
+
+
+def weights_account(key: WorkerGroupKey) -> str:
+    """The service account of a worker group whose models stream weights from S3."""
+    return f"{RAY_SERVICE}-{key.name}-weights"
+
+
+def weights_uris(plans: list[ModelPlan]) -> list[str]:
+    """The S3 prefixes a worker group's models stream from (sorted: a reordered stack changes nothing)."""
+    return sorted({p.config.weights_uri for p in plans if p.config.weights_uri})
+
+
+def worker_groups(plans: list[ModelPlan]) -> dict[WorkerGroupKey, list[ModelPlan]]:
+    """The ray-serve models by the worker group that hosts them (a pool, and the GPUs of one pod)."""
+    groups: dict[WorkerGroupKey, list[ModelPlan]] = defaultdict(list)
+    for plan in plans:
+        if plan.config.engine == "ray-serve":
+            groups[WorkerGroupKey(plan.pool.name, plan.gpus_per_pod)].append(plan)
+    return groups
 
 
 def autoscaler_service_account(namespace: str) -> dict[str, Any]:
@@ -223,9 +254,7 @@ def ray_manifests(plans: list[ModelPlan], image: str, release: str,
     served = [p for p in plans if p.config.engine == "ray-serve"]
     if not served:
         return []
-    groups: dict[WorkerGroupKey, list[ModelPlan]] = defaultdict(list)
-    for plan in served:
-        groups[WorkerGroupKey(plan.pool.name, plan.gpus_per_pod)].append(plan)
+    groups = worker_groups(served)
     claim = pods.cache_claim_name(RAY_SERVICE)
     ray_version = catalog().images[release].ray
     autoscaled = any(p.config.autoscaling for p in served)
@@ -242,6 +271,8 @@ def ray_manifests(plans: list[ModelPlan], image: str, release: str,
     if ray_version:
         cluster["rayVersion"] = ray_version
     objects = [pods.cache_claim(RAY_SERVICE, sum(p.cache_gib for p in served), settings)]
+    objects += [pods.service_account(weights_account(key), settings.namespace, settings.weights_role_arn)
+                for key in sorted(groups, key=lambda k: (k.pool, k.gpus)) if weights_uris(groups[key])]
     if autoscaled:
         cluster["autoscalerOptions"] = {
             "upscalingMode": "Default", "idleTimeoutSeconds": 600,
