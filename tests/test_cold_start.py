@@ -313,7 +313,8 @@ def test_a_created_cluster_gives_the_s3_model_a_role_scoped_to_its_prefix(tmp_pa
     assert {s["Action"]: s["Resource"] for s in statements} == {
         "s3:GetObject": ["arn:aws:s3:::models/qwen/*"], "s3:ListBucket": "arn:aws:s3:::models"}
     assert statements[1]["Condition"] == {"StringLike": {"s3:prefix": ["qwen/*"]}}
-    [association] = plan.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")[-1:]
+    [association] = [r for r in plan.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+                     if r.name == "embed-weights-identity"]
     assert association.inputs["serviceAccount"] == "embed-weights"
     # The server waits for its role: a pod started before the association gets no credentials.
     [server] = [r for r in plan.resources if r.type == "triarch:vllm:VllmServer"]

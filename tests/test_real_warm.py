@@ -23,7 +23,15 @@ from triarch.scheduling import POOL_LABEL, gpu_toleration
 
 NAMESPACE = "warm-lab"
 POOL = "a10g"
-TIMEOUT = 90
+TIMEOUT = 150
+
+
+def leaving(lab: Lab) -> int:
+    """Pods on the pool's nodes that are terminating (an earlier module's namespace going in the background): their
+    GPUs free up at a moment of their own, so the scenario waits for them."""
+    nodes = {n["metadata"]["name"] for n in lab.kubectl_json("get", "nodes", "-l", f"{POOL_LABEL}={POOL}")["items"]}
+    return sum(1 for p in lab.kubectl_json("get", "pods", "-A")["items"]
+               if p["spec"].get("nodeName") in nodes and p["metadata"].get("deletionTimestamp"))
 
 
 def free_gpus(lab: Lab) -> int:
@@ -57,6 +65,7 @@ def placeholders(lab: Lab) -> list[dict[str, Any]]:
 @pytest.fixture
 def warm_pool(lab: Lab) -> Iterator[int]:
     """The pool's free GPUs filled with the plan's placeholders; the namespace gone afterwards."""
+    wait("no pod leaving the pool", lambda: leaving(lab) == 0, lab)
     free = free_gpus(lab)
     assert free >= 1, "the A10G pool has no free GPU for the scenario"
     config = copy.deepcopy(lab.config)
