@@ -64,6 +64,15 @@ class FromZero:
     def pods(self, name: str) -> list[dict[str, Any]]:
         return self.get("pods", "-n", "llm", "-l", f"app.kubernetes.io/instance={name}")
 
+    def empty_l4(self) -> None:
+        """No embed replica, and the l4 pool consolidated down to no node (its consolidateAfter shortened to 5s)."""
+        self.plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=0")
+        self.plane.kubectl("delete", "pods", "-n", "llm", "-l", "app.kubernetes.io/instance=embed", "--force",
+                           "--grace-period=0")
+        self.plane.kubectl("patch", "nodepool", "l4", "--type=merge",
+                           "-p", json.dumps({"spec": {"disruption": {"consolidateAfter": "5s"}}}))
+        self.wait("the l4 pool empty", lambda: not self.pool_nodes("l4"), 240)
+
     def wait(self, what: str, check: Callable[[], bool], timeout: float = LAUNCH_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -158,12 +167,7 @@ def test_a_zone_without_capacity_leaves_a_replica_pending_not_doubled_up(from_ze
     wait: Karpenter relaxes a preference it cannot meet and launches a second node in the same zone. Runs after the
     consolidation scenario, so the pool is empty already."""
     plane = from_zero.plane
-    plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=0")
-    plane.kubectl("delete", "pods", "-n", "llm", "-l", "app.kubernetes.io/instance=embed", "--force",
-                  "--grace-period=0")
-    plane.kubectl("patch", "nodepool", "l4", "--type=merge",
-                  "-p", json.dumps({"spec": {"disruption": {"consolidateAfter": "5s"}}}))
-    from_zero.wait("the l4 pool empty", lambda: not from_zero.pool_nodes("l4"), 240)
+    from_zero.empty_l4()
     [pool] = [m for m in from_zero.manifests if m["kind"] == "NodePool" and m["metadata"]["name"] == "l4"]
     requirements = pool["spec"]["template"]["spec"]["requirements"]
     [(index, zones)] = [(i, r["values"]) for i, r in enumerate(requirements)
@@ -214,12 +218,7 @@ def test_warm_capacity_keeps_a_node_that_the_next_replica_takes(from_zero: FromZ
     """The plan's CapacityBuffer on real Karpenter: with the pool empty and no replica asking, Karpenter launches a
     node for the buffer, keeps it although it is empty past consolidateAfter, and the next replica binds there."""
     plane = from_zero.plane
-    plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=0")
-    plane.kubectl("delete", "pods", "-n", "llm", "-l", "app.kubernetes.io/instance=embed", "--force",
-                  "--grace-period=0")
-    plane.kubectl("patch", "nodepool", "l4", "--type=merge",
-                  "-p", json.dumps({"spec": {"disruption": {"consolidateAfter": "5s"}}}))
-    from_zero.wait("the l4 pool empty", lambda: not from_zero.pool_nodes("l4"), 240)
+    from_zero.empty_l4()
 
     config = read_stack_config(stack_path(STACK))[0]
     models = json.loads(config["triarch:models"])

@@ -409,6 +409,12 @@ class StackConfig(_Model):
         return next(group for group in self.node_groups if group.name == name)
 
     @property
+    def cache_access_mode(self) -> Literal["ReadWriteMany", "ReadWriteOnce"]:
+        """serving.accessMode with its default resolved: ReadWriteMany on a created cluster (EFS), ReadWriteOnce on an
+        adopted one (its default class)."""
+        return self.serving.access_mode or ("ReadWriteMany" if self.cluster.create else "ReadWriteOnce")
+
+    @property
     def prometheus(self) -> Literal["none", "existing", "install"]:
         """observability.prometheus with its default resolved: install on a created cluster, none on an adopted."""
         given = self.observability.prometheus
@@ -574,7 +580,7 @@ def _check_cold_start_settings(stack: StackConfig, model: ModelConfig, path: str
                               f"keeps capacity warm on node group '{group.name}', whose nodes always run (nothing "
                               "scales it): there is no launch to skip", "0, or a pool Karpenter scales")
     compile_cache = serving.compile_cache
-    mode = serving.access_mode or ("ReadWriteMany" if stack.cluster.create else "ReadWriteOnce")
+    mode = stack.cache_access_mode
     largest = model.autoscaling.max if model.autoscaling else model.replicas
     if compile_cache and mode == "ReadWriteOnce" and (largest > 1 or model.warm_replicas):
         raise ConfigError(f"{NAMESPACE}:serving.compileCache", True,

@@ -37,7 +37,7 @@ def check_gangs(stack: StackConfig, models: list[ModelPlan]) -> None:
     for index, plan in enumerate(models):
         if not plan.multi_node:
             continue
-        access = stack.serving.access_mode or ("ReadWriteMany" if stack.cluster.create else "ReadWriteOnce")
+        access = stack.cache_access_mode
         if access != "ReadWriteMany":
             raise ConfigError("triarch:serving.accessMode", access,
                               f"gives model '{plan.name}' a cache only one node can mount, but each replica spans "

@@ -187,8 +187,7 @@ def compile_cache_on(stack: StackConfig) -> bool:
 
 def shared_cache(stack: StackConfig) -> bool:
     """Whether the model cache is ReadWriteMany (Triarch's EFS on a created cluster, by default)."""
-    mode = stack.serving.access_mode or ("ReadWriteMany" if stack.cluster.create else "ReadWriteOnce")
-    return mode == "ReadWriteMany"
+    return stack.cache_access_mode == "ReadWriteMany"
 
 
 def _engine(plan: ModelPlan, cold: ColdStartFacts, warm: bool) -> Part:

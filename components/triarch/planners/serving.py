@@ -28,7 +28,7 @@ def serving_settings(stack: StackConfig, with_token: bool, with_api_key: bool = 
     serving = stack.serving
     created = stack.cluster.create
     storage_class = serving.storage_class or (EFS_STORAGE_CLASS if created else None)
-    access_mode = serving.access_mode or ("ReadWriteMany" if created else "ReadWriteOnce")
+    access_mode = stack.cache_access_mode
     return pods.ServingSettings(serving.namespace, storage_class, access_mode, with_token, with_api_key,
                                 tuple(serving.client_namespaces), tuple(str(c) for c in serving.hub_cidrs),
                                 str(stack.cluster.vpc_cidr) if created else None, with_pull_secret,
