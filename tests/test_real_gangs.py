@@ -90,6 +90,12 @@ def gangs(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[G
     try:
         stack.pulumi("stack", "init", "--secrets-provider", "passphrase")
         stack.pulumi("up", "--yes", "--skip-preview")  # Pulumi waits for the Service's endpoints: the leaders
+        # The manager's pod controller (what restarts a group) starts its workers once its cache has synced, which on
+        # a loaded machine can come after the groups are up: the scenarios act on it only then.
+        log = plane.directory / "logs" / "lws-manager.log"
+        stack.wait("the LWS pod controller's workers started", lambda: any(
+            "Starting workers" in line and '"controller": "pod"' in line
+            for line in log.read_text().splitlines()), 240)
         yield stack
     finally:
         plane.kubectl("delete", "--ignore-not-found", "--wait=true", "leaderworkersets", "--all", "-n", NAMESPACE,
