@@ -402,7 +402,7 @@ def test_an_instance_store_the_type_lacks_is_refused(mutated_config: MutatedConf
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from dataclasses import replace
 
-    from triarch import config as config_module
+    from triarch.config import reading as config_module
     facts = catalog()
     without = replace(facts, instances={**facts.instances,
                                         "g6.xlarge": replace(facts.instances["g6.xlarge"], nvme_gb=0)})

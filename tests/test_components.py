@@ -26,11 +26,11 @@ import yaml
 from pulumi.runtime.mocks import MockMonitor
 
 from triarch import scheduling
+from triarch.addressing import plan_subnets
 from triarch.catalog import Catalog, charts, load_catalog
 from triarch.components.device_plugin import DevicePlugin
 from triarch.components.nodegroups import NodeRole
 from triarch.offline import KNOWN_AFTER_APPLY, PlanRun, Registered, read_stack_config, run_program
-from triarch.planners.network import plan_subnets
 
 ROOT = Path(__file__).resolve().parents[1]
 STACKS = ("local", "dev", "prod")

@@ -135,7 +135,103 @@ def test_a_plain_text_token_is_refused_with_the_command_that_encrypts_it(tmp_pat
     config["triarch:hfToken"] = TOKEN
     line = refused(capsys, "plan", "--stack-file", str(write_stack_file(tmp_path / "Pulumi.dev.yaml", config)))
     assert "pulumi config set --secret triarch:hfToken" in line
+    assert "delete the line, rotate the value" in line
     assert TOKEN not in line
+
+
+# --- a newcomer's first stack files ------------------------------------------------------------------------------
+
+def test_yaml_merge_keys_and_anchors_are_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`<<: *pool` as Pulumi's own YAML reader takes it: the merged keys, overridden by the ones written beside."""
+    text = (ROOT / "stacks" / "Pulumi.prod.yaml").read_text()
+    merged = text.replace("    - name: l4\n", "    - &pool\n      name: l4\n", 1).replace(
+        "    - name: a100\n", "    - <<: *pool\n      name: a100\n", 1)
+    assert merged.count("*pool") == 1 and merged.count("&pool") == 1
+    path = write(tmp_path, merged, "Pulumi.prod.yaml")
+    assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "merged")]) == 0, capsys.readouterr().err
+    assert cli.main(["plan", "--stack", "prod", "--out", str(tmp_path / "plain")]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "merged" / "plan.json").read_text() == (tmp_path / "plain" / "plan.json").read_text()
+
+
+def test_a_key_beside_a_merge_is_not_a_duplicate_but_a_key_twice_still_is(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    text = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text()
+    twice = text.replace("      max: 2\n", "      max: 2\n      max: 3\n", 1)
+    assert twice != text
+    assert "names 'max' twice" in refused(capsys, "plan", "--stack-file", str(write(tmp_path, twice)))
+
+
+ADOPTED_MINIMAL = """\
+config:
+  triarch:cluster:
+    create: false
+    name: workstation
+    kubernetesVersion: "1.34"
+    context: mine
+  triarch:nodeGroups:
+    - name: gpu
+      gpu: l4
+      driverVersion: "580.95.05"
+      nodes: [node-1]
+  triarch:models:
+    - name: chat
+      model: Qwen/Qwen3-8B
+      engine: vllm
+      nodeGroup: gpu
+"""
+
+
+def test_the_minimal_adopted_stack_plans(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One pool, one listed node, no provisioner: the listed node is the pool, which is never empty."""
+    path = write(tmp_path, ADOPTED_MINIMAL, "Pulumi.adopted.yaml")
+    assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "gpu   existing  NVIDIA L4" in out and " 1-1 " in out, out
+    capacity = json.loads((tmp_path / "out" / "capacity.json").read_text())
+    pool = next(p for p in capacity["pools"] if p["name"] == "gpu")
+    assert (pool["minNodes"], pool["maxNodes"]) == (1, 1), pool
+
+
+def test_an_adopted_pool_said_to_start_empty_still_needs_a_provisioner(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    text = ADOPTED_MINIMAL.replace("      nodes: [node-1]\n", "      nodes: [node-1]\n      min: 0\n")
+    line = refused(capsys, "plan", "--stack-file", str(write(tmp_path, text)))
+    assert line.startswith("error: triarch:nodeGroups[0].min: 0 lets the pool be empty"), line
+
+
+@pytest.mark.parametrize(("key", "typed", "meant", "data"), [
+    ("gpu", "a10", "a10g", "templates/compat/gpus.yaml"),
+    ("gpu", "rtx-4060", "rtx-4060-laptop", "templates/compat/gpus.yaml"),
+])
+def test_an_unknown_gpu_suggests_the_nearest_and_how_to_add_one(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                key: str, typed: str, meant: str, data: str) -> None:
+    text = ADOPTED_MINIMAL.replace("      gpu: l4\n", f"      {key}: {typed}\n")
+    line = refused(capsys, "plan", "--stack-file", str(write(tmp_path, text)))
+    assert line.startswith(f"error: triarch:nodeGroups[0].{key}: '{typed}' is not a known GPU (did you mean "
+                           f"'{meant}'?); to add one, add it to {data}"), line
+
+
+def test_an_unknown_instance_type_suggests_the_nearest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text().replace("instanceType: g6.xlarge", "instanceType: g6.xlarg")
+    line = refused(capsys, "plan", "--stack-file", str(write(tmp_path, text)))
+    assert line.startswith("error: triarch:nodeGroups[0].instanceType: 'g6.xlarg' is not a known GPU instance type "
+                           "(did you mean 'g6.xlarge'?); to add one, add it to templates/compat/instances.yaml"), line
+
+
+def test_a_missing_required_key_says_it_is_required(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text()
+    without = text.replace("systemNodeGroup: {amiRelease: v20260714}", "systemNodeGroup: {}")
+    assert without != text
+    line = refused(capsys, "plan", "--stack-file", str(write(tmp_path, without)))
+    assert line.startswith("error: triarch:cluster.systemNodeGroup.amiRelease: is required when the cluster is "
+                           "created"), line
+
+
+def test_a_bad_number_is_said_in_words(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text().replace("      max: 2\n", "      max: two\n", 1)
+    line = refused(capsys, "plan", "--stack-file", str(write(tmp_path, text)))
+    assert line == "error: triarch:nodeGroups[0].max: 'two' is not a whole number; allowed: a whole number at least 0"
 
 
 def planted(config: dict[str, Any], where: str) -> dict[str, Any]:

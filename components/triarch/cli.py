@@ -360,6 +360,15 @@ def cmd_local_exec(args: argparse.Namespace) -> int:
     return exec_in(args.name or only_plane(), command)
 
 
+def cmd_reference(args: argparse.Namespace) -> int:
+    from triarch.config import reference
+
+    into = Path(args.out) if args.out else reference.DOCS_DIR
+    for path in reference.write(into):
+        print(path)
+    return 0
+
+
 def cmd_local_down(args: argparse.Namespace) -> int:
     from triarch.local.lifecycle import down
     from triarch.local.plane import only_plane
@@ -489,6 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
     stop = steps.add_parser("down", help="stop every process of the plane and remove its namespace and state")
     stop.add_argument("--name", help="the plane (default: the only one up)")
     stop.set_defaults(handler=cmd_local_down)
+
+    ref = commands.add_parser("reference", help="write the stack keys' reference (docs/stack-keys.md) and the JSON "
+                                                "Schema editors validate stack files with (docs/stack.schema.json)")
+    ref.add_argument("--out", help="write both here instead of docs/")
+    ref.set_defaults(handler=cmd_reference)
     return parser
 
 

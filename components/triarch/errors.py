@@ -26,7 +26,7 @@ class ConfigError(TriarchError):
                  show_value: bool = True) -> None:
         self.path, self.value, self.problem, self.allowed = path, value, problem, allowed
         last = re.split(r"[.:\[]", path)[-1]
-        shown = show_value and not SECRET_LIKE.search(last)
+        shown = show_value and value is not None and not SECRET_LIKE.search(last)
         text = f"{path}: {_show(value)} {problem}" if shown else f"{path}: {problem}"
         if allowed:
             text += f"; allowed: {allowed}"

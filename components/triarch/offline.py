@@ -24,7 +24,7 @@ from pulumi.runtime.rpc import UNKNOWN, _special_secret_sig, _special_sig_key
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from triarch.config import NAMESPACE
+from triarch.config import NAMESPACE, SECRET_KEYS
 from triarch.errors import ConfigError
 from triarch.paths import PROGRAM, STACKS_DIR
 
@@ -35,8 +35,7 @@ PROJECT = "triarch"
 KNOWN_AFTER_APPLY = "<known after apply>"
 SECRET = "[secret]"
 SECRET_INPUTS = {"kubernetes:core/v1:Secret": ("data", "stringData")}
-PLAIN_TEXT_REFUSED = ("triarch:hfToken", "triarch:vllmApiKey", "triarch:grafanaAdminPassword",
-                      "triarch:registryPassword")
+PLAIN_TEXT_REFUSED = tuple(f"{NAMESPACE}:{key}" for key in SECRET_KEYS)
 """Keys that must be Pulumi secrets (`secure:` in the stack file), never plain text."""
 
 NOT_MANIFESTS = ("kubernetes:helm.sh/", "pulumi:providers:", "kubernetes:yaml")
@@ -206,11 +205,15 @@ class DuplicateKey(Exception):
 
 
 class _StackLoader(yaml.SafeLoader):
-    """YAML as Pulumi reads a stack file: a mapping with a key twice is an error, not the last value winning."""
+    """YAML as Pulumi reads a stack file: a mapping with a key twice is an error, not the last value winning; merge
+    keys (`<<: *pool`) and anchors are YAML 1.1's, which Pulumi's reader accepts too, and a key written beside a
+    merge overrides the merged one."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # merged in by the base class, below the keys written here
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
             if key in seen:
@@ -277,7 +280,9 @@ def read_stack_config(path: Path) -> tuple[dict[str, str], list[str]]:
             secrets.append(key)
         elif key in PLAIN_TEXT_REFUSED:
             raise ConfigError(key, None, "is in plain text in the stack file, where anyone who reads the repository "
-                              "(or a CI log) sees it", f"pulumi config set --secret {key} <value>", show_value=False)
+                              "(or a CI log) sees it: delete the line, rotate the value (it is exposed wherever the "
+                              "file went), then set the new one as a secret",
+                              f"pulumi config set --secret {key} <value>", show_value=False)
         elif isinstance(value, dict | list):
             config[key] = json.dumps(value)
         elif isinstance(value, bool):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
+from triarch.addressing import plan_subnets
 from triarch.config import ClusterConfig
 from triarch.planners.karpenter import DISCOVERY_TAG
-from triarch.planners.network import plan_subnets
 
 
 def nat_zones(cluster: ClusterConfig) -> list[str]:

@@ -1,0 +1,258 @@
+"""Checks that span fields or need the catalog: a stack that passes here can be planned. Each raises one
+ConfigError naming the key path, before any resource is registered."""
+
+from __future__ import annotations
+
+import re
+
+from triarch.addressing import plan_subnets
+from triarch.catalog import Catalog, charts
+from triarch.config.base import NAMESPACE, key_path
+from triarch.config.platform import ImagePin
+from triarch.config.pools import (
+    SYSTEM_RELEASE_TABLE,
+    check_ami_release,
+    check_node_group,
+    gpus_per_node,
+    pool_provisioner,
+    unknown,
+)
+from triarch.config.schema import SUPPORTED_KUBERNETES, UPSTREAM_IMAGES, ModelConfig, StackConfig, admin_key
+from triarch.errors import ConfigError
+from triarch.images import ImageError, chart_release, parse_host, parse_prefix, release_of
+
+
+def _cluster_path(key: str) -> str:
+    return f"{NAMESPACE}:cluster.{key}"
+
+
+def check_stack(stack: StackConfig, facts: Catalog) -> None:
+    """Every rule that spans fields or needs the catalog; raises ConfigError naming the key path."""
+    cluster = stack.cluster
+    if cluster.kubernetes_version not in SUPPORTED_KUBERNETES:
+        raise ConfigError(_cluster_path("kubernetesVersion"), cluster.kubernetes_version,
+                          "is not a supported Kubernetes version", ", ".join(SUPPORTED_KUBERNETES))
+    if cluster.create:
+        if stack.aws_region is None:
+            raise ConfigError("aws:region", None, "must be set when triarch:cluster.create is true",
+                              "an AWS region such as us-east-1")
+        if len(cluster.zones) < 2:
+            raise ConfigError(_cluster_path("zones"), cluster.zones,
+                              "must list at least two zones (EKS places the control plane in two or more)",
+                              f"zones of {stack.aws_region}, e.g. {stack.aws_region}a")
+        for i, zone in enumerate(cluster.zones):
+            if not (zone.startswith(stack.aws_region) and len(zone) == len(stack.aws_region) + 1):
+                raise ConfigError(key_path(f"{NAMESPACE}:cluster", "zones", i), zone,
+                                  f"is not a zone of aws:region {stack.aws_region}", f"{stack.aws_region}a, ...")
+        if len(set(cluster.zones)) != len(cluster.zones):
+            raise ConfigError(_cluster_path("zones"), cluster.zones, "lists a zone twice", "distinct zones")
+        plan_subnets(cluster.vpc_cidr, cluster.zones)  # the address plan must hold the zones, before any resource
+        for key in ("kubeconfig", "context"):
+            if getattr(cluster, key) is not None:
+                raise ConfigError(_cluster_path(key), getattr(cluster, key),
+                                  "only applies to an adopted cluster", "remove it, or set create: false")
+        if not cluster.admin_role_arns:
+            raise ConfigError(_cluster_path("adminRoleArns"), [],
+                              "names no administrator: the cluster's creator gets no implicit access, so nobody "
+                              "(`pulumi up` included) could reach the Kubernetes API",
+                              "the IAM role ARNs that administer the cluster, the one `pulumi up` runs as among them")
+        seen: dict[str, int] = {}
+        for i, arn in enumerate(cluster.admin_role_arns):
+            name = admin_key(arn)
+            if name in seen:
+                raise ConfigError(f"{_cluster_path('adminRoleArns')}[{i}]", arn,
+                                  f"has the name {name!r} of entry [{seen[name]}]: each admin's access entry is named "
+                                  "after it", "principals with distinct names")
+            seen[name] = i
+        if cluster.provisioner == "cluster-autoscaler":
+            raise ConfigError(_cluster_path("nodeProvisioner"), cluster.node_provisioner,
+                              "is not installed by Triarch on a created cluster",
+                              "karpenter (installed, scales pools from zero), none (fixed-size pools)")
+        system = cluster.system_node_group
+        check_ami_release(stack, SYSTEM_RELEASE_TABLE, system.ami_release,
+                           _cluster_path("systemNodeGroup.amiRelease"), facts, shown="AL2023")
+        if system.instance_type not in facts.instances or facts.instances[system.instance_type].gpu:
+            allowed = sorted(n for n, i in facts.instances.items() if not i.gpu)
+            raise unknown(_cluster_path("systemNodeGroup.instanceType"), system.instance_type, "CPU instance type",
+                          allowed, "templates/compat/instances.yaml")
+        if system.min > system.max:
+            raise ConfigError(_cluster_path("systemNodeGroup.min"), system.min,
+                              f"is greater than systemNodeGroup.max ({system.max})", f"0..{system.max}")
+        for key, mode in (("devicePlugin", stack.device_plugin.mode), ("kuberay", stack.kuberay.mode),
+                          ("leaderWorkerSet", stack.leader_worker_set.mode)):
+            if mode == "existing":
+                raise ConfigError(f"{NAMESPACE}:{key}.mode", mode,
+                                  "says the cluster already runs the component, but Triarch creates this cluster: "
+                                  "nothing runs there that Triarch does not install",
+                                  "install (or create: false to adopt a cluster that runs it)")
+    elif cluster.context is None:
+        raise ConfigError(_cluster_path("context"), None, "must name the kubeconfig context of the adopted cluster",
+                          "a context from `kubectl config get-contexts` (the ambient context is never used)")
+    elif cluster.admin_role_arns:
+        raise ConfigError(_cluster_path("adminRoleArns"), cluster.admin_role_arns,
+                          "only applies to a cluster Triarch creates", "remove it (the kubeconfig context decides)")
+    if cluster.create and stack.serving.weights_role_arn is not None:
+        raise ConfigError(f"{NAMESPACE}:serving.weightsRoleArn", stack.serving.weights_role_arn,
+                          "only applies to an adopted cluster: on a cluster it creates, Triarch gives each model with "
+                          "weightsUri its own role, scoped to that prefix", "remove it")
+
+    names: set[str] = set()
+    for i, group in enumerate(stack.node_groups):
+        check_node_group(stack, group, key_path(f"{NAMESPACE}:nodeGroups", i), facts)
+        if group.name in names:
+            raise ConfigError(key_path(f"{NAMESPACE}:nodeGroups", i, "name"), group.name, "is used twice",
+                              "a distinct name per node group")
+        names.add(group.name)
+
+    for key, pin, upstream in (("vllm", stack.images.vllm, UPSTREAM_IMAGES["vllm"]),
+                               ("rayLlm", stack.images.ray_llm, UPSTREAM_IMAGES["ray-serve"])):
+        try:
+            release_of(pin.image, pin.release, upstream, facts.images)
+        except ImageError as error:
+            raise _pin_error(key, pin, error) from None
+    _check_registry(stack, facts)
+
+    models: set[str] = set()
+    for i, model in enumerate(stack.models):
+        path = key_path(f"{NAMESPACE}:models", i)
+        if model.name in models:
+            raise ConfigError(f"{path}.name", model.name, "is used twice", "a distinct name per model")
+        models.add(model.name)
+        if model.node_group not in names:
+            raise ConfigError(f"{path}.nodeGroup", model.node_group, "is not a node group of this stack",
+                              ", ".join(sorted(names)))
+        per_node = gpus_per_node(stack.node_group(model.node_group), facts)
+        if model.tensor_parallel_size is not None and model.tensor_parallel_size > per_node:
+            raise ConfigError(f"{path}.tensorParallelSize", model.tensor_parallel_size,
+                              f"exceeds the {per_node} GPU(s) per node of node group '{model.node_group}'",
+                              f"1..{per_node}")
+        _check_parallelism(stack, model, path, per_node)
+        _check_cold_start_settings(stack, model, path)
+        if model.route_prefix is not None and model.engine != "ray-serve":
+            raise ConfigError(f"{path}.routePrefix", model.route_prefix, "only applies to engine ray-serve",
+                              "remove it (a vllm model gets its own Service)")
+        if model.autoscaling is not None:
+            if "replicas" in model.model_fields_set:
+                raise ConfigError(f"{path}.replicas", model.replicas,
+                                  "would be ignored beside autoscaling (Ray Serve keeps the replicas between "
+                                  "autoscaling.min and max)", "remove replicas, or remove autoscaling")
+            if model.engine == "vllm" and not (stack.observability.keda != "none"
+                                               and stack.prometheus != "none"):
+                raise ConfigError(f"{path}.autoscaling", model.autoscaling.model_dump(by_alias=True),
+                                  "scales a vllm model with KEDA on vLLM's own metrics, which needs KEDA and a "
+                                  "Prometheus in the cluster (a CPU HPA on a GPU server scales at the wrong time)",
+                                  "observability: {prometheus: existing, keda: install}, or engine: ray-serve")
+            if model.engine == "vllm" and model.autoscaling.min < 1:
+                raise ConfigError(f"{path}.autoscaling.min", model.autoscaling.min,
+                                  "leaves no vLLM server to queue the request that should wake one (KEDA's "
+                                  "Prometheus trigger sees no waiting requests without a server)",
+                                  f"1..{model.autoscaling.max} (scale to zero: engine ray-serve)")
+            if model.autoscaling.min > model.autoscaling.max:
+                raise ConfigError(f"{path}.autoscaling.min", model.autoscaling.min,
+                                  f"is greater than autoscaling.max ({model.autoscaling.max})",
+                                  f"0..{model.autoscaling.max}")
+
+
+def _check_cold_start_settings(stack: StackConfig, model: ModelConfig, path: str) -> None:
+    """Weights from S3 need a role that reads them and an engine that streams them; warm capacity needs a pool
+    that scales; a shared compile cache needs a volume every replica can mount."""
+    serving = stack.serving
+    if model.weights_uri is not None and not stack.cluster.create and serving.weights_role_arn is None:
+        raise ConfigError(f"{path}.weightsUri", model.weights_uri,
+                          "names S3 weights, but no role can read them: the serving pods of an adopted cluster "
+                          "assume triarch:serving.weightsRoleArn (IRSA), which is not set",
+                          "triarch:serving.weightsRoleArn: arn:aws:iam::<account>:role/<a role that may "
+                          "s3:GetObject and s3:ListBucket there>, or remove weightsUri")
+    if model.warm_replicas:
+        group = stack.node_group(model.node_group)
+        scales = pool_provisioner(stack.cluster, group) == "karpenter" or (
+            not stack.cluster.create and stack.cluster.provisioner != "none")
+        if not scales:
+            raise ConfigError(f"{path}.warmReplicas", model.warm_replicas,
+                              f"keeps capacity warm on node group '{group.name}', whose nodes always run (nothing "
+                              "scales it): there is no launch to skip", "0, or a pool Karpenter scales")
+    compile_cache = serving.compile_cache
+    mode = stack.cache_access_mode
+    largest = model.autoscaling.max if model.autoscaling else model.replicas
+    if compile_cache and mode == "ReadWriteOnce" and (largest > 1 or model.warm_replicas):
+        raise ConfigError(f"{NAMESPACE}:serving.compileCache", True,
+                          f"puts vLLM's compile cache on the ReadWriteOnce model cache that the {largest} replicas "
+                          f"of '{model.name}' share: one node mounts it, a replica on another never starts",
+                          "a ReadWriteMany storageClass (accessMode: ReadWriteMany), or compileCache: false")
+
+
+def _check_parallelism(stack: StackConfig, model: ModelConfig, path: str, per_node: int) -> None:
+    """A replica beyond one node takes whole nodes (one pod per node, all its GPUs), all at once: its GPUs are a
+    whole number of nodes, the pool can hold one such group, and no GPU is a slice."""
+    tp, pp = model.tensor_parallel_size, model.pipeline_parallel_size
+    if pp is None:
+        return
+    group = stack.node_group(model.node_group)
+    if group.time_slicing is not None and pp > 1:
+        raise ConfigError(f"{path}.pipelineParallelSize", pp,
+                          f"needs {(tp or 1) * pp} whole GPUs, but node group '{group.name}' slices each GPU "
+                          f"{group.time_slicing.replicas} ways", "1, or a pool without timeSlicing")
+    if tp is None:
+        return  # the tuner picks TP within a node, keeping whole nodes
+    gpus = tp * pp
+    if gpus <= per_node:
+        return
+    if gpus % per_node:
+        raise ConfigError(f"{path}.pipelineParallelSize", pp,
+                          f"gives tensorParallelSize {tp} x pipelineParallelSize {pp} = {gpus} GPUs, "
+                          f"{gpus / per_node:g} nodes of node group '{group.name}' ({per_node} GPUs each): a replica "
+                          "beyond one node takes whole nodes",
+                          f"tensor x pipeline a multiple of {per_node} (e.g. tensorParallelSize {per_node}, "
+                          f"pipelineParallelSize {-(-gpus // per_node)})")
+    nodes = gpus // per_node
+    if group.max < nodes:
+        raise ConfigError(f"{path}.pipelineParallelSize", pp,
+                          f"spreads one replica over {nodes} nodes of node group '{group.name}' ({gpus} GPUs), "
+                          f"but the pool's max is {group.max} node(s): not one replica could start",
+                          f"node group '{group.name}' max >= {nodes}, or fewer stages")
+
+
+def _pin_error(key: str, pin: ImagePin, error: ImageError) -> ConfigError:
+    """A pin's mistake at its key (`.image` or `.release` where the pin is a mapping)."""
+    path = f"{NAMESPACE}:images.{key}" + (f".{error.part}" if pin.release is not None else "")
+    return ConfigError(path, pin.release if error.part == "release" else pin.image, error.reason, error.allowed)
+
+
+def _check_registry(stack: StackConfig, facts: Catalog) -> None:
+    """Chart images pinned under triarch:images are images of the pinned charts, of the release each chart runs;
+    the registry's prefixes are registries and OCI references."""
+    installed = charts()
+    chart_images = {i.key: i for c in installed.values() for i in c.images}
+    for key, pin in stack.images.charts.items():
+        path = f"{NAMESPACE}:images.{key}"
+        image = chart_images.get(key)
+        if image is None:
+            raise ConfigError(path, key, "is not an image Triarch deploys",
+                              ", ".join(["vllm", "rayLlm", *sorted(chart_images)]))
+        try:
+            chart_release(pin.image, pin.release, image.image)
+        except ImageError as error:
+            raise _pin_error(key, pin, error) from None
+    prefixes = stack.registry.images
+    for host, prefix in (prefixes.items() if isinstance(prefixes, dict) else [("", prefixes)] if prefixes else []):
+        path = f"{NAMESPACE}:registry.images" + (f".{host}" if host else "")
+        if host and not parse_host(host):
+            raise ConfigError(path, host, "is not a registry host", "docker.io, quay.io, nvcr.io, ghcr.io, "
+                              "public.ecr.aws, registry.k8s.io, or another host[:port]")
+        try:
+            parse_prefix(prefix)
+        except ImageError as error:
+            raise ConfigError(path, prefix, error.reason, error.allowed) from None
+    if isinstance(prefixes, dict) and stack.prometheus == "install":
+        raise ConfigError(f"{NAMESPACE}:registry.images", ", ".join(sorted(prefixes)),
+                          "maps registries one by one, but kube-prometheus-stack (observability.prometheus: install) "
+                          "moves all its images and its subcharts' with one registry (global.imageRegistry)",
+                          "one prefix for every registry, or observability.prometheus: existing")
+    sources = stack.registry.charts
+    for name, reference in (sources.items() if isinstance(sources, dict) else [("", sources)] if sources else []):
+        path = f"{NAMESPACE}:registry.charts" + (f".{name}" if name else "")
+        if name and name not in installed:
+            raise ConfigError(path, name, "is not a chart Triarch installs", ", ".join(sorted(installed)))
+        if not re.match(r"^oci://[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$", reference):
+            raise ConfigError(path, reference, "is not an OCI reference",
+                              "oci://<registry>/<path>, e.g. oci://123456789012.dkr.ecr.us-east-1.amazonaws.com/charts")

@@ -1,0 +1,297 @@
+"""The stack's schema: one typed model for a whole stack, defaults in one place. Stacks
+(stacks/Pulumi.<stack>.yaml) only override. Checks that span fields or need the catalog are in
+`triarch.config.checks`; reading Pulumi config and wording its mistakes in `triarch.config.reading`."""
+
+from __future__ import annotations
+
+import os
+from ipaddress import IPv4Network
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from triarch.config.base import DnsLabel, DriverVersion, _Model
+from triarch.config.platform import (
+    DevicePluginConfig,
+    ImagesConfig,
+    KubeRayConfig,
+    LeaderWorkerSetConfig,
+    ObservabilityConfig,
+    RegistryConfig,
+    ServingConfig,
+)
+
+UPSTREAM_IMAGES = {"vllm": "vllm/vllm-openai", "ray-serve": "rayproject/ray-llm"}
+"""The upstream repository of each serving engine's image, as templates/compat/images.yaml keys it."""
+SUPPORTED_KUBERNETES = tuple(f"1.{minor}" for minor in range(25, 38))
+"""Kubernetes minors whose schemas the strict manifest validation knows (kubernetes-validate 1.37)."""
+
+
+class SystemNodeGroup(_Model):
+    """CPU nodes for cluster add-ons, operators, Karpenter and Ray heads: GPU nodes are tainted and keep them off.
+
+    An EKS managed node group on its own AMI release: bumping a GPU pool's release must not roll the nodes that
+    run the Ray head and the node provisioner."""
+
+    instance_type: str = "m7i.large"
+    """EC2 instance type of the system nodes: a CPU type of templates/compat/instances.yaml."""
+    min: int = Field(2, ge=1)
+    """Fewest system nodes; two keep the add-ons up through a node's replacement."""
+    max: int = Field(4, ge=1)
+    """Most system nodes the managed node group may have."""
+    disk_gib: int = Field(50, ge=20, le=1000, alias="diskGiB", examples=[100])
+    """Root volume of each system node (encrypted gp3)."""
+    ami_release: str | None = None
+    """EKS AL2023 AMI release of the system nodes (e.g. v20260714); required when the cluster is created."""
+
+
+NodeProvisioner = Literal["karpenter", "cluster-autoscaler", "none"]
+IAM_PRINCIPAL = r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$"
+
+
+def admin_key(principal_arn: str) -> str:
+    """What names an administrator's access entry: the role or user name (not its position in the list, so a
+    reordered list replaces nothing)."""
+    return principal_arn.rsplit("/", 1)[-1]
+
+PoolProvisioner = Literal["karpenter", "managedNodeGroup"]
+
+
+class ClusterConfig(_Model):
+    """Create an EKS cluster (create: true) or adopt an existing cluster through a kubeconfig context."""
+
+    create: bool
+    """true: Triarch creates the EKS cluster, its VPC and node pools; false: it adopts a cluster that a kubeconfig
+    context reaches."""
+    name: DnsLabel
+    """The cluster's name: the EKS cluster's, and the prefix of what Triarch names after it (a new name is a new
+    cluster)."""
+    kubernetes_version: str
+    """Kubernetes minor as a string ("1.35"). A created cluster moves one minor up per `pulumi up`, never down."""
+    zones: list[str] = []
+    """Created cluster: the availability zones of aws:region it spans, two or more (EKS accepts new subnets only in
+    the zones it was created with)."""
+    vpc_cidr: IPv4Network = Field(IPv4Network("10.0.0.0/16"), examples=["10.40.0.0/16"])
+    """Created cluster: the VPC's address range, split into one private and one public subnet per zone."""
+    nat_gateways: Literal["single", "perZone"] = "single"
+    """Created cluster: one NAT gateway for all zones (cheaper), or one per zone (a zone's outage leaves the others
+    their way out)."""
+    endpoint_public_access_cidrs: list[IPv4Network] = []
+    """Who may reach the API server from outside the VPC; empty keeps the endpoint private."""
+    system_node_group: SystemNodeGroup = SystemNodeGroup()
+    """Created cluster: the CPU nodes of the add-ons, operators and Ray heads."""
+    kubeconfig: str | None = None
+    """Path to the kubeconfig of an adopted cluster (default ~/.kube/config)."""
+    context: str | None = None
+    """The kubeconfig context of an adopted cluster; required so the ambient context is never used."""
+    admin_role_arns: list[Annotated[str, Field(pattern=IAM_PRINCIPAL)]] = []
+    """Created cluster: the IAM roles (or users) that administer it through EKS access entries, the principal
+    `pulumi up` runs as among them. The cluster's creator gets no implicit admin access."""
+    log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
+                                2557, 2922, 3288, 3653] = 90
+    """How long CloudWatch keeps the control plane's logs: the values CloudWatch Logs' PutRetentionPolicy accepts
+    (as terraform-provider-aws v6.58.0 validates them, internal/service/logs/group.go)."""
+    node_provisioner: NodeProvisioner | None = Field(None, examples=["none"])
+    """What adds nodes to the GPU pools. Created cluster: `karpenter` (default; Triarch installs it) or `none`
+    (every pool a fixed-size managed node group). Adopted cluster: what the cluster already runs, `none` by
+    default; a pool that may be at zero needs `karpenter` or `cluster-autoscaler` there."""
+
+    @property
+    def kubeconfig_path(self) -> str:
+        """The adopted cluster's kubeconfig file, `~` expanded (default ~/.kube/config)."""
+        return os.path.expanduser(self.kubeconfig or "~/.kube/config")
+
+    @property
+    def provisioner(self) -> NodeProvisioner:
+        if self.node_provisioner is not None:
+            return self.node_provisioner
+        return "karpenter" if self.create else "none"
+
+
+class TimeSlicing(_Model):
+    """Advertise each physical GPU as `replicas` schedulable GPUs (no memory isolation between them)."""
+
+    replicas: int = Field(ge=2, le=16, examples=[4])
+    """How many pods share one GPU; each gets 1/replicas of its memory by vLLM's gpu_memory_utilization."""
+
+
+class NodeGroupConfig(_Model):
+    """A pool of identical GPU nodes. EKS-managed when the cluster is created, otherwise existing nodes."""
+
+    name: DnsLabel
+    """The pool's name: its nodes' triarch.dev/pool label, and what models[].nodeGroup names."""
+    # EKS-managed node groups (cluster.create: true)
+    instance_type: str | None = None
+    """Created cluster, required: the GPU instance type of the pool's nodes (templates/compat/instances.yaml)."""
+    ami_type: Literal["AL2023_x86_64_NVIDIA", "AL2023_ARM_64_NVIDIA"] = Field("AL2023_x86_64_NVIDIA",
+                                                                          examples=["AL2023_ARM_64_NVIDIA"])
+    """Created cluster: the EKS AMI family, x86_64 or Arm (Graviton with NVIDIA GPUs)."""
+    ami_release: str | None = None
+    """EKS AMI release (e.g. v20260512): pins the NVIDIA driver. Unpinned AMIs roll the driver under you."""
+    capacity_type: Literal["ON_DEMAND", "SPOT"] = Field("ON_DEMAND", examples=["SPOT"])
+    """SPOT is opt-in: a spot node gets two minutes' notice, which every pod's drain must fit."""
+    provisioner: PoolProvisioner | None = Field(None, examples=["managedNodeGroup"])
+    """Created cluster: `karpenter` (a NodePool that scales from zero; the default when the cluster runs
+    Karpenter) or `managedNodeGroup` (an EKS managed node group of fixed size: min == max)."""
+    disk_gib: int = Field(200, ge=50, le=4000, alias="diskGiB")
+    """Root volume: serving images are 10-20 GiB compressed, and the image cache lives here."""
+    zones: list[str] | None = None
+    """Created cluster: the zones the pool's nodes come up in (default: the cluster's). Existing nodes: the zones
+    they are in (their topology.kubernetes.io/zone label), so replicas spread over them with DoNotSchedule; where
+    they are not given, the zones are unknown and the spread stays soft."""
+    # existing nodes (cluster.create: false)
+    gpu: str | None = None
+    """Existing nodes, required: their GPU, a key of templates/compat/gpus.yaml (e.g. l4, a10g, rtx-4060-laptop)."""
+    gpus_per_node: int | None = Field(None, ge=1, le=16)
+    """Existing nodes: GPUs in each node (default 1)."""
+    driver_version: DriverVersion | None = None
+    """Existing nodes, required: the NVIDIA driver they run, as `nvidia-smi` prints it; checked against the serving
+    image's CUDA."""
+    nodes: list[str] = []
+    """Existing node names to label (and taint) as this pool; min and max default to how many are listed."""
+    # both
+    min: int = Field(0, ge=0)
+    """Fewest nodes: 0 on a Karpenter pool (it launches nodes for pending pods); a managed node group is fixed, min
+    == max; existing nodes: at least 1 unless the cluster's provisioner adds nodes."""
+    max: int = Field(1, ge=0)
+    """Most nodes of the pool: what its replicas, a rollout's surge and a RayService upgrade must fit in."""
+    taint: bool = True
+    """Taint the nodes with nvidia.com/gpu:NoSchedule. Only a single-node cluster should turn this off."""
+    time_slicing: TimeSlicing | None = None
+    """Share each GPU between several pods (the device plugin's time-slicing): for small models only."""
+    efa: bool = False
+    """Created cluster, Karpenter pool of an EFA instance type (p4d, p4de, p5, p5e): the pods of a replica across
+    nodes get every EFA interface of their node, through the EFA device plugin; the nodes get no public address
+    and a security group open to itself."""
+    placement_group: bool = False
+    """With efa: a cluster placement group Triarch creates for the pool, so its nodes sit close on the network. A
+    cluster placement group lives in one zone: the pool's `zones` must name exactly one."""
+    fast_image_pull: bool | None = Field(None, examples=[False])
+    """Created cluster: containerd pulls and unpacks an image's layers in parallel (the AMI's SOCI snapshotter,
+    nodeadm's FastImagePull), about twice as fast for a 10+ GB serving image. Default: on where the AMI release has
+    it (v20250821 or later) and the instance has 4+ vCPUs and 7+ GiB, which every GPU type here has."""
+    instance_store: bool | None = Field(None, examples=[False])
+    """Created cluster: the instance's local NVMe, as one RAID0 array, holds containerd's images and the kubelet's
+    files (Karpenter's instanceStorePolicy; nodeadm's localStorage for a managed node group), so image layers are
+    not written to the network-attached root volume. Default: on where the instance type has an instance store."""
+    disk_throughput_mib_s: int | None = Field(None, ge=125, le=1000, alias="diskThroughputMiBps", examples=[1000])
+    """Created cluster: the gp3 root volume's throughput. Default: 600 MiB/s where images are unpacked on it in
+    parallel (fastImagePull without instanceStore), which the AMI's docs name as the floor for that mode; else
+    gp3's included 125."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _listed_nodes_are_the_pool(cls, value: Any) -> Any:
+        """Listed nodes exist: unless told otherwise, the pool is exactly those nodes, never empty."""
+        if isinstance(value, Mapping) and isinstance(value.get("nodes"), list) and value["nodes"]:
+            listed = len(value["nodes"])
+            return {"min": listed, "max": listed, **value}
+        return value
+
+
+class AutoscalingConfig(_Model):
+    """Replicas follow the load: Ray Serve's autoscaler (engine ray-serve) or KEDA on vLLM's queue (engine vllm)."""
+
+    min: int = Field(1, ge=0)
+    """Fewest replicas; 0 (ray-serve only) lets the model scale to zero and cold-start on the next request."""
+    max: int = Field(ge=1)
+    """Most replicas; the pool's max must hold them."""
+
+
+class ModelConfig(_Model):
+    """One served model; its workload is placed on one node group, its engine args come from the tuner."""
+
+    name: DnsLabel
+    """The model's name: its Service, the name clients call it by (--served-model-name) and the names of its objects.
+    A rename is a new model to clients."""
+    model: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")]
+    """Hugging Face repo id; its architecture must be in templates/models (or given by modelConfig)."""
+    model_config_path: str | None = Field(None, alias="modelConfig", examples=["models/my-org-model/config.json"])
+    """Path (relative to the project) of the model's config.json, for models outside templates/models."""
+    engine: Literal["vllm", "ray-serve"]
+    """vllm: a Deployment of `vllm serve` (a LeaderWorkerSet across nodes) behind its own Service; ray-serve: a Ray
+    Serve LLM application in the RayService of its pool's worker group."""
+    node_group: str
+    """The nodeGroups[].name of the pool the model runs on."""
+    task: Literal["generate", "embed"] | None = Field(None, examples=["embed"])
+    """Default: embed for models whose name says Embedding, generate otherwise."""
+    replicas: int = Field(1, ge=1, le=64)
+    """Fixed number of replicas (without autoscaling); each holds tensor x pipeline GPUs."""
+    tensor_parallel_size: int | None = Field(None, ge=1, le=16)
+    """GPUs one pipeline stage splits each layer over, within a node. Default: the tuner's choice."""
+    pipeline_parallel_size: int | None = Field(None, ge=1, le=64)
+    """Stages the layers are split into. A replica of tensor x pipeline GPUs beyond one node's spans whole nodes
+    (a LeaderWorkerSet group for engine vllm, one Ray Serve placement group for ray-serve). Default: 1, or as many
+    nodes as the tuner needs to hold the model."""
+    max_model_len: int | None = Field(None, ge=128)
+    """Longest request in tokens (prompt and output). Default: the longest the KV cache holds at a useful batch,
+    capped by the model's own; `triarch plan` says when and why it capped."""
+    gpu_memory_utilization: float = Field(0.92, gt=0.1, le=0.95, examples=[0.9])
+    """vLLM's default since 0.20; above 0.95 leaves too little for CUDA graphs and fragmentation."""
+    kv_cache_dtype: Literal["auto", "fp8"] = Field("auto", examples=["fp8"])
+    """fp8 halves the KV cache's memory (twice the tokens or batch) for a small loss of accuracy."""
+    autoscaling: AutoscalingConfig | None = None
+    """Replicas between min and max by load, instead of the fixed `replicas`."""
+    route_prefix: Annotated[str, Field(pattern=r"^/[a-z0-9/_-]*$")] | None = Field(None, examples=["/chat"])
+    """Ray Serve route prefix (ray-serve engine); default /<name>."""
+    startup_minutes: int | None = Field(None, ge=1, le=240, examples=[45])
+    """How long the startup probe waits for the weights to load and vLLM to start before restarting the container.
+    Default: the cold-start prediction's slow end with a margin (`triarch plan` shows both); a value below the
+    prediction is refused."""
+    weights_uri: Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[\w./=+-]*)?$")] | None = None
+    """s3://bucket/prefix holding the model's files (config, tokenizer, safetensors), which vLLM streams
+    into the GPUs with the Run:ai Model Streamer (--load-format runai_streamer) instead of downloading them from the
+    hub into the model cache (engine ray-serve: Ray Serve LLM's model_source, which it hands to vLLM without a
+    download). The pods read it through a role: on a created cluster one Triarch makes, scoped to the prefix (a Ray
+    worker group's to its models' prefixes); on an adopted one triarch:serving.weightsRoleArn."""
+    warm_replicas: int = Field(0, ge=0, le=16, examples=[1])
+    """Replicas' worth of GPU capacity kept running empty beside the model's own, so a scale-up or a replacement
+    skips the node's launch (and, with placeholder pods, the image pull). Billed as the nodes it keeps."""
+    ttft_slo_seconds: float | None = Field(None, gt=0, le=600, alias="timeToFirstTokenSloSeconds")
+    """Alert when the p90 time to first token stays above this (with observability.prometheus)."""
+    cache_gib: int | None = Field(None, ge=1, le=4096, alias="cacheGiB", examples=[200])
+    """Size of the Hugging Face cache volume; default twice the weights, at least 20 GiB."""
+
+    @property
+    def resolved_task(self) -> Literal["generate", "embed"]:
+        if self.task is not None:
+            return self.task
+        return "embed" if "embedding" in self.model.lower() else "generate"
+
+
+class StackConfig(_Model):
+    """A whole stack: the cluster, its GPU pools, the models they serve and the platform around them."""
+
+    aws_region: str | None = None
+    """aws:region: where a created cluster lives."""
+    cluster: ClusterConfig
+    """The cluster: created on EKS, or adopted through a kubeconfig context."""
+    node_groups: list[NodeGroupConfig] = Field(min_length=1)
+    """The GPU pools, one or more: each a set of identical GPU nodes, labelled and tainted."""
+    models: list[ModelConfig] = []
+    """The served models, each on one pool."""
+    images: ImagesConfig = ImagesConfig()
+    registry: RegistryConfig = RegistryConfig()
+    device_plugin: DevicePluginConfig = DevicePluginConfig()
+    kuberay: KubeRayConfig = KubeRayConfig()
+    leader_worker_set: LeaderWorkerSetConfig = LeaderWorkerSetConfig()
+    serving: ServingConfig = ServingConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
+
+    def node_group(self, name: str) -> NodeGroupConfig:
+        return next(group for group in self.node_groups if group.name == name)
+
+    @property
+    def cache_access_mode(self) -> Literal["ReadWriteMany", "ReadWriteOnce"]:
+        """serving.accessMode with its default resolved: ReadWriteMany on a created cluster (EFS), ReadWriteOnce on an
+        adopted one (its default class)."""
+        return self.serving.access_mode or ("ReadWriteMany" if self.cluster.create else "ReadWriteOnce")
+
+    @property
+    def prometheus(self) -> Literal["none", "existing", "install"]:
+        """observability.prometheus with its default resolved: install on a created cluster, none on an adopted."""
+        given = self.observability.prometheus
+        if given is not None:
+            return given
+        return "install" if self.cluster.create else "none"
