@@ -14,8 +14,9 @@ import yaml
 from conftest import ROOT, stack_document, write_stack_file
 from triarch.cli import main
 from triarch.errors import ConfigError
+from triarch.guardrails.base import Resource, Rule
 from triarch.guardrails.check import Finding, evaluate
-from triarch.guardrails.rules import RULES, Resource, Rule
+from triarch.guardrails.registry import RULES
 
 FIXTURES = Path(__file__).resolve().parent / "policy_fixtures"
 RULES_BY_NAME = {r.name: r for r in RULES}
