@@ -22,7 +22,8 @@ from triarch import cli
 from triarch.catalog import catalog, charts
 from triarch.diff import diff_plans
 from triarch.guardrails.base import Resource
-from triarch.guardrails.placement import prove, reserved
+from triarch.guardrails.placement import prove
+from triarch.guardrails.placement_pools import reserved
 from triarch.offline import plan_document
 from triarch.program import StackError
 
