@@ -1,4 +1,4 @@
-"""The triarch-guardrails policy pack: each rule of triarch.guardrails.rules as a Pulumi policy.
+"""The triarch-guardrails policy pack: each rule of triarch.guardrails.registry as a Pulumi policy.
 
 Constructing PolicyPack starts the Analyzer gRPC server and blocks; the rules themselves are plain functions
 that `triarch check` runs too.
@@ -21,7 +21,8 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
-from triarch.guardrails.rules import RULES, Resource, Rule
+from triarch.guardrails.base import Resource, Rule
+from triarch.guardrails.registry import RULES
 from triarch.guardrails.workloads import UNKNOWN
 
 LEVELS = {"mandatory": EnforcementLevel.MANDATORY, "advisory": EnforcementLevel.ADVISORY,

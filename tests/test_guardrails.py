@@ -4,6 +4,7 @@ per-policy configuration, and `triarch check` end to end on the shipped stacks."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,9 @@ import yaml
 from conftest import ROOT, stack_document, write_stack_file
 from triarch.cli import main
 from triarch.errors import ConfigError
+from triarch.guardrails.base import Resource, Rule
 from triarch.guardrails.check import Finding, evaluate
-from triarch.guardrails.rules import RULES, Resource, Rule
+from triarch.guardrails.registry import RULES
 
 FIXTURES = Path(__file__).resolve().parent / "policy_fixtures"
 RULES_BY_NAME = {r.name: r for r in RULES}
@@ -98,6 +100,14 @@ def test_rule_catalogue() -> None:
             jsonschema.validate(schema["default"], schema)
         assert rule.settings(None) == {k: s["default"] for k, s in rule.config.items()}
     assert {r.layer for r in RULES} == LAYERS
+
+
+def test_the_registry_notes_each_rules_layer_and_enforcement() -> None:
+    """The registry is where a reader sees every rule: the note beside each entry stays its layer and default
+    enforcement."""
+    source = (ROOT / "components" / "triarch" / "guardrails" / "registry.py").read_text(encoding="utf-8")
+    notes = re.findall(r"^ +\w+\.[A-Z0-9_]+, +# (\S+) +(\S+)$", source, re.MULTILINE)
+    assert notes == [(r.layer, r.enforcement) for r in RULES]
 
 
 def violating_resources(policy: str) -> list[Resource]:

@@ -10,9 +10,10 @@ import jsonschema
 import pytest
 import yaml
 
+from triarch.guardrails.base import Resource
 from triarch.guardrails.check import evaluate
 from triarch.guardrails.manifests import read_manifests
-from triarch.guardrails.rules import RULES, Resource
+from triarch.guardrails.registry import RULES
 from triarch.guardrails.workloads import command_line, pod_templates
 
 

@@ -20,7 +20,8 @@ from test_network_policy import Pod, connects
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
 from triarch.errors import ConfigError
-from triarch.guardrails.rules import Resource, no_cpu_hpa
+from triarch.guardrails.base import Resource
+from triarch.guardrails.how import no_cpu_hpa
 from triarch.planners.karpenter import controller_values
 from triarch.planners.models import plan_models
 from triarch.planners.objects import plan_kubernetes

@@ -21,8 +21,9 @@ from conftest import ROOT, StackPlan, plan_config, stack_document
 from triarch import cli
 from triarch.catalog import catalog, charts
 from triarch.diff import diff_plans
-from triarch.guardrails.placement import prove, reserved
-from triarch.guardrails.rules import Resource
+from triarch.guardrails.base import Resource
+from triarch.guardrails.placement import prove
+from triarch.guardrails.placement_pools import reserved
 from triarch.offline import plan_document
 from triarch.program import StackError
 

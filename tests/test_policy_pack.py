@@ -26,7 +26,8 @@ import yaml
 from google.protobuf import empty_pb2, json_format, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 
-from triarch.guardrails.rules import RULES, Rule
+from triarch.guardrails.base import Rule
+from triarch.guardrails.registry import RULES
 from triarch.guardrails.workloads import POD_TEMPLATE_KINDS, RAY_KINDS, kind_of
 from triarch.offline import KNOWN_AFTER_APPLY, read_stack_config, run_program
 

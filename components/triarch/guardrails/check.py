@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from triarch.errors import ConfigError
-from triarch.guardrails.rules import RULES, Enforcement, Resource, Rule
+from triarch.guardrails.base import Enforcement, Resource, Rule
+from triarch.guardrails.registry import RULES
 
 LEVELS: tuple[Enforcement, ...] = ("mandatory", "advisory", "disabled")
 

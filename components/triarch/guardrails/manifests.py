@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from triarch.errors import TriarchError
-from triarch.guardrails.rules import Resource
+from triarch.guardrails.base import Resource
 
 SUFFIXES = (".yaml", ".yml", ".json")
 
