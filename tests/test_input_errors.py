@@ -148,7 +148,8 @@ def test_yaml_merge_keys_and_anchors_are_accepted(tmp_path: Path, capsys: pytest
         "    - name: a100\n", "    - <<: *pool\n      name: a100\n", 1)
     assert merged.count("*pool") == 1 and merged.count("&pool") == 1
     path = write(tmp_path, merged, "Pulumi.prod.yaml")
-    assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "merged")]) == 0, capsys.readouterr().err
+    code = cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "merged")])
+    assert code == 0, capsys.readouterr().err
     assert cli.main(["plan", "--stack", "prod", "--out", str(tmp_path / "plain")]) == 0
     capsys.readouterr()
     assert (tmp_path / "merged" / "plan.json").read_text() == (tmp_path / "plain" / "plan.json").read_text()
@@ -213,7 +214,8 @@ def test_an_unknown_gpu_suggests_the_nearest_and_how_to_add_one(tmp_path: Path, 
 
 
 def test_an_unknown_instance_type_suggests_the_nearest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    text = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text().replace("instanceType: g6.xlarge", "instanceType: g6.xlarg")
+    dev = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text()
+    text = dev.replace("instanceType: g6.xlarge", "instanceType: g6.xlarg")
     line = refused(capsys, "plan", "--stack-file", str(write(tmp_path, text)))
     assert line.startswith("error: triarch:nodeGroups[0].instanceType: 'g6.xlarg' is not a known GPU instance type "
                            "(did you mean 'g6.xlarge'?); to add one, add it to templates/compat/instances.yaml"), line

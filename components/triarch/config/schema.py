@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 import os
-from ipaddress import IPv4Network
 from collections.abc import Mapping
+from ipaddress import IPv4Network
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
