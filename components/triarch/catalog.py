@@ -227,3 +227,19 @@ def charts() -> dict[str, Chart]:
                         c.get("registryKey"), c.get("pullSecretsKey"), (c.get("crds") or {}).get("url"),
                         tuple(sorted((str(f), str(h)) for f, h in ((c.get("crds") or {}).get("files") or {}).items())))
             for name, c in raw.items()}
+
+
+@dataclass(frozen=True)
+class GatedRepos:
+    """Hugging Face repository prefixes whose downloads need a token and an accepted license (gated-repos.yaml)."""
+
+    prefixes: tuple[str, ...]
+
+    def gated(self, repository: str) -> bool:
+        return repository.startswith(self.prefixes)
+
+
+@cache
+def gated_repos() -> GatedRepos:
+    raw = _read(COMPAT_DIR / "gated-repos.yaml")["gated"]
+    return GatedRepos(tuple(entry["prefix"] for entry in raw))

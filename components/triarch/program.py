@@ -16,7 +16,7 @@ from triarch.existing import check_cluster
 from triarch.matrix import require_compatible
 from triarch.offline import PLAIN_TEXT_REFUSED
 from triarch.planners.efa import efa_image_warnings
-from triarch.planners.models import ModelPlan, plan_models
+from triarch.planners.models import ModelPlan, gated_model_warnings, plan_models
 from triarch.planners.objects import KubernetesPlan, plan_kubernetes
 from triarch.planners.registry import crd_sources, verify_crds
 
@@ -36,16 +36,17 @@ def load_stack() -> tuple[StackConfig, list[ModelPlan], KubernetesPlan]:
     values = pulumi_config_values()
     for key in PLAIN_TEXT_REFUSED:
         if key in values and not is_config_secret(key):
-            raise ConfigError(key, None, "is set in plain text", f"pulumi config set --secret {key} <value>",
-                              show_value=False)
+            raise ConfigError(key, None, "is set in plain text, where anyone who reads the stack file (or a CI "
+                              "log) sees it: delete the line, rotate the value, then set the new one as a secret",
+                              f"pulumi config set --secret {key} <value>", show_value=False)
     stack = from_pulumi_config(values)
     for verdict in require_compatible(stack, catalog()):
         if verdict.level == "warning":
             pulumi.log.warn(verdict.message)
     models = plan_models(stack, catalog())
-    for warning in efa_image_warnings(stack, models):
-        pulumi.log.warn(warning)
     given = [key for key in SECRET_KEYS if f"{NAMESPACE}:{key}" in values]
+    for warning in [*efa_image_warnings(stack, models), *gated_model_warnings(stack, given)]:
+        pulumi.log.warn(warning)
     return stack, models, plan_kubernetes(stack, models, catalog(), given)
 
 

@@ -22,6 +22,8 @@ from triarch.config.platform import (
     ServingConfig,
 )
 
+RAY_HEAD_SYSTEM_INSTANCE = "m7i.xlarge"
+"""The system nodes' default type where a Ray head runs there: 4 vCPU, 16 GiB (templates/compat/instances.yaml)."""
 UPSTREAM_IMAGES = {"vllm": "vllm/vllm-openai", "ray-serve": "rayproject/ray-llm"}
 """The upstream repository of each serving engine's image, as templates/compat/images.yaml keys it."""
 SUPPORTED_KUBERNETES = tuple(f"1.{minor}" for minor in range(25, 38))
@@ -35,7 +37,9 @@ class SystemNodeGroup(_Model):
     run the Ray head and the node provisioner."""
 
     instance_type: str = "m7i.large"
-    """EC2 instance type of the system nodes: a CPU type of templates/compat/instances.yaml."""
+    """EC2 instance type of the system nodes: a CPU type of templates/compat/instances.yaml. Default m7i.large, or
+    m7i.xlarge where a model runs on ray-serve (the Ray head, which runs here, requests 2 CPU and 8 GiB: more than
+    an m7i.large has beside what its kubelet reserves)."""
     min: int = Field(2, ge=1)
     """Fewest system nodes; two keep the add-ons up through a node's replacement."""
     max: int = Field(4, ge=1)
@@ -278,6 +282,23 @@ class StackConfig(_Model):
     leader_worker_set: LeaderWorkerSetConfig = LeaderWorkerSetConfig()
     serving: ServingConfig = ServingConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _system_nodes_hold_the_ray_head(cls, value: Any) -> Any:
+        """The system nodes' default type grows to hold a Ray head when a model needs one."""
+        if not isinstance(value, Mapping):
+            return value
+        models, cluster = value.get("models"), value.get("cluster")
+        ray = isinstance(models, list) and any(isinstance(m, Mapping) and m.get("engine") == "ray-serve"
+                                               for m in models)
+        if not (ray and isinstance(cluster, Mapping) and cluster.get("create") is True):
+            return value
+        system = cluster.get("systemNodeGroup", {})
+        if not isinstance(system, Mapping) or "instanceType" in system:
+            return value
+        system = {**system, "instanceType": RAY_HEAD_SYSTEM_INSTANCE}
+        return {**value, "cluster": {**cluster, "systemNodeGroup": system}}
 
     def node_group(self, name: str) -> NodeGroupConfig:
         return next(group for group in self.node_groups if group.name == name)

@@ -86,6 +86,13 @@ def peak_gpus(models: list[ModelPlan]) -> dict[str, tuple[int, int, int]]:
     return {pool: (vllm[pool], ray[pool], upgrade[pool]) for pool in sorted({p.pool.name for p in models})}
 
 
+def _largest_gpus(plan: ModelPlan) -> int:
+    """GPUs a model holds at its largest: replicas (or autoscaling.max) x GPUs per replica."""
+    if plan.config.engine == "ray-serve":
+        return replica_bounds(plan)[1] * plan.gpus_per_replica
+    return largest_gpu_use(plan) * plan.gpus_per_replica
+
+
 def check_pool_capacity(stack: StackConfig, models: list[ModelPlan]) -> None:
     """Every pool holds its models at their largest; where it hosts ray-serve models, also during a RayService
     upgrade: KubeRay's NewCluster upgrade starts a whole new Ray cluster and switches traffic once it serves, so
@@ -99,15 +106,22 @@ def check_pool_capacity(stack: StackConfig, models: list[ModelPlan]) -> None:
         if need <= capacity:
             continue
         index = _group_index(stack, pool_name)
-        nodes = -(-need // pool.schedulable_gpus_per_node)
-        if upgrade:
-            what = (f"a RayService upgrade on pool '{pool_name}' needs {need}: the running Ray cluster at its "
-                    f"largest ({ray}) and the new one as it starts ({upgrade}) side by side, plus {vllm} for the "
-                    "vLLM models there")
-            fix = f">= {nodes} nodes, or lower the ray-serve models' autoscaling.max on this pool"
+        per_node = pool.schedulable_gpus_per_node
+        nodes = -(-need // per_node)
+        own = vllm + ray
+        mine = [plan for plan in models if plan.pool.name == pool_name]
+        if own > capacity:
+            # The root cause first: the models themselves do not fit, upgrade or not.
+            each = ", ".join(f"'{plan.name}' {_largest_gpus(plan)}" for plan in mine)
+            what = f"its models need {own} at their largest (replicas x GPUs per replica: {each})"
+            also = f"; {nodes} to leave room for a RayService upgrade" if upgrade else ""
+            fix = f">= {-(-own // per_node)} nodes{also}, or fewer replicas on this pool"
         else:
-            what = f"its models need {need} at their largest (replicas x GPUs per replica)"
-            fix = f">= {nodes} nodes, or fewer replicas on this pool"
+            served = ", ".join(f"'{plan.name}'" for plan in mine if plan.config.engine == "ray-serve")
+            what = (f"a RayService upgrade on pool '{pool_name}' needs {need}: the models fit ({own}), but an "
+                    f"upgrade of {served} starts a new Ray cluster ({upgrade}) beside the running one at its largest "
+                    f"({ray})" + (f", plus {vllm} for the vLLM models there" if vllm else ""))
+            fix = f">= {nodes} nodes, or lower the ray-serve models' autoscaling.max on this pool"
         raise ConfigError(f"triarch:nodeGroups[{index}].max", pool.max_nodes,
                           f"holds {capacity} GPU(s), but {what}", fix)
 

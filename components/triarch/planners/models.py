@@ -6,10 +6,11 @@ The tuner runs here once per model; workloads, the plan summary and policies rea
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from triarch.catalog import Catalog, InstanceType
+from triarch.catalog import Catalog, InstanceType, gated_repos
 from triarch.config import ModelConfig, StackConfig, gpus_per_node
 from triarch.errors import ConfigError
 from triarch.matrix import deployed_images, images_by_engine
@@ -216,3 +217,15 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 def uses_efa(plan: ModelPlan) -> bool:
     """A replica across nodes on an EFA pool: its stages talk over EFA (a replica within a node uses NVLink)."""
     return plan.multi_node and plan.pool.efa_interfaces > 0
+
+
+def gated_model_warnings(stack: StackConfig, secrets: Iterable[str]) -> list[str]:
+    """A model from a gated repository, downloaded from the hub without triarch:hfToken: the first start fails
+    with 401 and the pod restarts for ever, which a plan can say before any node is launched."""
+    if "hfToken" in set(secrets):
+        return []
+    repos = gated_repos()
+    return [f"model '{model.name}' ({model.model}) is gated on Hugging Face: its download needs a token of an "
+            "account that accepted the license on the model's page, and triarch:hfToken is not set; "
+            f"pulumi config set --secret triarch:hfToken hf_... (or serve it from S3 with weightsUri)"
+            for model in stack.models if model.weights_uri is None and repos.gated(model.model)]
