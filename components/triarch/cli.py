@@ -217,7 +217,7 @@ TUNE_FLAGS = (
     ("fp8 KV or more GPUs", "--kv-cache-dtype fp8 or more GPUs (--gpus)"),
     ("more memory per replica (a larger gpu_memory_utilization or GPU) keeps the defaults",
      "more memory per replica (a larger --gpu-memory-utilization or --gpu) keeps the defaults; --no-enforce-eager "
-     "or --max-num-batched-tokens fixes them"),
+     "and --max-num-batched-tokens set them yourself"),
 )
 """The tuner's refusal and note hints as `triarch tune`'s flags (a stack says them in stack keys)."""
 

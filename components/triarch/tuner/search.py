@@ -133,9 +133,9 @@ def _remedy(defaults: list[Plan], *, pick: Callable[[list[Plan]], Plan | None], 
     some throughput), then both. Only what the caller left open is tried.
 
     Of each remedy's batches, the one giving the longest request at the pessimistic end of the estimate, then at
-    the nominal one (up to ``need``; ties: the larger batch). The first remedy whose request reaches ``useful`` at
-    the pessimistic end is taken, else the first that reaches it nominally, else the one giving the longest. None
-    when there is nothing to try."""
+    the nominal one (up to ``need``; ties: the larger batch). The first remedy whose request reaches ``useful``
+    is taken (nominally, as a tensor-parallel size is: the pessimistic end shortens the length or adds a note),
+    else the one giving the longest. None when there is nothing to try."""
     default = defaults[0].max_num_batched_tokens
     eager = defaults[0].enforce_eager
     floor = max(seqs, useful if task == "embed" else min(useful, TYPICAL_CHAT_TOKENS))
@@ -160,8 +160,7 @@ def _remedy(defaults: list[Plan], *, pick: Callable[[list[Plan]], Plan | None], 
             best.append(max(found, key=lambda f: f[0]))
     if not best:
         return _Remedied(options, None)
-    taken = (next((b for b in best if b[0][0] >= useful), None) or next((b for b in best if b[0][1] >= useful), None)
-             or max(best, key=lambda b: b[0][:2]))
+    taken = next((b for b in best if b[0][1] >= useful), None) or max(best, key=lambda b: b[0][:2])
     return _Remedied(taken[1], taken[2])
 
 
