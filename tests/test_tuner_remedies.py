@@ -217,3 +217,16 @@ def test_the_local_stack_sliced_four_ways_plans_with_the_remedy(tmp_path: Path) 
             ) in summary
     assert "(a larger gpuMemoryUtilization, fewer timeSlicing replicas per GPU or a pool of larger GPUs)" in summary
     assert "vLLM's profile and start in eager mode" in summary  # the cold start's engine part follows
+
+
+def test_a_given_kv_budget_is_made_room_for_by_a_smaller_batch() -> None:
+    """With kv_cache_memory_bytes the whole GPU is the budget (graphs come out of the headroom): 6.8 GB of KV cache
+    beside the weights, the non-torch memory and a 8192-token step is 20.7 MB too much, beside a 4096-token one not."""
+    given = 6_800_000_000
+    assert TOTAL - WEIGHTS - NON_TORCH - activation(8192) < given <= TOTAL - WEIGHTS - NON_TORCH - activation(4096)
+    sizing = laptop(0.92, kv_cache_memory_bytes=given)
+    assert sizing.engine_args["max_num_batched_tokens"] == 4096 and "enforce_eager" not in sizing.engine_args
+    assert sizing.memory.spare >= 0
+    over = (WEIGHTS + NON_TORCH + activation(32768) + given - TOTAL) / GIB
+    assert any(f"kv_cache_memory_bytes={given} would be {over:.1f} GiB more than the GPU holds" in n
+               for n in sizing.notes)

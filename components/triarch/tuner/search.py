@@ -178,8 +178,9 @@ def _remedy_note(without: Plan, chosen: Plan, batched: int, *, task: Task) -> st
     costs = "; ".join((["eager mode runs without CUDA graphs, at some throughput"] if eager else [])
                       + ([f"a pooling request is taken in one step, so max_model_len is at most {batched}"
                           if task == "embed" else "a long prompt takes more steps to prefill"] if smaller else []))
-    return (f"{changed}: with {took} the KV cache would get {b.available_kv / GIB:.2f} GiB at "
-            f"tensor_parallel_size={chosen.tp}; {costs}; {REMEDY_HINT}")
+    short = (f"kv_cache_memory_bytes={b.available_kv} would be {_gib(-b.spare)} more than the GPU holds"
+             if b.kv_cache_memory_bytes is not None else f"the KV cache would get {b.available_kv / GIB:.2f} GiB")
+    return f"{changed}: with {took} {short} at tensor_parallel_size={chosen.tp}; {costs}; {REMEDY_HINT}"
 
 
 def tune(
