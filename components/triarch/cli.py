@@ -215,8 +215,11 @@ TUNE_FLAGS = (
      "try more GPUs (--gpus, or more nodes with --nodes), a quantized checkpoint, --kv-cache-dtype fp8 or a smaller "
      "--max-model-len"),
     ("fp8 KV or more GPUs", "--kv-cache-dtype fp8 or more GPUs (--gpus)"),
+    ("more memory per replica (a larger gpu_memory_utilization or GPU) keeps the defaults",
+     "more memory per replica (a larger --gpu-memory-utilization or --gpu) keeps the defaults; --no-enforce-eager "
+     "and --max-num-batched-tokens set them yourself"),
 )
-"""The tuner's refusal hints as `triarch tune`'s flags (a stack's refusal says them in stack keys)."""
+"""The tuner's refusal and note hints as `triarch tune`'s flags (a stack says them in stack keys)."""
 
 
 def in_flags(message: str) -> str:
@@ -252,7 +255,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     options = {"vllm_version": args.vllm_version, "gpu_memory_utilization": args.gpu_memory_utilization,
                "max_model_len": args.max_model_len, "kv_cache_dtype": args.kv_cache_dtype,
                "kv_cache_memory_bytes": args.kv_cache_memory_bytes, "task": task, "max_num_seqs": args.max_num_seqs,
-               "max_num_batched_tokens": args.max_num_batched_tokens}
+               "max_num_batched_tokens": args.max_num_batched_tokens, "enforce_eager": args.enforce_eager}
     try:
         if args.nodes == 1 and args.pipeline_parallel_size is None:
             sizing = tune(arch, gpu, tensor_parallel_size=args.tensor_parallel_size, gpus_available=args.gpus,
@@ -286,7 +289,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
               f"{sizing.available_kv_bytes_low / GIB:.2f} GiB, {sizing.kv_cache_tokens_low:,} tokens; the engine "
               "args start there too")
     for note in sizing.notes:
-        print(f"  note: {note}")
+        print(f"  note: {in_flags(note)}")
     print("engine args: " + " ".join(f"--{k.replace('_', '-')}={v}" for k, v in sizing.engine_args.items()))
     return 0
 
@@ -461,6 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
     tune.add_argument("--max-num-seqs", type=int, help="fix vLLM's batch size (default: sized from the KV cache)")
     tune.add_argument("--max-num-batched-tokens", type=int, help="fix the tokens per step (sizes the activation)")
+    tune.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction,
+                      help="fix eager mode on or off (default: CUDA graphs, eager only where they leave no KV cache)")
     tune.add_argument("--kv-cache-memory-bytes", type=int, help="the KV budget per GPU, as vLLM's flag of that name")
     tune.add_argument("--task", choices=["generate", "embed"], help="default: embed for embedding models")
     tune.add_argument("--json", action="store_true", help="one JSON object instead of the start-up log")

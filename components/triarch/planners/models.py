@@ -19,7 +19,7 @@ from triarch.planners.coldstart import ColdStart, check_budget, predict
 from triarch.planners.nodegroups import PoolPlan, plan_pool
 from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, load_arch, tune
 from triarch.tuner.nodes import NodesRefused, tune_nodes
-from triarch.tuner.search import LENGTH_HINT, REFUSAL_HINT
+from triarch.tuner.search import LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT
 
 MIN_CACHE_GIB = 20
 
@@ -80,6 +80,8 @@ STACK_WORDS = (
     (REFUSAL_HINT, "try a pool with more GPUs per node (or more nodes, with pipelineParallelSize), a quantized "
                    "checkpoint, kvCacheDtype: fp8 or a smaller maxModelLen"),
     (LENGTH_HINT, "kvCacheDtype: fp8 or a pool with more GPUs per node"),
+    (REMEDY_HINT, "more memory per replica (a larger gpuMemoryUtilization, fewer timeSlicing replicas per GPU or a "
+                  "pool of larger GPUs) keeps the defaults"),
     ("tensor_parallel_size=", "tensorParallelSize "), ("tensor_parallel_size ", "tensorParallelSize "),
     ("pipeline_parallel_size=", "pipelineParallelSize "), ("pipeline_parallel_size ", "pipelineParallelSize "),
 )

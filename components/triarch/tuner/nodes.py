@@ -87,33 +87,48 @@ def tune_nodes(arch: ModelArch, gpu: Gpu, *, gpus_per_node: int, max_nodes: int,
 
     One node first, as :func:`tune` sizes it. A model one node cannot hold gets TP of a whole node (or
     ``tensor_parallel_size``) and as many pipeline stages as the fewest nodes that hold it need. A given
-    ``pipeline_parallel_size`` is taken as is (TP searched within the node, keeping whole nodes). Raises
+    ``pipeline_parallel_size`` is taken as is (TP searched within the node, keeping whole nodes). All of that with
+    vLLM's defaults first: :func:`tune`'s remedies (eager mode, a smaller batch) only when no shape within
+    ``max_nodes`` holds the model without them, fewest nodes first. Raises
     :class:`NodesRefused` with the fewest nodes that would do when the pool's max is too small, and
     :class:`LengthRefused` as :func:`tune` does (more nodes are never added for a longer context: that is a
     choice of cost the stack makes with ``pipelineParallelSize``)."""
     tp, pp = tensor_parallel_size, pipeline_parallel_size
+    defaults = {**options, "remedies": False}
     if pp is not None:
         nodes = -(-(tp or 1) * pp // gpus_per_node)
-        result = _attempt(arch, gpu, gpus_per_node, nodes, tp, pp, options)
-        if isinstance(result, Sizing):
-            return result
-        if nodes == 1 and tp is None:
-            # the stages fit one node's GPUs only with a smaller TP: try a whole node per stage
-            result = _attempt(arch, gpu, gpus_per_node, pp, tp, pp, options)
-            if isinstance(result, Sizing):
-                return result
+        # the stages fit one node's GPUs only with a smaller TP: then a whole node per stage too
+        counts = [nodes, pp] if nodes == 1 and tp is None else [nodes]
+        result: Sizing | TuneError = TuneError(f"no split of {pp} stage(s)")
+        for attempt in (defaults, options):
+            for count in counts:
+                result = _attempt(arch, gpu, gpus_per_node, count, tp, pp, attempt)
+                if isinstance(result, Sizing):
+                    return result
+        assert isinstance(result, TuneError)
         raise result
-    single = _attempt(arch, gpu, gpus_per_node, 1, tp, None, options)
+    single = _attempt(arch, gpu, gpus_per_node, 1, tp, None, defaults)
     if isinstance(single, Sizing):
         return single
+    needed: tuple[int, Sizing] | None = None
     for nodes in range(2, NODES_SEARCHED + 1):
-        result = _attempt(arch, gpu, gpus_per_node, nodes, tp, None, options)
+        result = _attempt(arch, gpu, gpus_per_node, nodes, tp, None, defaults)
         if isinstance(result, TuneError):
             continue
         if nodes <= max_nodes:
             return result
+        needed = nodes, result
+        break
+    for nodes in range(1, min(max_nodes, NODES_SEARCHED) + 1):  # with eager mode or a smaller batch
+        result = _attempt(arch, gpu, gpus_per_node, nodes, tp, None, options)
+        if isinstance(result, Sizing):
+            return result
+        if nodes == 1:
+            single = result  # the one-node refusal, saying what was tried too
+    if needed is not None:
+        nodes, sizing = needed
         raise NodesRefused(
             f"across nodes it needs {nodes} of {gpus_per_node} GPU(s) each (tensor_parallel_size "
-            f"{result.tensor_parallel_size} x pipeline_parallel_size {result.pipeline_parallel_size}), and the pool "
+            f"{sizing.tensor_parallel_size} x pipeline_parallel_size {sizing.pipeline_parallel_size}), and the pool "
             f"has at most {max_nodes}", single, nodes)
     raise NodesRefused(f"not even {NODES_SEARCHED} nodes of {gpus_per_node} GPU(s) hold it", single, None)

@@ -35,6 +35,8 @@ class Plan:
     max_num_batched_tokens: int
     max_num_seqs_cap: int
     release: VllmRelease
+    enforce_eager: bool = False
+    """Whether the plan runs without CUDA graphs (their memory is then not taken out)."""
 
     @property
     def in_flight(self) -> int:
@@ -114,4 +116,4 @@ def plan_for(
     blocks = layout.blocks(budget.available_kv)
     if kv_cache_memory_bytes is not None and budget.spare < 0:
         blocks = 0  # the given KV cache does not fit next to the weights
-    return Plan(tp, budget, per_token, layout, blocks, batched, seqs_cap, release)
+    return Plan(tp, budget, per_token, layout, blocks, batched, seqs_cap, release, enforce_eager)

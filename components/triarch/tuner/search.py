@@ -3,6 +3,8 @@ supports, and ``max_model_len`` capped to what fits (or refused where vLLM would
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from triarch.catalog import Gpu
@@ -25,6 +27,10 @@ MIN_CONCURRENCY = 4
 """When ``max_model_len`` is not given and the model's maximum does not fit this many times over, the tuner
 lowers ``max_model_len`` to the largest power of two that does (never below min(model max, 8192) when that fits),
 so one long request cannot take the whole KV cache."""
+
+REMEDY_HINT = "more memory per replica (a larger gpu_memory_utilization or GPU) keeps the defaults"
+"""How a plan that needed eager mode or a smaller batch gets its defaults back (a stack says it in stack keys,
+`triarch tune` in its flags)."""
 
 REFUSAL_HINT = "try more GPUs (gpus_available), a quantized checkpoint, kv_cache_dtype='fp8' or a smaller max_model_len"
 """What a refusal proposes, in the tuner's argument names (a stack's refusal says it in stack keys)."""
@@ -58,8 +64,24 @@ def _gib(value: int) -> str:
     return f"{value / GIB:.1f} GiB"
 
 
+def _tried(plan: Plan, remedied: Plan | None, *, kv_given: bool) -> str:
+    """What the refusal says of the remedies tried (eager mode, a smaller batch): the most remedied plan's numbers."""
+    if remedied is None:
+        return ""
+    eager = remedied.enforce_eager and not plan.enforce_eager
+    smaller = remedied.max_num_batched_tokens < plan.max_num_batched_tokens
+    what = " and ".join((["eager mode"] if eager else []) + (["a smaller batch"] if smaller else []))
+    args = " and ".join((["enforce_eager"] if eager else [])
+                        + ([f"max_num_batched_tokens {remedied.max_num_batched_tokens} (the fewest a request "
+                            "needs)"] if smaller else []))
+    b = remedied.budget
+    still = (f"still needs {_gib(-b.spare)} more" if kv_given
+             else f"the KV cache still gets {b.available_kv / GIB:.2f} GiB")
+    return f"; {what} {'were' if eager and smaller else 'was'} tried too: with {args} {still}"
+
+
 def _refusal(arch: ModelArch, gpu: Gpu, plan: Plan, *, util: float, gpus: int, pp: int, task: Task,
-             block_size: int, kv_given: bool) -> TuneError:
+             block_size: int, kv_given: bool, remedied: Plan | None = None) -> TuneError:
     b = plan.budget
     total = b.total
     label = f"{gpu.product} ({_gib(total)})"
@@ -69,7 +91,8 @@ def _refusal(arch: ModelArch, gpu: Gpu, plan: Plan, *, util: float, gpus: int, p
         return TuneError(
             f"{arch.label} needs {_gib(b.weights)} of weights per GPU ({where}) plus {_gib(b.overhead)} of "
             f"non-torch/activation/CUDA-graph memory; with kv_cache_memory_bytes={b.available_kv} "
-            f"({_gib(b.available_kv)}) that is {_gib(-b.spare)} more than the {label} holds; {hint}"
+            f"({_gib(b.available_kv)}) that is {_gib(-b.spare)} more than the {label} holds"
+            f"{_tried(plan, remedied, kv_given=True)}; {hint}"
         )
     room = b.requested - b.overhead
     return TuneError(
@@ -77,8 +100,87 @@ def _refusal(arch: ModelArch, gpu: Gpu, plan: Plan, *, util: float, gpus: int, p
         f"{_gib(weight_bytes(arch, task=task))} in all); {label} at gpu_memory_utilization {util} leaves "
         f"{_gib(room)} after {_gib(b.non_torch)} non-torch memory, {_gib(b.activation_peak)} activation peak "
         f"and {_gib(b.cuda_graphs)} CUDA graphs, so the KV cache gets {b.available_kv / GIB:.2f} GiB "
-        f"(one block of {block_size} tokens needs {block_size * plan.kv_per_token / MIB:.1f} MiB); {hint}"
+        f"(one block of {block_size} tokens needs {block_size * plan.kv_per_token / MIB:.1f} MiB)"
+        f"{_tried(plan, remedied, kv_given=False)}; {hint}"
     )
+
+
+@dataclass(frozen=True)
+class _Remedied:
+    plans: list[Plan]
+    """Every tensor-parallel candidate with the remedy (for a refusal: the most remedied one tried)."""
+    chosen: Plan | None
+    """The plan picked among them; None when not even the remedies leave a KV block."""
+
+
+def _smaller_batches(default: int, floor: int) -> list[int]:
+    """Batched-token budgets below ``default``, largest first: the powers of two above ``floor``, then ``floor``."""
+    out = []
+    size = _pow2_floor(default - 1)
+    while size > floor:
+        out.append(size)
+        size //= 2
+    return [*out, floor] if floor < default else out
+
+
+def _remedy(defaults: list[Plan], *, pick: Callable[[list[Plan]], Plan | None], plan: Callable[..., Plan],
+            low: Callable[[Plan], Plan], task: Task, need: int, useful: int, batch_free: bool, eager_free: bool,
+            seqs: int) -> _Remedied | None:
+    """What a person tries before giving up on a model no tensor-parallel size leaves a KV block for, least
+    intrusive first: a smaller batch (``max_num_batched_tokens`` sizes the activation peak; never below
+    ``max_num_seqs``, nor below ``useful`` tokens: for embed a pooling request is taken in one step, so the batch
+    caps the context; for generate a typical request should prefill in one), eager mode (no CUDA-graph memory, at
+    some throughput), then both. Only what the caller left open is tried.
+
+    Of each remedy's batches, the one giving the longest request at the pessimistic end of the estimate, then at
+    the nominal one (up to ``need``; ties: the larger batch). The first remedy whose request reaches ``useful``
+    is taken (nominally, as a tensor-parallel size is: the pessimistic end shortens the length or adds a note),
+    else the one giving the longest. None when there is nothing to try."""
+    default = defaults[0].max_num_batched_tokens
+    eager = defaults[0].enforce_eager
+    floor = max(seqs, useful if task == "embed" else min(useful, TYPICAL_CHAT_TOKENS))
+    smaller = _smaller_batches(default, floor) if batch_free else []
+    remedies = ([(eager, smaller)] if smaller else []) + ([(True, [default])] if eager_free else []) + (
+        [(True, smaller)] if eager_free and smaller else [])
+    if not remedies:
+        return None
+    best: list[tuple[tuple[int, int, int], list[Plan], Plan]] = []  # per remedy: (score, its plans, the pick)
+    options: list[Plan] = []
+    for eager_mode, batches in remedies:
+        found = []
+        for batched in batches:
+            options = [plan(p.tp, batched=batched, eager=eager_mode) for p in defaults]
+            chosen = pick(options)
+            if chosen is None:
+                continue
+            cap = min(need, batched) if task == "embed" else need
+            score = (min(low(chosen).longest(need), cap), min(chosen.longest(need), cap), batched)
+            found.append((score, options, chosen))
+        if found:
+            best.append(max(found, key=lambda f: f[0]))
+    if not best:
+        return _Remedied(options, None)
+    taken = next((b for b in best if b[0][1] >= useful), None) or max(best, key=lambda b: b[0][:2])
+    return _Remedied(taken[1], taken[2])
+
+
+def _remedy_note(without: Plan, chosen: Plan, batched: int, *, task: Task) -> str:
+    """What the remedy changed and why, in vLLM's words (the hint in the caller's)."""
+    eager = chosen.enforce_eager and not without.enforce_eager
+    smaller = batched < without.max_num_batched_tokens
+    b = without.budget
+    changed = " and ".join((["enforce_eager"] if eager else [])
+                           + ([f"max_num_batched_tokens {batched} (not {without.max_num_batched_tokens})"]
+                              if smaller else []))
+    took = " and ".join(([f"{_gib(b.cuda_graphs)} of CUDA graphs"] if eager else [])
+                        + ([f"a {_gib(b.activation_peak)} activation peak for {without.max_num_batched_tokens} "
+                            "tokens a step"] if smaller else []))
+    costs = "; ".join((["eager mode runs without CUDA graphs, at some throughput"] if eager else [])
+                      + ([f"a pooling request is taken in one step, so max_model_len is at most {batched}"
+                          if task == "embed" else "a long prompt takes more steps to prefill"] if smaller else []))
+    short = (f"kv_cache_memory_bytes={b.available_kv} would be {_gib(-b.spare)} more than the GPU holds"
+             if b.kv_cache_memory_bytes is not None else f"the KV cache would get {b.available_kv / GIB:.2f} GiB")
+    return f"{changed}: with {took} {short} at tensor_parallel_size={chosen.tp}; {costs}; {REMEDY_HINT}"
 
 
 def tune(
@@ -94,10 +196,11 @@ def tune(
     gpus_available: int = 8,
     pipeline_parallel_size: int = 1,
     block_size: int = DEFAULT_BLOCK_SIZE,
-    enforce_eager: bool = False,
+    enforce_eager: bool | None = None,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     vllm_version: str | None = None,
+    remedies: bool = True,
 ) -> Sizing:
     """Engine args for serving ``arch`` on GPUs of type ``gpu``.
 
@@ -107,8 +210,13 @@ def tune(
     is capped to the model's maximum and to the KV tokens that fit; when not given it defaults to the context
     ``vllm_version`` derives (:mod:`triarch.tuner.context`), lowered (see :data:`MIN_CONCURRENCY`) so several
     such requests fit. Memory and paging follow that release's rules (None: the default image's vLLM;
-    ``gpu_memory_utilization`` None: the release's default). Raises :class:`TuneError` with the numbers when not
-    even one KV block fits, :class:`LengthRefused` for a length vLLM would refuse.
+    ``gpu_memory_utilization`` None: the release's default).
+
+    When no tensor-parallel size leaves even one KV block, the tuner tries what a person would before refusing
+    (:func:`_remedy`): a smaller ``max_num_batched_tokens``, then eager mode, then both, each only where the
+    caller left it open (``max_num_batched_tokens`` / ``enforce_eager`` None; ``remedies`` False: none), and
+    says which in a note. Raises :class:`TuneError` with the numbers (and what was tried) when not even one KV
+    block fits then, :class:`LengthRefused` for a length vLLM would refuse.
     """
     release, release_note = release_for(vllm_version)
     if gpu_memory_utilization is None:
@@ -161,10 +269,11 @@ def tune(
 
     total = gpu.torch_total_bytes
 
-    def plan(tp: int, seqs: int | None = max_num_seqs, batched: int | None = max_num_batched_tokens) -> Plan:
+    def plan(tp: int, seqs: int | None = max_num_seqs, batched: int | None = max_num_batched_tokens,
+             eager: bool = bool(enforce_eager)) -> Plan:
         return plan_for(arch, total, tp, release=release, pp=pipeline_parallel_size, util=gpu_memory_utilization,
                      kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, task=task,
-                     block_size=block_size, longest=ceiling, enforce_eager=enforce_eager, max_num_seqs=seqs,
+                     block_size=block_size, longest=ceiling, enforce_eager=eager, max_num_seqs=seqs,
                      max_num_batched_tokens=batched)
 
     spread = estimate_spread()
@@ -176,7 +285,7 @@ def tune(
         """The same configuration at the pessimistic end of the memory estimate (estimateSpread)."""
         options = [plan_for(arch, total, p.tp, release=r, pp=pipeline_parallel_size, util=gpu_memory_utilization,
                             kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, task=task,
-                            block_size=block_size, longest=ceiling, enforce_eager=enforce_eager,
+                            block_size=block_size, longest=ceiling, enforce_eager=p.enforce_eager,
                             max_num_seqs=p.max_num_seqs_cap, max_num_batched_tokens=p.max_num_batched_tokens,
                             spread=spread)
                    for r in pessimists]
@@ -184,14 +293,38 @@ def tune(
 
     plans = [plan(tp) for tp in candidates]
     need = target if target is not None else block_size
-    chosen = next((p for p in plans if p.fits(need)), None)
-    if chosen is None:
-        usable = [p for p in plans if p.fits(block_size)]
-        if not usable:
+
+    def pick(options: list[Plan]) -> Plan | None:
+        """The smallest TP holding one request of ``need`` tokens, else the one holding the longest; None when
+        none holds a block."""
+        found = next((p for p in options if p.fits(need)), None)
+        if found is None:
+            usable = [p for p in options if p.fits(block_size)]
+            found = max(usable, key=lambda p: (p.longest(need), -p.tp)) if usable else None
+        return found
+
+    typical = TYPICAL_EMBED_TOKENS if task == "embed" else TYPICAL_CHAT_TOKENS
+    # What a remedy must leave room for: the length asked for, else one typical request (or the model's maximum).
+    useful = requested_len if requested_len is not None else min(typical, target) if target is not None else typical
+    aim = target  # the length below which the pessimistic end's shorter max_model_len would serve nobody
+    picked = pick(plans)
+    without: Plan | None = None  # the plan at the chosen TP without the remedy, when one was needed
+    if picked is None and remedies:
+        remedy = _remedy(plans, pick=pick, plan=plan, low=low, task=task, need=need, useful=useful,
+                         batch_free=max_num_batched_tokens is None, eager_free=enforce_eager is None,
+                         seqs=max_num_seqs or plans[0].max_num_seqs_cap)
+        if remedy is None or remedy.chosen is None:
             raise _refusal(arch, gpu, plans[-1], util=gpu_memory_utilization, gpus=tp_gpus,
                            pp=pipeline_parallel_size, task=task, block_size=block_size,
-                           kv_given=kv_cache_memory_bytes is not None)
-        chosen = max(usable, key=lambda p: (p.longest(need), -p.tp))
+                           kv_given=kv_cache_memory_bytes is not None,
+                           remedied=remedy.plans[-1] if remedy is not None else None)
+        without = next(p for p in plans if p.tp == remedy.chosen.tp)
+        plans, picked = remedy.plans, remedy.chosen
+        aim = useful
+    if picked is None:
+        raise _refusal(arch, gpu, plans[-1], util=gpu_memory_utilization, gpus=tp_gpus, pp=pipeline_parallel_size,
+                       task=task, block_size=block_size, kv_given=kv_cache_memory_bytes is not None)
+    chosen = picked
 
     def length_for(plan: Plan) -> int | None:
         """max_model_len for a plan: the ceiling, capped to what one request may hold (and, when no length was
@@ -202,9 +335,10 @@ def tune(
         length = plan.longest(ceiling)
         if requested_len is None:
             # Down to what one request may hold at the pessimistic end, unless that is below the context the TP
-            # choice aimed at: such a length serves nobody, so the nominal one stays, with a note.
+            # choice aimed at (after a remedy, a useful one): such a length serves nobody, so the nominal one
+            # stays, with a note.
             safe = low(plan).longest(ceiling)
-            if target is None or safe >= min(target, length):
+            if aim is None or safe >= min(aim, length):
                 length = min(length, safe)
         if requested_len is None and target is not None and plan.concurrency(length) < MIN_CONCURRENCY:
             room = _pow2_floor(length)
@@ -214,7 +348,6 @@ def tune(
         return length
 
     final_len = length_for(chosen)
-    typical = TYPICAL_EMBED_TOKENS if task == "embed" else TYPICAL_CHAT_TOKENS
     seqs = int(chosen.concurrency(min(final_len or typical, typical)))
     seqs = max_num_seqs or _round_down(max(1, min(chosen.max_num_seqs_cap, seqs)), 8)
     batched = chosen.max_num_batched_tokens
@@ -226,10 +359,12 @@ def tune(
     if (seqs, batched) != (chosen.max_num_seqs_cap, chosen.max_num_batched_tokens):
         # vLLM profiles with the batch it is given: size the KV cache again with these args, so the numbers
         # reported are the ones vLLM will compute (a smaller batch only frees memory: the batch stays valid).
-        chosen = plan(chosen.tp, seqs, batched)
+        chosen = plan(chosen.tp, seqs, batched, chosen.enforce_eager)
         final_len = length_for(chosen)
-        if task == "embed" and final_len is not None:
-            final_len = min(final_len, batched)  # pooling takes a whole request in one step
+    if task == "embed" and final_len is not None:
+        final_len = min(final_len, batched)  # pooling takes a whole request in one step
+    if without is not None:
+        notes.append(_remedy_note(without, chosen, batched, task=task))
     if ceiling is not None and final_len is not None and final_len < ceiling:
         if requested_len is not None:
             # vLLM refuses to start when one request of max_model_len does not fit the KV cache.
@@ -237,8 +372,11 @@ def tune(
                                 f"{chosen.reported_tokens(None)} tokens ({chosen.blocks} blocks) at "
                                 f"tensor_parallel_size={chosen.tp} on {gpu.product}, and vLLM refuses to start "
                                 f"below one full request; ask for at most {final_len}, {LENGTH_HINT}")
-        notes.append(f"max_model_len {ceiling} capped to {final_len}: the KV cache holds "
-                     f"{chosen.reported_tokens(final_len)} tokens at tensor_parallel_size={chosen.tp}")
+        held = (f"a pooling request is taken in one step of max_num_batched_tokens {batched} (the KV cache holds "
+                f"{chosen.reported_tokens(final_len)} tokens)"
+                if without is not None and task == "embed" and final_len == batched < chosen.longest(ceiling)
+                else f"the KV cache holds {chosen.reported_tokens(final_len)} tokens")
+        notes.append(f"max_model_len {ceiling} capped to {final_len}: {held} at tensor_parallel_size={chosen.tp}")
     concurrency = chosen.concurrency(final_len) if final_len else None
     pessimistic = low(chosen)
     if final_len is not None and not pessimistic.fits(final_len):
@@ -263,7 +401,7 @@ def tune(
     args["max_num_batched_tokens"] = batched
     args["kv_cache_dtype"] = kv_cache_dtype
     args["block_size"] = block_size
-    if enforce_eager:
+    if chosen.enforce_eager:
         args["enforce_eager"] = True
     if task == "embed":
         args["runner"] = "pooling"
