@@ -20,7 +20,8 @@ from triarch.catalog import Catalog, load_catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 STACKS = ("local", "dev", "prod")
-LAYER_LABELS = ("Kubernetes (where)", "Ray (how)", "vLLM (when)")
+KIND_LABELS = ("AWS", "Kubernetes: where (scheduling)", "Kubernetes: how (Ray)", "Kubernetes: when (vLLM)",
+               "Pulumi providers", "other")
 NOT_OBJECTS = ("kubernetes:helm.sh/", "kubernetes:yaml")
 
 
@@ -172,13 +173,32 @@ def test_summary_counts_resources_per_layer(plans: dict[str, Planned], stack: st
     total = int(totals[0].split(":")[1].split()[0])
     start = lines.index(totals[0])
     counts = {}
-    for label in LAYER_LABELS:
-        rows = [line for line in lines[start + 1:] if line.strip().startswith(label)]
-        assert len(rows) == 1, f"no Resources line for layer {label}"
-        counts[label] = int(rows[0].split()[-1])
+    for label in KIND_LABELS:
+        rows = [line for line in lines[start + 1:] if line.strip().startswith(label + " ")]
+        assert len(rows) <= 1, f"two Resources lines for {label}"
+        counts[label] = int(rows[0].split()[-1]) if rows else 0
     assert sum(counts.values()) == total
-    custom = [r for r in plans[stack].document["resources"] if not is_component(r["type"])]
+    resources = plans[stack].document["resources"]
+    custom = [r for r in resources if not is_component(r["type"])]
     assert total == len(custom)
+    assert counts["AWS"] == sum(r["type"].startswith("aws:") for r in resources), counts
+    kubernetes = sum(r["type"].startswith("kubernetes:") for r in resources)
+    assert sum(counts[label] for label in KIND_LABELS if label.startswith("Kubernetes")) == kubernetes, counts
+    releases = sorted(f"{r['name']} " for r in resources if r["type"] == "kubernetes:helm.sh/v3:Release")
+    helm = [line for line in lines[start:] if "of which Helm releases" in line]
+    if releases:
+        [line] = helm
+        for r in resources:
+            if r["type"] == "kubernetes:helm.sh/v3:Release":
+                assert f"{r['name']}" in line and r["inputs"]["version"] in line, (r["name"], line)
+    else:
+        assert helm == []
+
+
+def test_summary_names_the_helm_charts_and_capacity_file(plans: dict[str, Planned]) -> None:
+    out = plans["prod"].stdout
+    assert "kuberay-operator 1.7.0" in out and "nvidia-device-plugin 0.20.0" in out and "karpenter 1.14.1" in out
+    assert "capacity.json (pools, GPUs and cost)" in out
 
 
 def test_stack_file_option_names_the_stack_from_the_file(tmp_path: Path) -> None:

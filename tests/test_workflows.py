@@ -59,7 +59,7 @@ def triarch_commands(script: str) -> list[list[str]]:
 def test_the_workflows_call_triarch(tmp_path: Path) -> None:
     commands = [c for _, script in run_blocks() for c in triarch_commands(script)]
     subcommands = sorted({c[0] for c in commands})
-    assert subcommands == ["check", "comment", "diff", "plan"]
+    assert subcommands == ["comment", "review"]
 
 
 @pytest.mark.parametrize(("where", "script"), run_blocks())
@@ -247,3 +247,33 @@ def test_the_review_writes_what_it_compared(reviewed: tuple[Path, subprocess.Com
                      f"check/{stack}.json", f"diff/{stack}.json"):
             assert (review / part).is_file(), part
     assert not any((review / "errors").iterdir())
+
+
+def test_a_reviewer_builds_the_comment_locally_before_pushing(tmp_path: Path) -> None:
+    """`triarch review` in a clone with an uncommitted edit: the comment of that edit against main, in review/,
+    which git ignores (so it is never committed by accident)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    _copy_tree(repo)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "base")
+    _git(repo, "checkout", "-q", "-b", "bigger-pool")
+    dev = repo / "stacks" / "Pulumi.dev.yaml"
+    text = dev.read_text(encoding="utf-8")
+    assert "      max: 2\n" in text
+    dev.write_text(text.replace("      max: 2\n", "      max: 3\n", 1), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(repo / "components")}
+    done = subprocess.run([sys.executable, "-m", "triarch.cli", "review", "--stack", "dev"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "wrote review/comment.md" in done.stdout, done.stdout
+    comment = (repo / "review" / "comment.md").read_text(encoding="utf-8")
+    head = _git(repo, "rev-parse", "HEAD")
+    assert comment.startswith(f"{MARKER}\n## Triarch review of `{head[:12]}` + working tree against "
+                              f"`{head[:12]}`"), comment[:200]
+    assert "g6.xlarge x 0-2" in comment and "g6.xlarge x 0-3" in comment, comment
+    for part in ("head/dev/plan.json", "base/dev/plan.json", "check/dev.json", "diff/dev.json"):
+        assert (repo / "review" / part).is_file(), part
+    assert _git(repo, "status", "--porcelain", "--untracked-files=all", "review") == ""
+    assert _git(repo, "check-ignore", "review/comment.md") == "review/comment.md"

@@ -1,4 +1,6 @@
-"""`triarch`: plan a stack offline (and, as the project grows, tune and check)."""
+"""triarch: LLM inference on Kubernetes, set up right the first time. Plan a stack offline under Pulumi's mock
+engine (no cloud, no credentials), check it against the guardrails, diff two plans, size vLLM for a model and a
+GPU, review a change as its pull request would be, and verify a live cluster. `pulumi up` deploys what it plans."""
 
 from __future__ import annotations
 
@@ -75,7 +77,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     with progress(f"planning stack {name} (Pulumi mock engine, no cloud calls)"):
         result = plan_stack(validated, out)
     print(summary(result))
-    print(f"\nwrote {out / 'plan.json'} and {len(result.manifest_paths)} manifest(s) in {out / 'manifests'}")
+    print(f"\nwrote {out / 'plan.json'} (every resource and its inputs), {out / 'capacity.json'} (pools, GPUs and "
+          f"cost) and {len(result.manifest_paths)} manifest(s) in {out / 'manifests'}")
     return 0
 
 
@@ -363,6 +366,29 @@ def cmd_local_exec(args: argparse.Namespace) -> int:
     return exec_in(args.name or only_plane(), command)
 
 
+def cmd_review(args: argparse.Namespace) -> int:
+    from triarch.rehearsal import Refs, resolve_refs, review, stacks
+
+    known = stacks()
+    for stack in args.stack or []:
+        if stack not in known:
+            raise TriarchError(f"--stack: {stack!r} is not a stack of this project; allowed: {', '.join(known)}")
+    refs = resolve_refs(args.base)
+    if args.head_ref:
+        refs = Refs(refs.base, args.head_ref)
+    out = Path(args.out)
+    comment = review(out, refs, args.stack)
+    print(f"wrote {comment} (and head/, base/, check/, diff/ beside it; logs/ holds what each step printed)")
+    if args.strict:
+        from triarch.review import failures
+
+        failing = failures(out)
+        for failure in failing:
+            print(f"review: {failure}", file=sys.stderr)
+        return 1 if failing else 0
+    return 0
+
+
 def cmd_reference(args: argparse.Namespace) -> int:
     from triarch.config import reference
 
@@ -392,10 +418,34 @@ def _add_stack_source(parser: argparse.ArgumentParser, plan: bool = False, manif
                                  "... | triarch check --manifests -); the same rules, no stack needed")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("triarch")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class _Commands:
+    """Subcommands whose one-line help is also their description (`triarch plan --help` says what plan does)."""
+
+    def __init__(self, actions: Any) -> None:
+        self.actions = actions
+
+    def add_parser(self, name: str, *, help: str) -> argparse.ArgumentParser:
+        description = help[0].upper() + help[1:] + "."
+        parser: argparse.ArgumentParser = self.actions.add_parser(name, help=help, description=description)
+        return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="triarch", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    plan = commands.add_parser("plan", help="register a stack under Pulumi's mock engine; write plan.json + manifests")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                        help="print Triarch's version and exit")
+    commands = _Commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    plan = commands.add_parser("plan", help="plan a stack offline under Pulumi's mock engine: write plan.json, the "
+                                            "manifests and capacity.json, and print a summary")
     _add_stack_source(plan)
     plan.add_argument("--out", help="output directory (default: out/<stack>)")
     plan.add_argument("--at", metavar="REF", help="plan the stack as of a git ref (its code and stack file, in a "
@@ -406,13 +456,15 @@ def build_parser() -> argparse.ArgumentParser:
                                               "or evaluate them on any Kubernetes YAML (--manifests)")
     _add_stack_source(check, plan=True, manifests=True)
     check.add_argument("--policy-config", help="policy pack config JSON (as for pulumi --policy-pack-config)")
-    check.add_argument("--format", choices=["text", "json", "markdown"], default="text")
+    check.add_argument("--format", choices=["text", "json", "markdown"], default="text",
+                       help="text for a terminal (default), json for tools, markdown for a comment")
     check.add_argument("--out", help="also write the plan here (default: a temporary directory)")
     check.set_defaults(handler=cmd_check)
 
-    diff = commands.add_parser("diff", help="what a change does to a live stack: added, removed, changed and "
-                                            "replaced resources (exit 1 on an unintended stateful replacement or "
-                                            "removal)")
+    diff = commands.add_parser("diff", help="compare two plans of a stack (a base plan or git ref against the "
+                                            "head): what the change adds, removes, changes and replaces, and what "
+                                            "it does to running traffic (exit 1 on an unintended stateful "
+                                            "replacement or removal)")
     diff.add_argument("--base", required=True, help="a plan directory, or a git ref of this repository (planned in a "
                                                     "temporary worktree with its own code and stack file)")
     head = diff.add_mutually_exclusive_group(required=True)
@@ -420,14 +472,15 @@ def build_parser() -> argparse.ArgumentParser:
     head.add_argument("--stack-file", help="any Pulumi stack file (a git base plans the same file as of that ref, "
                                            "or the ref's stack of that name for a file outside the repository)")
     head.add_argument("--plan", help="a plan directory written by `triarch plan` (the head, planned already)")
-    diff.add_argument("--format", choices=["text", "json", "markdown"], default="text")
+    diff.add_argument("--format", choices=["text", "json", "markdown"], default="text",
+                      help="text for a terminal (default), json for tools, markdown for a comment")
     diff.add_argument("--across-stacks", action="store_true",
                       help="compare plans of two different stacks (every URN differs)")
     diff.add_argument("--intended", action="append", metavar="NAME",
                       help="a resource (name or URN) whose replacement is intended; repeatable")
     diff.set_defaults(handler=cmd_diff)
 
-    verify = commands.add_parser("verify", help="a live cluster against the stack's plan, layer by layer (GPU "
+    verify = commands.add_parser("verify", help="check a live cluster against the stack's plan, layer by layer (GPU "
                                                  "nodes, drivers, add-ons, Ray Serve, each vLLM server)")
     source = verify.add_mutually_exclusive_group(required=True)
     source.add_argument("--stack", help="a stack of this project (stacks/Pulumi.<stack>.yaml)")
@@ -437,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="reach model NAME at URL instead of through kubectl port-forward; repeatable")
     verify.set_defaults(handler=cmd_verify)
 
-    comment = commands.add_parser("comment", help="the pull-request comment (markdown) from a review directory: "
+    comment = commands.add_parser("comment", help="write the pull-request comment (markdown) from a review directory: "
                                                    "guardrails, diff, capacity and cost of every stack")
     comment.add_argument("directory", help="head/<stack>, base/<stack>, check/<stack>.json, diff/<stack>.json")
     comment.add_argument("--base-ref", help="the base commit, for the heading")
@@ -453,15 +506,19 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--model-config", help="path to any Hugging Face config.json")
     tune.add_argument("--gpu", help="a GPU of templates/compat/gpus.yaml (e.g. l4, a100-80gb)")
     tune.add_argument("--gpus", type=int, default=8, help="GPUs per node the tensor-parallel search may use")
-    tune.add_argument("--tensor-parallel-size", type=int)
+    tune.add_argument("--tensor-parallel-size", type=int,
+                      help="GPUs each layer is split over, within a node (default: the fewest that fit)")
     tune.add_argument("--pipeline-parallel-size", type=int, help="stages; beyond one node, whole nodes each")
     tune.add_argument("--nodes", type=int, default=1,
                       help="most nodes of --gpus GPUs one replica may span (TP within a node, PP across)")
     tune.add_argument("--gpu-memory-utilization", type=float, help="default: the vLLM release's own default")
     tune.add_argument("--vllm-version", help="size as this vLLM release does (templates/compat/vllm-releases.yaml; "
                                              "default: the vLLM of the pinned vllm/vllm-openai image)")
-    tune.add_argument("--max-model-len", type=int)
-    tune.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
+    tune.add_argument("--max-model-len", type=int,
+                      help="the longest request in tokens (default: the longest the KV cache holds at a useful "
+                           "batch, capped by the model's own)")
+    tune.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
+                      help="fp8 halves the KV cache's memory (default: auto, the model's dtype)")
     tune.add_argument("--max-num-seqs", type=int, help="fix vLLM's batch size (default: sized from the KV cache)")
     tune.add_argument("--max-num-batched-tokens", type=int, help="fix the tokens per step (sizes the activation)")
     tune.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction,
@@ -471,9 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--json", action="store_true", help="one JSON object instead of the start-up log")
     tune.set_defaults(handler=cmd_tune)
 
-    local = commands.add_parser("local", help="a local Kubernetes control plane on the real engines (etcd, the API "
+    local = commands.add_parser("local", help="run a local Kubernetes control plane on the real engines (etcd, the API "
                                               "server, scheduler, controller manager, kwok) and the real Pulumi CLI")
-    steps = local.add_subparsers(dest="step", required=True)
+    steps = _Commands(local.add_subparsers(dest="step", required=True, metavar="STEP"))
     build = steps.add_parser("build", help="build the engines from the Go module proxy into a cache outside the "
                                            "work tree (tools/engines/engines.yaml); cached builds are kept")
     build.add_argument("engines", nargs="*", help="only these (default: all)")
@@ -503,6 +560,19 @@ def build_parser() -> argparse.ArgumentParser:
     stop = steps.add_parser("down", help="stop every process of the plane and remove its namespace and state")
     stop.add_argument("--name", help="the plane (default: the only one up)")
     stop.set_defaults(handler=cmd_local_down)
+
+    rev = commands.add_parser("review", help="build what the pull-request workflow builds (every stack planned at "
+                                             "the head and at the base, checked, diffed; the comment) into a "
+                                             "directory, to read the comment before pushing")
+    rev.add_argument("--base", default="main", help="the branch or commit the change goes into (default: main); "
+                                                     "its merge base with HEAD is planned")
+    rev.add_argument("--out", default="review", help="where to write it (default: review/, which git ignores)")
+    rev.add_argument("--stack", action="append", help="only this stack (repeatable; default: every stack)")
+    rev.add_argument("--head-ref", help="the head's name in the comment's heading (default: HEAD's commit, marked "
+                                        "'+ working tree' where files changed)")
+    rev.add_argument("--strict", action="store_true",
+                     help="exit 1 on a mandatory violation or an unintended stateful replacement or removal")
+    rev.set_defaults(handler=cmd_review)
 
     ref = commands.add_parser("reference", help="write the stack keys' reference (docs/stack-keys.md) and the JSON "
                                                 "Schema editors validate stack files with (docs/stack.schema.json)")

@@ -28,7 +28,8 @@ from triarch.program import StackError
 from triarch.scheduling import POOL_LABEL
 from triarch.tuner import Sizing
 
-LAYERS = {"where": "Kubernetes (where)", "how": "Ray (how)", "when": "vLLM (when)"}
+LAYERS = {"where": "Kubernetes: where (scheduling)", "how": "Kubernetes: how (Ray)", "when": "Kubernetes: when (vLLM)"}
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 LAYER_OF_MODULE = {
     "triarch:cluster": "where", "triarch:network": "where", "triarch:nodegroups": "where",
     "triarch:deviceplugin": "where", "triarch:storage": "where", "triarch:serving": "where",
@@ -190,14 +191,41 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
     notes = [w for w in result.run.warnings if w not in {v.message for v in result.verdicts}]
     if notes:
         lines += ["", "Warnings from the program", *[f"  {w}" for w in notes]]
-    by_urn = {r.urn: r for r in result.run.resources}
-    # A provider-side component (a CRD file) stands for the object it creates.
-    counts = Counter(layer_of(r, by_urn) for r in result.run.resources
-                     if r.custom or r.type.startswith("kubernetes:yaml/"))
-    lines += ["", f"Resources: {sum(counts.values())} to create"]
-    for key, label in LAYERS.items():
-        lines.append(f"  {label:20} {counts.get(key, 0)}")
+    lines += ["", *resource_lines(result.run.resources)]
     return "\n".join(lines)
+
+
+def resource_kind(resource: Registered, by_urn: dict[str, Registered]) -> str:
+    """What a resource is, for the summary: an AWS resource, another provider's (a generated password, TLS), or
+    a Kubernetes object by the layer of the Triarch component that owns it."""
+    provider = resource.type.split(":", 1)[0]
+    if provider == "aws":
+        return "AWS"
+    if provider == "kubernetes":
+        return LAYERS[layer_of(resource, by_urn)]
+    if provider == "pulumi":
+        return "Pulumi providers"
+    return "other"
+
+
+def resource_lines(resources: list[Registered]) -> list[str]:
+    """Resources by what they are (AWS, then Kubernetes by layer), and the Helm releases with their charts."""
+    by_urn = {r.urn: r for r in resources}
+    # A provider-side component (a CRD file) stands for the object it creates; explicit providers count, as
+    # `pulumi preview` counts them.
+    counted = [r for r in resources if r.custom or r.type.startswith("kubernetes:yaml/")]
+    counts = Counter(resource_kind(r, by_urn) for r in counted)
+    lines = [f"Resources: {len(counted)} to create"]
+    for label in ("AWS", *LAYERS.values(), "Pulumi providers", "other"):
+        if counts.get(label) or label in ("AWS", *LAYERS.values()):
+            lines.append(f"  {label:31} {counts.get(label, 0)}")
+    releases = sorted((r.name, str(r.inputs.get("chart", "")), str(r.inputs.get("version", "")))
+                      for r in resources if r.type == HELM_RELEASE)
+    if releases:
+        shown = [f"{name} {version}" if chart.rsplit("/", 1)[-1] == name
+                 else f"{name} ({chart.rsplit('/', 1)[-1]}) {version}" for name, chart, version in releases]
+        lines.append("  of which Helm releases (chart version): " + ", ".join(shown))
+    return lines
 
 
 def kv_range(sizing: Sizing) -> str:

@@ -199,10 +199,16 @@ def _stack_section(directory: Path, stack: str) -> list[str]:
     return lines
 
 
+def _ref(ref: str) -> str:
+    """A commit as the heading shows it (12 characters), with what follows it (`+ working tree`) kept."""
+    commit, _, rest = ref.partition(" ")
+    return f"`{commit[:12]}`" + (f" {rest}" if rest else "")
+
+
 def review_markdown(directory: Path, base_ref: str | None = None, head_ref: str | None = None) -> str:
     stacks = stacks_of(directory)
     failing = failures(directory)
-    refs = f" of `{head_ref[:12]}` against `{base_ref[:12]}`" if head_ref and base_ref else ""
+    refs = f" of {_ref(head_ref)} against {_ref(base_ref)}" if head_ref and base_ref else ""
     verdict = (":x: " + "; ".join(failing)) if failing else ":white_check_mark: no mandatory violation, no " \
         "unintended stateful replacement or removal"
     lines = [MARKER, f"## Triarch review{refs}", "", verdict, ""]

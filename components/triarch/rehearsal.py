@@ -1,0 +1,102 @@
+"""`triarch review`: what the pull-request workflow builds, built here, so a reviewer reads the comment before
+pushing. Every stack is planned at the head (the working tree, uncommitted changes included) and at the base
+commit (its own code and stack file, in a temporary worktree), checked against the guardrails, diffed, and the
+comment written; the workflow runs this same command, so the two cannot drift."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from triarch.errors import TriarchError
+from triarch.paths import PROJECT_ROOT, STACKS_DIR
+
+POLICY_DIR = PROJECT_ROOT / "policies"
+
+
+@dataclass(frozen=True)
+class Refs:
+    base: str
+    """The base commit (full sha)."""
+    head: str
+    """The head as the comment's heading names it: a sha, with `+ working tree` where files changed since it."""
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise TriarchError(f"review: git {' '.join(args)} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return done.stdout.strip()
+
+
+def resolve_refs(base: str) -> Refs:
+    """The base as the merge base of HEAD and `base` (what a pull request against it compares with)."""
+    try:
+        _git("rev-parse", "--verify", "--quiet", f"{base}^{{commit}}")
+    except TriarchError:
+        raise TriarchError(f"--base: {base!r} is not a commit of this repository; allowed: a branch, tag or sha "
+                           "(e.g. main, origin/main)") from None
+    merge_base = _git("merge-base", "HEAD", base)
+    head = _git("rev-parse", "HEAD")
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    return Refs(merge_base, f"{head[:12]} + working tree" if dirty else head)
+
+
+def stacks() -> list[str]:
+    return sorted(path.name.removeprefix("Pulumi.").removesuffix(".yaml") for path in STACKS_DIR.glob("Pulumi.*.yaml"))
+
+
+def policy_config(stack: str) -> Path:
+    """The policy pack config the workflow uses for a stack: its own where it has one."""
+    own = POLICY_DIR / f"config.{stack}.json"
+    return own if own.is_file() else POLICY_DIR / "config.json"
+
+
+def _run(argv: list[str], output: Path, log: Path) -> int:
+    """One `triarch` command in this process: what it prints into `output`, what it tells into `log`."""
+    from triarch.cli import main
+
+    with output.open("w", encoding="utf-8") as printed, log.open("w", encoding="utf-8") as told, \
+            contextlib.redirect_stdout(printed), contextlib.redirect_stderr(told):
+        return main(argv)
+
+
+def _annotate(level: str, message: str) -> None:
+    """A line for the terminal, or a GitHub annotation in a workflow."""
+    prefix = f"::{level}::" if os.environ.get("GITHUB_ACTIONS") == "true" else f"{level}: "
+    print(prefix + message, file=sys.stderr)
+
+
+def review(out: Path, refs: Refs, only: list[str] | None = None) -> Path:
+    """Plan, check and diff each stack into `out` (head/, base/, check/, diff/, errors/, logs/), then write the
+    comment; returns its path. A stack that does not plan at the head is reported and left out, as in CI."""
+    for part in ("head", "base", "check", "diff", "errors", "logs"):
+        (out / part).mkdir(parents=True, exist_ok=True)
+    chosen = only or stacks()
+    logs = out / "logs"
+    for stack in chosen:
+        head, base = out / "head" / stack, out / "base" / stack
+        errors = out / "errors" / f"{stack}.txt"
+        print(f"review: {stack}: planning the head, checking, planning the base {refs.base[:12]}, diffing",
+              file=sys.stderr, flush=True)
+        if _run(["plan", "--stack", stack, "--out", str(head)], logs / f"{stack}-head.txt", errors) != 0:
+            lines = errors.read_text(encoding="utf-8").strip().splitlines()
+            _annotate("error", f"{stack} does not plan: {lines[-1] if lines else '(no message)'}")
+            continue
+        errors.unlink()
+        _run(["check", "--plan", str(head), "--policy-config", str(policy_config(stack)), "--format", "json"],
+             out / "check" / f"{stack}.json", logs / f"{stack}-check.txt")
+        if _run(["plan", "--stack", stack, "--at", refs.base, "--out", str(base)], logs / f"{stack}-base.txt",
+                logs / f"{stack}-base-errors.txt") == 0:
+            _run(["diff", "--base", str(base), "--plan", str(head), "--format", "json"],
+                 out / "diff" / f"{stack}.json", logs / f"{stack}-diff.txt")
+        else:
+            _annotate("notice", f"{stack} has no plan at the base commit (a new stack, or the base does not plan it)")
+    comment = out / "comment.md"
+    _run(["comment", str(out), "--base-ref", refs.base, "--head-ref", refs.head, "--out", str(comment)],
+         logs / "comment.txt", logs / "comment-verdict.txt")
+    return comment
