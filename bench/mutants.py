@@ -23,8 +23,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path("components/triarch")
-COPIED = ("components", "tests", "templates", "policies", "stacks", "bench", "tools", "Pulumi.yaml", "__main__.py",
-          "pyproject.toml", "README.md")
+COPIED = ("components", "tests", "templates", "policies", "stacks", "bench", "tools", "docs", "Pulumi.yaml",
+          "__main__.py", "pyproject.toml", "README.md")
 
 
 @dataclass(frozen=True)
