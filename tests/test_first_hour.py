@@ -140,3 +140,10 @@ def test_a_gated_model_with_a_token_or_s3_weights_is_not_warned_of(tmp_path: Pat
     code, out, err = plan(tmp_path, from_s3, capsys)
     assert code == 0, err
     assert "is gated" not in out
+
+
+def test_tune_suggests_the_nearest_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["tune", "--model", "Qwen/Qwen3-8B", "--gpu", "a10"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --gpu: 'a10' is not a known GPU (did you mean 'a10g'?); to add one, add it to "
+                          "templates/compat/gpus.yaml"), err

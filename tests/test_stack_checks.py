@@ -236,6 +236,8 @@ def test_a_model_too_large_for_its_slice_is_refused(tmp_path: Path, capsys: pyte
     assert line.startswith("triarch:models[0]: 'Qwen/Qwen3-Embedding-0.6B' cannot be served on node group 'laptop'")
     assert "1/8 of each GPU" in line and "gpu_memory_utilization 0.115" in line, line
     assert "eager mode and a smaller batch were tried too" in line, line
+    assert "try fewer timeSlicing replicas per GPU (a bigger slice)" in line, line
+    assert "more GPUs per node" not in line, line
 
 
 def test_tensor_parallelism_on_a_sliced_pool_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -244,7 +244,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.gpu is not None:
         gpus = catalog().gpus
         if args.gpu not in gpus:
-            raise TriarchError(f"--gpu: {args.gpu!r} is not a known GPU; allowed: {', '.join(sorted(gpus))}")
+            from triarch.config.pools import unknown
+
+            raise unknown("--gpu", args.gpu, "GPU", sorted(gpus), "templates/compat/gpus.yaml")
         gpu = gpus[args.gpu]
     elif args.kv_cache_memory_bytes is not None:
         # The KV budget is given: the GPU only has to be large enough to hold it next to the weights.

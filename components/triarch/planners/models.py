@@ -88,6 +88,9 @@ STACK_WORDS = (
 """The tuner's argument names in a refusal, as the stack file says them (the tuner also answers `triarch tune`,
 whose flags are its arguments'). What vLLM itself would be given or say stays in its words (the
 gpu_memory_utilization a slice gets, a derived max_model_len)."""
+SLICE_HINT = ("try fewer timeSlicing replicas per GPU (a bigger slice), a pool of larger GPUs, a quantized checkpoint, "
+              "kvCacheDtype: fp8 or a smaller maxModelLen")
+"""A refusal's hint on a time-sliced pool, where a replica never spans GPUs."""
 
 
 def in_stack_words(message: str) -> str:
@@ -149,8 +152,10 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
                           "a length the model supports and one request of which the KV cache holds") from None
     except TuneError as error:
         on = f"node group '{group.name}' ({pool.gpu.product}" + (f", 1/{share} of each GPU)" if share > 1 else ")")
-        raise ConfigError(_model_path(index), model.model,
-                          in_stack_words(f"cannot be served on {on}: {error}")) from None
+        said = in_stack_words(f"cannot be served on {on}: {error}")
+        if share > 1:  # more GPUs per node do not help a slice: a bigger slice does
+            said = said.replace(STACK_WORDS[0][1], SLICE_HINT)
+        raise ConfigError(_model_path(index), model.model, said) from None
     cache = model.cache_gib or max(MIN_CACHE_GIB, math.ceil(2 * sizing.weights_bytes / GIB))
     instance = facts.instances.get(group.instance_type) if group.instance_type else None
     release = images_by_engine(stack, facts)[model.engine]
