@@ -113,7 +113,7 @@ def check_pool_capacity(stack: StackConfig, models: list[ModelPlan]) -> None:
         if own > capacity:
             # The root cause first: the models themselves do not fit, upgrade or not.
             each = ", ".join(f"'{plan.name}' {_largest_gpus(plan)}" for plan in mine)
-            what = f"its models need {own} at their largest (replicas x GPUs per replica: {each})"
+            what = f"its models need {own} at their largest on pool '{pool_name}' (replicas x GPUs per replica: {each})"
             also = f"; {nodes} to leave room for a RayService upgrade" if upgrade else ""
             fix = f">= {-(-own // per_node)} nodes{also}, or fewer replicas on this pool"
         else:
