@@ -126,7 +126,7 @@ def binary(name: str, cache: Path | None = None, engines: dict[str, Engine] | No
             bin_dir = installed(engine, cache)
             if bin_dir is None:
                 raise EngineError(f"engine {engine.name} {engine.plain_version} is not built (needed for {name}); "
-                                  f"build it with `{BUILD_HINT}` (Go and the Go module proxy, ~45 min cold)")
+                                  f"build it with `{BUILD_HINT}` (Go and the Go module proxy; ~40 min cold for all)")
             return bin_dir / name
     raise EngineError(f"no engine in {PINS.relative_to(PROJECT_ROOT)} builds {name}")
 
