@@ -11,6 +11,7 @@ needs the pool's nodes back: it leaves nothing behind."""
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,8 @@ from triarch.scheduling import POOL_LABEL
 
 STACK = "lab-gangs"
 NAMESPACE = "llm-gangs"
+HOLD = "triarch.test/hold"
+"""A finalizer the scenario puts on a pod to keep it in its deletion while a controller reacts."""
 TIMEOUT = 120
 NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -156,17 +159,29 @@ def test_the_service_sends_to_the_leaders_only(gangs: GangStack) -> None:
 
 def test_a_lost_worker_restarts_its_whole_group(gangs: GangStack) -> None:
     """RecreateGroupOnPodRestart: one stage gone stops the replica, so the controller deletes its leader too (the
-    leader then takes its grace period under kwok: its deletion, not its end, is what shows)."""
+    leader then takes its grace period under kwok: its deletion, not its end, is what shows).
+
+    The LWS controller acts on a pod that is being deleted (it has a deletionTimestamp), not on one already gone.
+    kwok removes a deleted pod at once, so the controller's cache may never hold it in between (a force delete lost
+    that race in CI). A finalizer holds the worker in its deletion, as a kubelet's grace period would, until the
+    leader has gone."""
     [worker] = [p for p in gangs.pods() if p["metadata"]["labels"][INDEX_LABEL] == "1"][:1]
+    name = worker["metadata"]["name"]
     group = worker["metadata"]["labels"][GROUP_LABEL]
     [leader] = [p for p in gangs.pods() if p["metadata"]["labels"][GROUP_LABEL] == group
                 and p["metadata"]["labels"][INDEX_LABEL] == "0"]
-    gangs.lab.plane.kubectl("delete", "pod", "-n", NAMESPACE, worker["metadata"]["name"], "--grace-period=0",
-                            "--force")
+    kubectl = gangs.lab.plane.kubectl
+    kubectl("patch", "pod", "-n", NAMESPACE, name, "--type=merge", "-p",
+            json.dumps({"metadata": {"finalizers": [HOLD]}}))
+    try:
+        kubectl("delete", "pod", "-n", NAMESPACE, name, "--wait=false")
 
-    def leader_restarted() -> bool:
-        now = {p["metadata"]["uid"]: p for p in gangs.pods()}
-        mine = now.get(leader["metadata"]["uid"])
-        return mine is None or bool(mine["metadata"].get("deletionTimestamp"))
+        def leader_restarted() -> bool:
+            now = {p["metadata"]["uid"]: p for p in gangs.pods()}
+            mine = now.get(leader["metadata"]["uid"])
+            return mine is None or bool(mine["metadata"].get("deletionTimestamp"))
 
-    gangs.wait("the group's leader deleted with its worker", leader_restarted)
+        gangs.wait("the group's leader deleted with its worker", leader_restarted)
+    finally:
+        kubectl("patch", "pod", "-n", NAMESPACE, name, "--type=merge", "-p",
+                json.dumps({"metadata": {"finalizers": None}}), check=False)
