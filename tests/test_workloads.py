@@ -744,9 +744,11 @@ def test_created_cluster_caches_on_shared_efs(planned: dict[str, Planned], stack
 
 # --- what `pulumi up` waits for ----------------------------------------------------------------------------
 # pulumi-kubernetes 4.25.0 (pkg/await, the provider the real-engine tier runs) waits on a claim until it is Bound,
-# for at most 5 minutes of its own, unless it can read the claim's class by name and finds WaitForFirstConsumer; on
-# a Deployment until its rollout is available and on a Service with a selector until it has ready endpoints, each
-# 10 minutes unless the object's `pulumi.com/timeoutSeconds` says otherwise.
+# for at most 5 minutes of its own, or only until it is Pending where it reads the claim's class and finds
+# WaitForFirstConsumer (a claim that names no class gets the default class's name from the API server at creation,
+# seen on the real one); on a Deployment until its rollout is available, every claim it mounts Bound included, and
+# on a Service with a selector until it has ready endpoints, each 10 minutes unless the object's
+# `pulumi.com/timeoutSeconds` says otherwise.
 
 AWAIT_TIMEOUT = "pulumi.com/timeoutSeconds"
 PROVIDER_DEFAULT_SECONDS = 600
@@ -756,9 +758,9 @@ DEPLOYMENT_PROGRESS_DEFAULT_SECONDS = 600
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_no_model_cache_claim_holds_up_pulumi_up(planned: dict[str, Planned], stack: str) -> None:
-    """A claim of a class that binds on first consumer stays Pending until the model's pod is scheduled, which the
-    rollout does after the claim exists: awaited, it fails the update. An adopted cluster's claims name no class (the
-    cluster's default, EKS's gp2 binds on first consumer), so the provider cannot tell: the claims are not awaited."""
+    """A claim's binding is awaited once, by the Deployment that mounts it, on the rollout's budget; awaited on its
+    own too, a claim whose class binds later than the provider's fixed 5 minutes (a provisioner still starting, a
+    volume bound by hand on an adopted cluster) would fail the update while the rollout still had time."""
     claims = planned[stack].of_kind("PersistentVolumeClaim")
     assert claims
     for claim in claims:

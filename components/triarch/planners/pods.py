@@ -212,7 +212,9 @@ def cache_claim(owner: str, size_gib: int, settings: ServingSettings) -> dict[st
                             "resources": {"requests": {"storage": f"{size_gib}Gi"}}}
     if settings.storage_class:
         spec["storageClassName"] = settings.storage_class
-    # Claims of a WaitForFirstConsumer class bind only when a pod arrives: Pulumi must not wait for them.
+    # Not awaited on its own: pulumi-kubernetes 4.25 gives a claim a fixed 5 minutes to bind (to stay Pending, where
+    # it reads a WaitForFirstConsumer class), while the Deployment that mounts it already waits for it to be Bound
+    # on the rollout's budget (pkg/await/deployment.go), and a class may bind later than 5 minutes.
     metadata = {"name": cache_claim_name(owner), "namespace": settings.namespace, "labels": dict(MANAGED_BY),
                 "annotations": {"pulumi.com/skipAwait": "true"}}
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": spec}
