@@ -299,18 +299,41 @@ def test_an_ecr_mirror_lets_the_node_roles_import_through_the_cache_and_nothing_
                 and "ecr:" in str(r["inputs"]["policy"])]
 
 
-@pytest.fixture(scope="module")
-def with_credentials(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
-    """prod pulling everything from a Harbor proxy that takes a robot account's credentials."""
-    config = stack_document("prod")
+def _warm(config: dict[str, Any], model: str) -> None:
+    config["triarch:models"] = [{**m, "warmReplicas": 1} if m["name"] == model else m
+                                for m in config["triarch:models"]]
+
+
+def _credentials(config: dict[str, Any]) -> dict[str, Any]:
     config["triarch:registry"] = {"images": "harbor.example.com/proxy", "username": "robot$triarch"}
     config["triarch:registryPassword"] = {"secure": "v1:robot-token"}
+    return config
+
+
+@pytest.fixture(scope="module")
+def with_credentials(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """prod pulling everything from a Harbor proxy that takes a robot account's credentials, one model kept warm
+    (a CapacityBuffer's PodTemplate: Triarch's Karpenter on a created cluster)."""
+    config = _credentials(stack_document("prod"))
+    _warm(config, "embed")
     out = tmp_path_factory.mktemp("credentials")
     return _plan_file(config, out), out / "plan"
 
 
-def test_every_pod_triarch_defines_pulls_with_the_registry_secret(with_credentials: Any) -> None:
-    document, out = with_credentials
+def _pod_specs(obj: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every pod spec in an object, wherever its kind keeps it (a Deployment's template, a RayService's groups, a
+    LeaderWorkerSet's leader and worker, a PodTemplate's template)."""
+    if isinstance(obj, dict):
+        found = [(where, obj)] if isinstance(obj.get("containers"), list) else []
+        return found + [s for k, v in obj.items() for s in _pod_specs(v, f"{where}.{k}")]
+    if isinstance(obj, list):
+        return [s for i, v in enumerate(obj) for s in _pod_specs(v, f"{where}[{i}]")]
+    return []
+
+
+def _pulls_with_the_secret(document: dict[str, Any], out: Path) -> set[str]:
+    """Asserts every pod spec of every manifest names the registry's Secret, which exists in its namespace; the
+    kinds seen."""
     assert "robot-token" not in json.dumps(document)
     secrets = [r for r in document["resources"] if r["type"] == "kubernetes:core/v1:Secret"
                and r["inputs"]["metadata"]["name"] == "triarch-registry"]
@@ -318,18 +341,50 @@ def test_every_pod_triarch_defines_pulls_with_the_registry_secret(with_credentia
         assert secret["inputs"]["type"] == "kubernetes.io/dockerconfigjson"
         assert secret["inputs"]["stringData"] == {".dockerconfigjson": "[secret]"}
     namespaces = {s["inputs"]["metadata"]["namespace"] for s in secrets}
-    templates = []
-    for path in (out / "manifests").glob("*.yaml"):
+    kinds = set()
+    for path in sorted((out / "manifests").glob("*.yaml")):
         obj = yaml.safe_load(path.read_text(encoding="utf-8"))
-        if obj["kind"] == "Deployment":
-            templates.append((obj["metadata"]["namespace"], obj["spec"]["template"]["spec"]))
-        elif obj["kind"] == "RayService":
-            cluster = obj["spec"]["rayClusterConfig"]
-            templates += [(obj["metadata"]["namespace"], g["template"]["spec"])
-                          for g in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]]
-    assert len(templates) >= 4
-    for namespace, spec in templates:
-        assert spec["imagePullSecrets"] == [{"name": "triarch-registry"}] and namespace in namespaces
+        for where, spec in _pod_specs(obj, f"{obj['kind']} {obj['metadata']['name']}"):
+            kinds.add(obj["kind"])
+            assert spec.get("imagePullSecrets") == [{"name": "triarch-registry"}], where
+            assert obj["metadata"]["namespace"] in namespaces, where
+    return kinds
+
+
+def test_every_pod_triarch_defines_pulls_with_the_registry_secret(with_credentials: Any) -> None:
+    document, out = with_credentials
+    assert _pulls_with_the_secret(document, out) == {"Deployment", "RayService", "PodTemplate"}
+
+
+@pytest.mark.parametrize(("stack", "edit", "kinds"), [
+    # An adopted cluster whose own Karpenter scales the pool: warm capacity is placeholder pods that pull the image.
+    ("lab", lambda c: (c["triarch:cluster"].update(nodeProvisioner="karpenter"), _warm(c, "chat")),
+     {"Deployment", "RayService"}),
+    # A replica across nodes: a LeaderWorkerSet's leader and worker templates.
+    ("large", lambda c: None, {"LeaderWorkerSet", "RayService"}),
+], ids=["warm-placeholders", "leader-worker-set"])
+def test_every_pod_of_every_shape_pulls_with_the_registry_secret(tmp_path: Path, stack: str, edit: Any,
+                                                                 kinds: set[str]) -> None:
+    config = _credentials(stack_document(stack))
+    edit(config)
+    document = _plan_file(config, tmp_path)
+    assert _pulls_with_the_secret(document, tmp_path / "plan") == kinds
+
+
+def test_warm_placeholders_say_the_release_of_a_pinned_image(tmp_path: Path) -> None:
+    """A placeholder runs the model's image: pulled from a mirror by digest, it says which release it is, as the
+    model's own workload does (the diff, the guardrails and triarch verify read the release from it)."""
+    config = stack_document("lab")
+    config["triarch:cluster"]["nodeProvisioner"] = "karpenter"
+    _warm(config, "chat")
+    config["triarch:images"] = {"vllm": {"release": "v0.33.0", "image": f"{ECR}/mirror/vllm-openai@{DIGEST}"}}
+    _plan_file(config, tmp_path)
+    manifests = tmp_path / "plan" / "manifests"
+    for name in ("deployment-llm-chat-warm.yaml", "deployment-llm-chat.yaml"):
+        obj = yaml.safe_load((manifests / name).read_text(encoding="utf-8"))
+        assert obj["metadata"]["annotations"]["triarch.dev/image-release"] == "vllm/vllm-openai:v0.33.0", name
+        [container] = obj["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == f"{ECR}/mirror/vllm-openai@{DIGEST}", name
 
 
 def test_every_chart_with_pods_pulls_with_the_registry_secret(with_credentials: Any) -> None:

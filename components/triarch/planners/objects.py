@@ -161,7 +161,7 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
     if warm:
         owners.append((Owner("the warm capacity's placeholders"), warm[0]))
     for i, model in enumerate(models):
-        found = warm_manifests(stack, model, settings.namespace)
+        found = warm_manifests(stack, model, settings)
         warm += found
         owners += [(Owner(f"triarch:models[{i}].warmReplicas", str(model.config.warm_replicas)), o) for o in found]
 
