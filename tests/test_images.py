@@ -417,6 +417,11 @@ def test_every_chart_with_pods_pulls_with_the_registry_secret(with_credentials: 
      "triarch:registry.server: is not set, but triarch:registryPassword is"),
     ({"images": "harbor.example.com/proxy", "username": "robot"}, False,
      "triarch:registryPassword: is not set, but registry.username is ('robot')"),
+    # An ECR password is a 12-hour token: a pull Secret of one breaks the next day; the node roles pull there.
+    ({"images": f"{ECR}/hub", "username": "AWS"}, True,
+     f"triarch:registry.username: 'AWS' gives credentials for {ECR}, an ECR registry, whose passwords expire"),
+    ({"images": {"docker.io": f"{ECR}/hub"}, "server": ECR, "username": "AWS"}, True,
+     f"triarch:registry.username: 'AWS' gives credentials for {ECR}, an ECR registry"),
 ])
 def test_credentials_come_whole(tmp_path: Path, registry: dict[str, Any], secret: bool, head: str) -> None:
     from triarch import cli
