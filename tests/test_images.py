@@ -496,3 +496,16 @@ def test_a_crd_file_is_applied_only_if_it_is_the_releases(tmp_path: Path) -> Non
     message = str(info.value)
     assert message.startswith("triarch:registry.crds: ") and "ray.io_rayjobs.yaml" in message
     assert "not the release's 01a5cf3b17c1769fda44af7e82debcd98722f0c27b9ab84d084681c6649121f5" in message
+
+
+def test_the_mirror_list_names_the_efa_image_the_nodes_pull(shipped: dict[str, Any]) -> None:
+    """The EFA device plugin's image is EKS's copy in the stack's region (the chart's default is us-west-2's):
+    mirror.json lists that one, the one the release's values name."""
+    from triarch.planners.registry import mirror_list
+    large = shipped["large"]
+    stack = from_pulumi_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in large.config.items()})
+    [row] = [i for i in mirror_list(plan_document(large.run), stack)["images"] if i["key"] == "efaDevicePlugin"]
+    [release] = [r for r in large.of_type("kubernetes:helm.sh/v3:Release") if r.name == "aws-efa-k8s-device-plugin"]
+    repository = release.inputs["values"]["image"]["repository"]
+    assert repository.startswith("602401143452.dkr.ecr.us-east-1.amazonaws.com/")
+    assert row["pulled"] == row["upstream"] == f"{repository}:v0.5.20"
