@@ -100,6 +100,42 @@ def test_a_bad_pin_is_one_line_naming_its_key(mutated_config: MutatedConfig, pin
     assert message.startswith(head) and message.endswith(f"; allowed: {allowed}"), message
 
 
+@pytest.mark.parametrize(("key", "pin", "release"), [
+    # digest only, from the upstream repository: the release declared
+    ("vllm", {"release": "v0.33.0", "image": f"vllm/vllm-openai@{DIGEST}"}, "vllm/vllm-openai:v0.33.0"),
+    # tag and digest: the release read from the tag
+    ("vllm", f"vllm/vllm-openai:v0.29.0@{DIGEST}", "vllm/vllm-openai:v0.29.0"),
+    # a pull-through cache by tag: the release read from the path it keeps
+    ("vllm", f"{ECR}/hub/vllm/vllm-openai:v0.29.0", "vllm/vllm-openai:v0.29.0"),
+    # Ray LLM from a mirror of another name, by digest: the release declared (its tag, or the whole reference)
+    ("rayLlm", {"release": "2.58.0-py312-cu130", "image": f"{ECR}/ml/ray-llm@{DIGEST}"},
+     "rayproject/ray-llm:2.58.0-py312-cu130"),
+    ("rayLlm", {"release": "rayproject/ray-llm:2.58.0-py312-cu130", "image": f"{ECR}/ml/ray-llm:2.58.0@{DIGEST}"},
+     "rayproject/ray-llm:2.58.0-py312-cu130"),
+], ids=["digest-only", "tag-and-digest", "mirror-and-tag", "ray-mirror-digest", "ray-full-release"])
+def test_each_form_pulls_as_given_and_runs_its_release(mutated_config: MutatedConfig, key: str, pin: Any,
+                                                       release: str) -> None:
+    from triarch.catalog import catalog
+    from triarch.matrix import deployed_images, images_by_engine
+    stack = from_pulumi_config(mutated_config("prod", _with_images(**{key: pin})))
+    engine = "vllm" if key == "vllm" else "ray-serve"
+    assert deployed_images(stack)[engine] == (pin["image"] if isinstance(pin, dict) else pin)
+    assert images_by_engine(stack, catalog())[engine] == release
+
+
+def test_a_chart_image_by_mirror_and_digest_with_its_release(mutated_config: MutatedConfig) -> None:
+    """{release, image} for a chart's image: the release the pinned chart runs, the image into its values."""
+    from triarch.catalog import charts
+    from triarch.planners.registry import image_values
+    pin = {"release": "v1.7.0", "image": f"{ECR}/quay/kuberay/operator@{DIGEST}"}
+    stack = from_pulumi_config(mutated_config("prod", _with_images(kuberayOperator=pin)))
+    assert image_values(charts()["kuberay-operator"], stack) == {
+        "image": {"repository": f"{ECR}/quay/kuberay/operator", "tag": f"v1.7.0@{DIGEST}"}}
+    message = _refused(mutated_config("prod", _with_images(kuberayOperator={**pin, "release": "v1.6.0"})))
+    assert message.startswith("triarch:images.kuberayOperator.release: 'v1.6.0' is not the release the pinned "
+                              "chart runs (quay.io/kuberay/operator:v1.7.0)"), message
+
+
 # --- what plans from it ----------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
