@@ -497,13 +497,15 @@ def test_a_karpenter_pool_keeps_warm_capacity_with_a_capacity_buffer(mutated_con
 
 
 def test_a_buffer_is_what_karpenter_1_14s_crd_accepts() -> None:
+    from triarch.planners.serving import serving_settings
     from triarch.planners.warm import warm_manifests
     schema = crd_schema("karpenter-v1.14.1", "crds", "autoscaling.x-k8s.io_capacitybuffers.yaml", version="v1beta1")
     config = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in stack_document("dev").items()}
     config["triarch:models"] = json.dumps([{**stack_document("dev")["triarch:models"][0], "warmReplicas": 2}])
     stack = from_pulumi_config(config)
     [plan] = plan_models(stack, catalog())
-    buffer = next(o for o in warm_manifests(stack, plan, "llm") if o["kind"] == "CapacityBuffer")
+    found = warm_manifests(stack, plan, serving_settings(stack, with_token=False))
+    buffer = next(o for o in found if o["kind"] == "CapacityBuffer")
     assert unknown_fields(buffer["spec"], schema["properties"]["spec"]) == []
     assert buffer["spec"]["replicas"] == 2
 

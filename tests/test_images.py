@@ -100,6 +100,42 @@ def test_a_bad_pin_is_one_line_naming_its_key(mutated_config: MutatedConfig, pin
     assert message.startswith(head) and message.endswith(f"; allowed: {allowed}"), message
 
 
+@pytest.mark.parametrize(("key", "pin", "release"), [
+    # digest only, from the upstream repository: the release declared
+    ("vllm", {"release": "v0.33.0", "image": f"vllm/vllm-openai@{DIGEST}"}, "vllm/vllm-openai:v0.33.0"),
+    # tag and digest: the release read from the tag
+    ("vllm", f"vllm/vllm-openai:v0.29.0@{DIGEST}", "vllm/vllm-openai:v0.29.0"),
+    # a pull-through cache by tag: the release read from the path it keeps
+    ("vllm", f"{ECR}/hub/vllm/vllm-openai:v0.29.0", "vllm/vllm-openai:v0.29.0"),
+    # Ray LLM from a mirror of another name, by digest: the release declared (its tag, or the whole reference)
+    ("rayLlm", {"release": "2.58.0-py312-cu130", "image": f"{ECR}/ml/ray-llm@{DIGEST}"},
+     "rayproject/ray-llm:2.58.0-py312-cu130"),
+    ("rayLlm", {"release": "rayproject/ray-llm:2.58.0-py312-cu130", "image": f"{ECR}/ml/ray-llm:2.58.0@{DIGEST}"},
+     "rayproject/ray-llm:2.58.0-py312-cu130"),
+], ids=["digest-only", "tag-and-digest", "mirror-and-tag", "ray-mirror-digest", "ray-full-release"])
+def test_each_form_pulls_as_given_and_runs_its_release(mutated_config: MutatedConfig, key: str, pin: Any,
+                                                       release: str) -> None:
+    from triarch.catalog import catalog
+    from triarch.matrix import deployed_images, images_by_engine
+    stack = from_pulumi_config(mutated_config("prod", _with_images(**{key: pin})))
+    engine = "vllm" if key == "vllm" else "ray-serve"
+    assert deployed_images(stack)[engine] == (pin["image"] if isinstance(pin, dict) else pin)
+    assert images_by_engine(stack, catalog())[engine] == release
+
+
+def test_a_chart_image_by_mirror_and_digest_with_its_release(mutated_config: MutatedConfig) -> None:
+    """{release, image} for a chart's image: the release the pinned chart runs, the image into its values."""
+    from triarch.catalog import charts
+    from triarch.planners.registry import image_values
+    pin = {"release": "v1.7.0", "image": f"{ECR}/quay/kuberay/operator@{DIGEST}"}
+    stack = from_pulumi_config(mutated_config("prod", _with_images(kuberayOperator=pin)))
+    assert image_values(charts()["kuberay-operator"], stack) == {
+        "image": {"repository": f"{ECR}/quay/kuberay/operator", "tag": f"v1.7.0@{DIGEST}"}}
+    message = _refused(mutated_config("prod", _with_images(kuberayOperator={**pin, "release": "v1.6.0"})))
+    assert message.startswith("triarch:images.kuberayOperator.release: 'v1.6.0' is not the release the pinned "
+                              "chart runs (quay.io/kuberay/operator:v1.7.0)"), message
+
+
 # --- what plans from it ----------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -299,18 +335,41 @@ def test_an_ecr_mirror_lets_the_node_roles_import_through_the_cache_and_nothing_
                 and "ecr:" in str(r["inputs"]["policy"])]
 
 
-@pytest.fixture(scope="module")
-def with_credentials(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
-    """prod pulling everything from a Harbor proxy that takes a robot account's credentials."""
-    config = stack_document("prod")
+def _warm(config: dict[str, Any], model: str) -> None:
+    config["triarch:models"] = [{**m, "warmReplicas": 1} if m["name"] == model else m
+                                for m in config["triarch:models"]]
+
+
+def _credentials(config: dict[str, Any]) -> dict[str, Any]:
     config["triarch:registry"] = {"images": "harbor.example.com/proxy", "username": "robot$triarch"}
     config["triarch:registryPassword"] = {"secure": "v1:robot-token"}
+    return config
+
+
+@pytest.fixture(scope="module")
+def with_credentials(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """prod pulling everything from a Harbor proxy that takes a robot account's credentials, one model kept warm
+    (a CapacityBuffer's PodTemplate: Triarch's Karpenter on a created cluster)."""
+    config = _credentials(stack_document("prod"))
+    _warm(config, "embed")
     out = tmp_path_factory.mktemp("credentials")
     return _plan_file(config, out), out / "plan"
 
 
-def test_every_pod_triarch_defines_pulls_with_the_registry_secret(with_credentials: Any) -> None:
-    document, out = with_credentials
+def _pod_specs(obj: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every pod spec in an object, wherever its kind keeps it (a Deployment's template, a RayService's groups, a
+    LeaderWorkerSet's leader and worker, a PodTemplate's template)."""
+    if isinstance(obj, dict):
+        found = [(where, obj)] if isinstance(obj.get("containers"), list) else []
+        return found + [s for k, v in obj.items() for s in _pod_specs(v, f"{where}.{k}")]
+    if isinstance(obj, list):
+        return [s for i, v in enumerate(obj) for s in _pod_specs(v, f"{where}[{i}]")]
+    return []
+
+
+def _pulls_with_the_secret(document: dict[str, Any], out: Path) -> set[str]:
+    """Asserts every pod spec of every manifest names the registry's Secret, which exists in its namespace; the
+    kinds seen."""
     assert "robot-token" not in json.dumps(document)
     secrets = [r for r in document["resources"] if r["type"] == "kubernetes:core/v1:Secret"
                and r["inputs"]["metadata"]["name"] == "triarch-registry"]
@@ -318,18 +377,50 @@ def test_every_pod_triarch_defines_pulls_with_the_registry_secret(with_credentia
         assert secret["inputs"]["type"] == "kubernetes.io/dockerconfigjson"
         assert secret["inputs"]["stringData"] == {".dockerconfigjson": "[secret]"}
     namespaces = {s["inputs"]["metadata"]["namespace"] for s in secrets}
-    templates = []
-    for path in (out / "manifests").glob("*.yaml"):
+    kinds = set()
+    for path in sorted((out / "manifests").glob("*.yaml")):
         obj = yaml.safe_load(path.read_text(encoding="utf-8"))
-        if obj["kind"] == "Deployment":
-            templates.append((obj["metadata"]["namespace"], obj["spec"]["template"]["spec"]))
-        elif obj["kind"] == "RayService":
-            cluster = obj["spec"]["rayClusterConfig"]
-            templates += [(obj["metadata"]["namespace"], g["template"]["spec"])
-                          for g in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]]
-    assert len(templates) >= 4
-    for namespace, spec in templates:
-        assert spec["imagePullSecrets"] == [{"name": "triarch-registry"}] and namespace in namespaces
+        for where, spec in _pod_specs(obj, f"{obj['kind']} {obj['metadata']['name']}"):
+            kinds.add(obj["kind"])
+            assert spec.get("imagePullSecrets") == [{"name": "triarch-registry"}], where
+            assert obj["metadata"]["namespace"] in namespaces, where
+    return kinds
+
+
+def test_every_pod_triarch_defines_pulls_with_the_registry_secret(with_credentials: Any) -> None:
+    document, out = with_credentials
+    assert _pulls_with_the_secret(document, out) == {"Deployment", "RayService", "PodTemplate"}
+
+
+@pytest.mark.parametrize(("stack", "edit", "kinds"), [
+    # An adopted cluster whose own Karpenter scales the pool: warm capacity is placeholder pods that pull the image.
+    ("lab", lambda c: (c["triarch:cluster"].update(nodeProvisioner="karpenter"), _warm(c, "chat")),
+     {"Deployment", "RayService"}),
+    # A replica across nodes: a LeaderWorkerSet's leader and worker templates.
+    ("large", lambda c: None, {"LeaderWorkerSet", "RayService"}),
+], ids=["warm-placeholders", "leader-worker-set"])
+def test_every_pod_of_every_shape_pulls_with_the_registry_secret(tmp_path: Path, stack: str, edit: Any,
+                                                                 kinds: set[str]) -> None:
+    config = _credentials(stack_document(stack))
+    edit(config)
+    document = _plan_file(config, tmp_path)
+    assert _pulls_with_the_secret(document, tmp_path / "plan") == kinds
+
+
+def test_warm_placeholders_say_the_release_of_a_pinned_image(tmp_path: Path) -> None:
+    """A placeholder runs the model's image: pulled from a mirror by digest, it says which release it is, as the
+    model's own workload does (the diff, the guardrails and triarch verify read the release from it)."""
+    config = stack_document("lab")
+    config["triarch:cluster"]["nodeProvisioner"] = "karpenter"
+    _warm(config, "chat")
+    config["triarch:images"] = {"vllm": {"release": "v0.33.0", "image": f"{ECR}/mirror/vllm-openai@{DIGEST}"}}
+    _plan_file(config, tmp_path)
+    manifests = tmp_path / "plan" / "manifests"
+    for name in ("deployment-llm-chat-warm.yaml", "deployment-llm-chat.yaml"):
+        obj = yaml.safe_load((manifests / name).read_text(encoding="utf-8"))
+        assert obj["metadata"]["annotations"]["triarch.dev/image-release"] == "vllm/vllm-openai:v0.33.0", name
+        [container] = obj["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == f"{ECR}/mirror/vllm-openai@{DIGEST}", name
 
 
 def test_every_chart_with_pods_pulls_with_the_registry_secret(with_credentials: Any) -> None:
@@ -362,6 +453,11 @@ def test_every_chart_with_pods_pulls_with_the_registry_secret(with_credentials: 
      "triarch:registry.server: is not set, but triarch:registryPassword is"),
     ({"images": "harbor.example.com/proxy", "username": "robot"}, False,
      "triarch:registryPassword: is not set, but registry.username is ('robot')"),
+    # An ECR password is a 12-hour token: a pull Secret of one breaks the next day; the node roles pull there.
+    ({"images": f"{ECR}/hub", "username": "AWS"}, True,
+     f"triarch:registry.username: 'AWS' gives credentials for {ECR}, an ECR registry, whose passwords expire"),
+    ({"images": {"docker.io": f"{ECR}/hub"}, "server": ECR, "username": "AWS"}, True,
+     f"triarch:registry.username: 'AWS' gives credentials for {ECR}, an ECR registry"),
 ])
 def test_credentials_come_whole(tmp_path: Path, registry: dict[str, Any], secret: bool, head: str) -> None:
     from triarch import cli
@@ -436,3 +532,16 @@ def test_a_crd_file_is_applied_only_if_it_is_the_releases(tmp_path: Path) -> Non
     message = str(info.value)
     assert message.startswith("triarch:registry.crds: ") and "ray.io_rayjobs.yaml" in message
     assert "not the release's 01a5cf3b17c1769fda44af7e82debcd98722f0c27b9ab84d084681c6649121f5" in message
+
+
+def test_the_mirror_list_names_the_efa_image_the_nodes_pull(shipped: dict[str, Any]) -> None:
+    """The EFA device plugin's image is EKS's copy in the stack's region (the chart's default is us-west-2's):
+    mirror.json lists that one, the one the release's values name."""
+    from triarch.planners.registry import mirror_list
+    large = shipped["large"]
+    stack = from_pulumi_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in large.config.items()})
+    [row] = [i for i in mirror_list(plan_document(large.run), stack)["images"] if i["key"] == "efaDevicePlugin"]
+    [release] = [r for r in large.of_type("kubernetes:helm.sh/v3:Release") if r.name == "aws-efa-k8s-device-plugin"]
+    repository = release.inputs["values"]["image"]["repository"]
+    assert repository.startswith("602401143452.dkr.ecr.us-east-1.amazonaws.com/")
+    assert row["pulled"] == row["upstream"] == f"{repository}:v0.5.20"

@@ -38,13 +38,18 @@ def efa_namespace() -> dict[str, Any]:
                           "device-plugin socket and /dev/infiniband mounted from the host")
 
 
+def efa_repository(stack: StackConfig) -> str:
+    """The device plugin's image repository in the stack's region (EKS keeps a copy per region)."""
+    region = stack.aws_region or "us-west-2"
+    account = OPT_IN_REGIONS.get(region, EKS_IMAGE_ACCOUNT)
+    return f"{account}.dkr.ecr.{region}.amazonaws.com/eks/aws-efa-k8s-device-plugin"
+
+
 def efa_values(stack: StackConfig, pools: list[PoolPlan]) -> dict[str, Any]:
     """Only on the EFA pools' nodes (the chart's affinity on the pool label), tolerating their GPU taint, the image
     from the stack's region. Every key exists in the chart's values.yaml (v0.5.30)."""
-    region = stack.aws_region or "us-west-2"
-    account = OPT_IN_REGIONS.get(region, EKS_IMAGE_ACCOUNT)
     return {
-        "image": {"repository": f"{account}.dkr.ecr.{region}.amazonaws.com/eks/aws-efa-k8s-device-plugin"},
+        "image": {"repository": efa_repository(stack)},
         "supportedInstanceLabels": {"keys": [POOL_LABEL], "values": sorted(p.name for p in efa_pools(pools))},
         "tolerations": [gpu_toleration()],
     }

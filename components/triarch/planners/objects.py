@@ -27,6 +27,7 @@ from triarch.planners.nodegroups import plan_eks_pool
 from triarch.planners.observability import observability_manifests, scrape_policy
 from triarch.planners.queries import check_queries, shipped_queries
 from triarch.planners.ray import RAY_SERVICE, ray_manifests
+from triarch.planners.registry import ECR_HOST
 from triarch.planners.serving import KUBERAY_NAMESPACE, network_policies, serving_settings
 from triarch.planners.vllm import vllm_manifests
 from triarch.planners.warm import priority_class, uses_placeholders, warm_manifests
@@ -119,6 +120,14 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
         raise ConfigError("triarch:registryPassword", None, f"is not set, but registry.username is "
                           f"('{registry.username}')", "pulumi config set --secret triarch:registryPassword <password>",
                           show_value=False)
+    if registry.username is not None and registry.credentials_host and ECR_HOST.match(registry.credentials_host):
+        # An ECR password is an authorization token, valid for 12 hours (AWS ECR User Guide, "Private registry
+        # authentication"): a pull Secret made of one stops working the next day. The node roles pull instead.
+        raise ConfigError("triarch:registry.username", registry.username,
+                          f"gives credentials for {registry.credentials_host}, an ECR registry, whose passwords "
+                          "expire after 12 hours; the node roles pull from ECR with their own permissions",
+                          "no registry.username and no triarch:registryPassword for ECR (pulumi config rm "
+                          "triarch:registryPassword)")
     result = KubernetesPlan(device_plugin=device_plugin, node_pools=node_pools, owners=owners, efa=efa)
     if not models:
         check_objects(owners)
@@ -161,7 +170,7 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
     if warm:
         owners.append((Owner("the warm capacity's placeholders"), warm[0]))
     for i, model in enumerate(models):
-        found = warm_manifests(stack, model, settings.namespace)
+        found = warm_manifests(stack, model, settings)
         warm += found
         owners += [(Owner(f"triarch:models[{i}].warmReplicas", str(model.config.warm_replicas)), o) for o in found]
 

@@ -20,6 +20,7 @@ from triarch.config import StackConfig
 from triarch.errors import ConfigError
 from triarch.images import mirror, parse, parse_prefix
 from triarch.matrix import deployed_images, images_by_engine
+from triarch.planners.efa import EFA_CHART, efa_repository
 from triarch.planners.pods import PULL_SECRET
 
 MIRROR_FILE = "mirror.json"
@@ -197,8 +198,9 @@ def mirror_list(document: Mapping[str, Any], stack: StackConfig) -> dict[str, An
                              "pulledFrom": f"{chart.repository.rstrip('/')}/{chart.name}"})
         for image in upstream.images:
             pin = stack.images.charts.get(image.key)
-            pulled = mirror(pin.image if pin else image.image, stack.registry.images)
-            found_images.append(_image_row(image.key, image.image, pulled, name))
+            runs = _in_region(image.image, stack) if name == EFA_CHART else image.image
+            pulled = mirror(pin.image if pin else runs, stack.registry.images)
+            found_images.append(_image_row(image.key, runs, pulled, name))
         if name in UNLISTED:
             unlisted.append(f"{name} {version}: {UNLISTED[name]}")
         found_crds += [{"chart": name, "file": c.file, "upstream": c.upstream, "sha256": c.sha256,
@@ -210,6 +212,12 @@ def mirror_list(document: Mapping[str, Any], stack: StackConfig) -> dict[str, An
     return {"stack": document.get("stack"), "charts": sorted(found_charts, key=lambda c: c["name"]),
             "images": sorted(found_images, key=lambda i: (i["chart"] or "", i["key"])), "crds": found_crds,
             "notListed": unlisted}
+
+
+def _in_region(image: str, stack: StackConfig) -> str:
+    """The EFA device plugin's image as Triarch's values set it: the copy in the stack's region, not the chart's
+    default (us-west-2)."""
+    return f"{efa_repository(stack)}:{parse(image).tag}"
 
 
 def _image_row(key: str, upstream: str, pulled: str, chart: str | None) -> dict[str, Any]:

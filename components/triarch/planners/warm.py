@@ -48,9 +48,9 @@ def chunks(plan: ModelPlan) -> int:
     return plan.config.warm_replicas * plan.nodes_per_replica
 
 
-def _pod(plan: ModelPlan, placeholder: bool) -> dict[str, Any]:
+def _pod(plan: ModelPlan, placeholder: bool, settings: pods.ServingSettings) -> dict[str, Any]:
     """One chunk: the model pod's requests on its pool. A placeholder sleeps in the model's image (so the node pulls
-    it) and leaves at once when preempted."""
+    it, with the registry's pull Secret where the model's pods have it) and leaves at once when preempted."""
     container: dict[str, Any] = {
         "name": "warm", "image": plan.image, "resources": pod_resources(plan),
         "securityContext": pods.container_security(read_only_root=True),
@@ -60,6 +60,7 @@ def _pod(plan: ModelPlan, placeholder: bool) -> dict[str, Any]:
         "tolerations": [gpu_toleration()],
         "automountServiceAccountToken": False,
         "securityContext": pods.pod_security(),
+        **pods.pull_secrets(settings),
         "containers": [container],
     }
     if placeholder:
@@ -76,26 +77,29 @@ def priority_class() -> dict[str, Any]:
             "description": "Triarch's warm-capacity placeholders: any serving pod preempts them."}
 
 
-def warm_manifests(stack: StackConfig, plan: ModelPlan, namespace: str) -> list[dict[str, Any]]:
-    """The objects that keep a model's warm capacity (none without warmReplicas)."""
+def warm_manifests(stack: StackConfig, plan: ModelPlan, settings: pods.ServingSettings) -> list[dict[str, Any]]:
+    """The objects that keep a model's warm capacity (none without warmReplicas). Like the model's own workload,
+    they say the release a mirrored or digest-pinned image is (triarch.dev/image-release)."""
     if not plan.config.warm_replicas:
         return []
-    name = warm_name(plan)
+    name, namespace = warm_name(plan), settings.namespace
     labels = {WARM_LABEL: plan.name, **pods.MANAGED_BY}
+    release = pods.image_release(plan.image, plan.release)
     if strategy(stack, plan) == "buffer":
         template = {"apiVersion": "v1", "kind": "PodTemplate",
-                    "metadata": {"name": name, "namespace": namespace, "labels": labels},
-                    "template": _pod(plan, placeholder=False)}
+                    "metadata": {"name": name, "namespace": namespace, "labels": labels,
+                                 **({"annotations": release} if release else {})},
+                    "template": _pod(plan, placeholder=False, settings=settings)}
         buffer = {"apiVersion": BUFFER_API, "kind": "CapacityBuffer",
                   "metadata": {"name": name, "namespace": namespace, "labels": labels},
                   "spec": {"podTemplateRef": {"name": name}, "replicas": chunks(plan)}}
         return [template, buffer]
-    pod = _pod(plan, placeholder=True)
+    pod = _pod(plan, placeholder=True, settings=settings)
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace, "labels": labels,
                      # Placeholders are never awaited: a pool at its limit leaves them Pending, by design.
-                     "annotations": {"pulumi.com/skipAwait": "true", **pods.SCANNER_EXCEPTIONS}},
+                     "annotations": {"pulumi.com/skipAwait": "true", **release, **pods.SCANNER_EXCEPTIONS}},
         "spec": {"replicas": chunks(plan), "selector": {"matchLabels": {WARM_LABEL: plan.name}},
                  "template": pod},
     }
