@@ -155,15 +155,23 @@ else:
 """
 
 
-def _scratch_up(lab: Lab, directory: Path, stack: str, program: str) -> subprocess.CompletedProcess[str]:
+def _scratch_up(lab: Lab, directory: Path, stack: str, program: str,
+                then: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`pulumi up` of a scratch program on the plane, then `then` (e.g. "destroy") if it went up; the stack is removed
+    from the state afterwards whatever happened. Returns the last command's result."""
     project = scratch_project(directory, program)
     (project / f"Pulumi.{stack}.yaml").write_text("config:\n  scratch:note: adoption\n")
     env = {**os.environ, **lab.plane.env()}
     pulumi = str(engines.binary("pulumi"))
-    for argv in ([pulumi, "stack", "init", stack, "--secrets-provider", "passphrase", "--non-interactive"],
-                 [pulumi, "up", "--yes", "--skip-preview", "--stack", stack, "--non-interactive"]):
+    steps = [[pulumi, "stack", "init", stack, "--secrets-provider", "passphrase", "--non-interactive"],
+             [pulumi, "up", "--yes", "--skip-preview", "--stack", stack, "--non-interactive"]]
+    if then:
+        steps.append([pulumi, then, "--yes", "--skip-preview", "--stack", stack, "--non-interactive"])
+    for argv in steps:
         done = subprocess.run(lab.plane.command(argv), env=env, cwd=project, capture_output=True, text=True,
                               timeout=300, check=False)
+        if done.returncode != 0:
+            break
     subprocess.run(lab.plane.command([pulumi, "stack", "rm", stack, "--force", "--yes", "--non-interactive"]),
                    env=env, cwd=project, capture_output=True, text=True, timeout=120, check=False)
     return done
@@ -178,7 +186,9 @@ def _crd(lab: Lab) -> dict[str, Any]:
 def test_a_crd_another_tool_installed_is_adopted_in_place(lab: Lab, tmp_path: Path) -> None:
     """Existing stacks have KubeRay's CRDs from the chart's crds/ (Helm's field manager). Another manager holds a
     field with another value (kubectl, as Helm would): a plain apply of the release's file conflicts; Triarch's
-    (crd_files: forced server-side apply) takes the field over, and the CRD is the same object, not a new one."""
+    (crd_files: forced server-side apply) takes the field over, and the CRD is the same object, not a new one. When
+    the CRD goes from the stack (here the whole stack is destroyed), it stays in the cluster with its objects, as
+    Helm left its crds/: deleting it would delete every RayService in the cluster."""
     path = REFERENCE / "kuberay-v1.7.0" / "ray.io_rayservices.yaml"
     if not path.is_file():
         pytest.skip(f"{path} is absent: ../shared is not checked out here")
@@ -190,7 +200,7 @@ def test_a_crd_another_tool_installed_is_adopted_in_place(lab: Lab, tmp_path: Pa
     plain = _scratch_up(lab, tmp_path / "plain", "plain", program)
     assert plain.returncode != 0 and "conflict" in plain.stdout.lower(), plain.stdout[-2000:]
     program = ADOPT_PROGRAM.format(kubeconfig=str(lab.plane.kubeconfig), path=str(path), forced=True)
-    adopted = _scratch_up(lab, tmp_path / "adopted", "adopted", program)
+    adopted = _scratch_up(lab, tmp_path / "adopted", "adopted", program, then="destroy")
     assert adopted.returncode == 0, adopted.stdout[-3000:]
     after = _crd(lab)
     assert after["metadata"]["uid"] == before["metadata"]["uid"]

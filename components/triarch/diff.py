@@ -37,6 +37,9 @@ class TypeRule:
     lost_on_removal: str | None = None
     """Why deleting it loses something although a replacement does not (a Secret: its replacement carries the
     same value, its removal leaves the pods that read it without)."""
+    kept_on_removal: str | None = None
+    """What stays in the cluster when it goes from the stack (a CRD Triarch retains on delete, as Helm keeps its
+    crds/): said with the removal, never counted as a loss."""
 
     def loses(self, kind: str) -> str | None:
         """What a difference of this kind loses (None: nothing)."""
@@ -70,7 +73,7 @@ def rules(path: Path = COMPAT_DIR / "replacement.yaml") -> Rules:
         if name.startswith("kubernetes:"):
             replace_on = (*always, *replace_on)
         types[name] = TypeRule(replace_on, tuple(entry.get("unordered") or ()), entry.get("stateful"),
-                               entry.get("lostOnRemoval"))
+                               entry.get("lostOnRemoval"), entry.get("keptOnRemoval"))
     return Rules(types, always)
 
 
@@ -262,6 +265,8 @@ def diff_plans(base: Mapping[str, Any], head: Mapping[str, Any], intended: Itera
         rule = rules_.of(resource["type"])
         is_marked = resource["name"] in marked or resource["urn"] in marked
         lost = rule.loses(kind)
+        if kind == "removed" and rule.kept_on_removal:
+            cause = f"{cause}; {rule.kept_on_removal}"
         return Difference(kind, resource["type"], resource["name"], resource["urn"], paths,
                           rule.stateful is not None or lost is not None, cause if lost is None else f"{cause}; {lost}",
                           is_marked)

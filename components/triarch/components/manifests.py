@@ -59,14 +59,17 @@ CRD_TYPE = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
 
 def adopt_crd(args: pulumi.ResourceTransformArgs) -> pulumi.ResourceTransformResult | None:
     """A CRD a chart's crds/ installed (Helm's field manager) is taken over by Pulumi's server-side apply: forced,
-    so the fields Helm set move to Pulumi instead of conflicting (shown on the real engine in test_real_engines)."""
+    so the fields Helm set move to Pulumi instead of conflicting; and retained on delete, because deleting a CRD
+    deletes every object of its kind, any tool's, where Helm never deleted its crds/ (both shown on the real engine
+    in test_real_engines)."""
     if args.type_ != CRD_TYPE:
         return None
     props = dict(args.props)
     metadata = dict(cast(dict[str, Any], props.get("metadata") or {}))
     metadata["annotations"] = {**(metadata.get("annotations") or {}), "pulumi.com/patchForce": "true"}
     props["metadata"] = metadata
-    return pulumi.ResourceTransformResult(props, args.opts)
+    return pulumi.ResourceTransformResult(props, pulumi.ResourceOptions.merge(
+        args.opts, pulumi.ResourceOptions(retain_on_delete=True)))
 
 
 def crd_files(name: str, urls: list[tuple[str, str]], opts: pulumi.ResourceOptions) -> list[pulumi.Resource]:
