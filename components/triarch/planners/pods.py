@@ -43,15 +43,21 @@ RUN_AS_NAME = "ray"
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "triarch"}
 
-SCANNER_EXCEPTIONS = {
-    "checkov.io/skip1": "CKV_K8S_43=images are pinned by version tag in templates/compat/images.yaml, whose CUDA "
-                        "the driver matrix checks; a digest needs the registry at plan time",
-    "checkov.io/skip2": "CKV_K8S_15=pinned tags never move; IfNotPresent avoids re-pulling a 10+ GB image (and "
-                        "registry rate limits) on every restart",
-    "checkov.io/skip3": "CKV_K8S_40=the serving images' user is uid 1000 (rayproject's `ray`), which owns the "
-                        "model cache access point",
-}
-"""Scanner findings Triarch accepts, with the reason, on the objects they concern."""
+
+def scanner_exceptions(image: str) -> dict[str, str]:
+    """Scanner findings Triarch accepts on a workload of `image`, each with its reason, as annotations on the object
+    (a digest-pinned image needs no exception for its tag). Each check keeps its own key."""
+    reasons = {
+        "checkov.io/skip1": "CKV_K8S_43=images are pinned by version tag in templates/compat/images.yaml, whose CUDA "
+                            "the driver matrix checks; a stack pins a digest with triarch:images {release, image}",
+        "checkov.io/skip2": "CKV_K8S_15=pinned tags never move; IfNotPresent avoids re-pulling a 10+ GB image (and "
+                            "registry rate limits) on every restart",
+        "checkov.io/skip3": "CKV_K8S_40=the serving images' user is uid 1000 (rayproject's `ray`), which owns the "
+                            "model cache access point",
+    }
+    if "@sha256:" in image:
+        del reasons["checkov.io/skip1"]
+    return reasons
 
 
 def model_labels(plan: ModelPlan, component: str) -> dict[str, str]:

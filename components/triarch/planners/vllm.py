@@ -201,7 +201,7 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
         "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels, "annotations": {
             # `pulumi up` waits for the rollout: a node from zero, then the download, then the load.
             "pulumi.com/timeoutSeconds": str(rollout_seconds(plan)),
-            **pods.image_release(plan.image, plan.release), **pods.SCANNER_EXCEPTIONS}},
+            **pods.image_release(plan.image, plan.release), **pods.scanner_exceptions(plan.image)}},
         "spec": {
             **replica_count(plan),
             # The controller's own deadline (600 s by default) would mark a rollout that is still loading weights
@@ -247,7 +247,7 @@ def leader_worker_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> 
     lws = {
         "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
         "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels, "annotations": {
-            **pods.image_release(plan.image, plan.release), **pods.SCANNER_EXCEPTIONS}},
+            **pods.image_release(plan.image, plan.release), **pods.scanner_exceptions(plan.image)}},
         "spec": {
             "replicas": plan.config.replicas,
             # Workers start with their leader, not after it is Ready: the leader waits for them to load its model.

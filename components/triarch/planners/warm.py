@@ -99,7 +99,7 @@ def warm_manifests(stack: StackConfig, plan: ModelPlan, settings: pods.ServingSe
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace, "labels": labels,
                      # Placeholders are never awaited: a pool at its limit leaves them Pending, by design.
-                     "annotations": {"pulumi.com/skipAwait": "true", **release, **pods.SCANNER_EXCEPTIONS}},
+                     "annotations": {"pulumi.com/skipAwait": "true", **release, **pods.scanner_exceptions(plan.image)}},
         "spec": {"replicas": chunks(plan), "selector": {"matchLabels": {WARM_LABEL: plan.name}},
                  "template": pod},
     }
