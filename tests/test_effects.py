@@ -155,3 +155,14 @@ def test_a_removed_ray_serve_models_gpus_count_while_it_stops() -> None:
         "pool l4: Ray Serve stops qwen as it starts qwen3 (one serveConfigV2); at their most that is 2 GPU(s) at once, "
         "and the pool holds 3, 2 of them for other models: qwen3 wait(s) for qwen to stop "
         "(graceful_shutdown_timeout_s); to run both at once, add qwen3 in one `pulumi up` and remove qwen in the next"]
+
+
+def test_a_kubernetes_upgrade_drifts_every_karpenter_pool(prod: dict[str, Any], tmp_path: Path) -> None:
+    """1.35 -> 1.36: the system node group rolls onto its new release, and each EC2NodeClass's AMI alias resolves
+    for the new version, so Karpenter replaces the GPU nodes although no class changes."""
+    found = effects_of(prod, lambda c: c["triarch:cluster"].update(kubernetesVersion="1.36"), tmp_path)
+    assert found == [
+        "node group llm-prod-system: EKS rolls its nodes one by one; their pods move",
+        *(f"EC2NodeClass ec2nodeclass-{pool}: its AMI alias resolves for the new Kubernetes version, so Karpenter "
+          "replaces every node launched with it (drift) once the control plane is upgraded; their pods move"
+          for pool in ("a100", "l4"))]

@@ -1,10 +1,10 @@
 """What a change does to running traffic, beyond which resources change: the controllers' reactions that the
 resource tables do not show. KubeRay starts a whole new Ray cluster when the cluster's spec changes (every Ray
-Serve model restarts there), Karpenter replaces the nodes of a pool whose template drifts, EKS rolls a managed node
-group, clients lose a Service name or a Ray Serve route, and Pulumi deletes last, so a model's old replicas hold their
-GPUs while its new ones start; Ray Serve, told a new serveConfigV2, starts the new applications as it stops the removed
-ones, within its worker groups' maxReplicas. Pure: the diff, both plans and both capacity reports in, sentences
-out."""
+Serve model restarts there), Karpenter replaces the nodes of a pool whose template drifts or whose AMI alias
+follows an upgraded control plane, EKS rolls a managed node group, clients lose a Service name or a Ray Serve
+route, and Pulumi deletes last, so a model's old replicas hold their GPUs while its new ones start; Ray Serve, told
+a new serveConfigV2, starts the new applications as it stops the removed ones, within its worker groups'
+maxReplicas. Pure: the diff, both plans and both capacity reports in, sentences out."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 SERVICE = "kubernetes:core/v1:Service"
+CLUSTER = "aws:eks/cluster:Cluster"
 REPLICA_FIELDS = re.compile(r"^spec\.rayClusterConfig\.workerGroupSpecs\[\d+\]\.(replicas|minReplicas|maxReplicas)$")
 """Worker counts KubeRay scales in place (the autoscaler's own fields); any other change of the cluster's spec
 makes KubeRay start a new Ray cluster and switch to it once it serves (its zero-downtime upgrade)."""
@@ -60,6 +61,21 @@ def _pool_effects(difference: Difference) -> list[str]:
         return [f"node group {difference.name}: a new group comes up, then the old one drains and goes; every pod "
                 "there moves (the Ray heads run on the system nodes)"]
     return []
+
+
+def _upgrade_drift(result: Diff, head: Mapping[str, Any]) -> list[str]:
+    """A control plane upgraded in place: an EC2NodeClass whose AMI is an alias resolves it for the cluster's
+    Kubernetes version, so its nodes drift although the class itself does not change (Karpenter FAQ, "How do I
+    upgrade an EKS Cluster with Karpenter?": "Karpenter's Drift feature can automatically upgrade the
+    Karpenter-provisioned nodes to stay in-sync with the EKS control plane")."""
+    if not any(d.type == CLUSTER and d.kind == "changed" and "version" in d.inputs for d in result.differences):
+        return []
+    changed = {d.name for d in result.differences if d.type == NODE_CLASS}
+    return [f"EC2NodeClass {r['name']}: its AMI alias resolves for the new Kubernetes version, so Karpenter replaces "
+            "every node launched with it (drift) once the control plane is upgraded; their pods move"
+            for r in sorted(head["resources"], key=lambda r: str(r["name"]))
+            if r["type"] == NODE_CLASS and r["name"] not in changed
+            and any("alias" in term for term in (r["inputs"].get("spec") or {}).get("amiSelectorTerms") or [])]
 
 
 def _service_names(plan: Mapping[str, Any]) -> set[str]:
@@ -178,6 +194,7 @@ def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, An
         came = sorted(_service_names(head) - _service_names(base))
         found.append(f"clients: Service(s) {', '.join(gone)} go" + (f", {', '.join(came)} come" if came else "")
                      + ": clients calling the old name (and served model name) fail until they change")
+    found += _upgrade_drift(result, head)
     found += _serve_clients(base, head)
     found += claim_growth_notes(base, head)
     if base_capacity and head_capacity:
