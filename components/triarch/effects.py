@@ -1,10 +1,11 @@
 """What a change does to running traffic, beyond which resources change: the controllers' reactions that the
-resource tables do not show. KubeRay starts a whole new Ray cluster when the cluster's spec changes (every Ray
-Serve model restarts there), Karpenter replaces the nodes of a pool whose template drifts or whose AMI alias
-follows an upgraded control plane, EKS rolls a managed node group, clients lose a Service name or a Ray Serve
-route, and Pulumi deletes last, so a model's old replicas hold their GPUs while its new ones start; Ray Serve, told
-a new serveConfigV2, starts the new applications as it stops the removed ones, within its worker groups'
-maxReplicas. Pure: the diff, both plans and both capacity reports in, sentences out."""
+resource tables do not show. A renamed cluster takes every Kubernetes object to a new one. KubeRay starts a whole
+new Ray cluster when the cluster's spec changes (every Ray Serve model restarts there), Karpenter replaces the
+nodes of a pool whose template drifts or whose AMI alias follows an upgraded control plane, EKS rolls a managed
+node group, clients lose a Service name or a Ray Serve route, and Pulumi deletes last, so a model's old replicas
+hold their GPUs while its new ones start; Ray Serve, told a new serveConfigV2, starts the new applications as it
+stops the removed ones, within its worker groups' maxReplicas. Pure: the diff, both plans and both capacity
+reports in, sentences out."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 SERVICE = "kubernetes:core/v1:Service"
 CLUSTER = "aws:eks/cluster:Cluster"
+MOVED = re.compile(r"^its provider changes to another target \((\S+) -> (\S+)\)")
+"""A Kubernetes resource whose provider now targets another cluster (triarch.diff): created there, deleted here."""
 REPLICA_FIELDS = re.compile(r"^spec\.rayClusterConfig\.workerGroupSpecs\[\d+\]\.(replicas|minReplicas|maxReplicas)$")
 """Worker counts KubeRay scales in place (the autoscaler's own fields); any other change of the cluster's spec
 makes KubeRay start a new Ray cluster and switch to it once it serves (its zero-downtime upgrade)."""
@@ -184,7 +187,15 @@ def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, An
                     base_capacity: Mapping[str, Any] | None, head_capacity: Mapping[str, Any] | None) -> list[str]:
     """One sentence per effect on running traffic, in a fixed order."""
     found: list[str] = []
+    moved = [(d, m) for d in result.differences if (m := MOVED.match(d.cause))]
+    for old, new in sorted({m.groups() for _, m in moved}):
+        count = sum(1 for _, m in moved if m.groups() == (old, new))
+        found.append(f"cluster: {count} Kubernetes resource(s) move to another cluster ({old} -> {new}): every model "
+                     "starts there from no node, and clients move to its endpoint; the old cluster serves until "
+                     "Pulumi deletes it, last")
     for difference in sorted(result.differences, key=lambda d: (d.type, d.name)):
+        if MOVED.match(difference.cause):
+            continue  # no drift or Ray upgrade in a cluster it leaves: said once above
         if difference.type == RAY_SERVICE and difference.kind in ("changed", "replaced"):
             found += _ray_effects(difference)
         elif difference.kind in ("changed", "replaced"):
