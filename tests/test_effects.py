@@ -4,6 +4,7 @@ module; the real-engine tier shows KubeRay's new cluster on an image change (tes
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from conftest import StackPlan, plan_config, stack_document, write_stack_file
 from triarch import cli
 from triarch.diff import diff_plans
-from triarch.effects import _transient_gpus, traffic_effects
+from triarch.effects import _transient_gpus, _transient_serve_gpus, traffic_effects
 from triarch.offline import plan_document
 
 
@@ -90,3 +91,87 @@ def test_the_diff_shows_the_effects_above_the_tables(capsys: pytest.CaptureFixtu
         out = capsys.readouterr().out
         assert heading in out and out.index(heading) < out.index("nodepool-a100")
         assert "KubeRay starts a new Ray cluster" in out
+
+
+def test_a_renamed_ray_serve_model_tells_its_clients_and_waits_for_the_old_replicas(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """qwen -> qwen3 on prod: the route and model id change for clients, and Ray Serve starts qwen3 as it stops qwen
+    within l4-1gpu's maxReplicas (3, qwen's own most): at qwen's most, qwen3 waits for it. Adding qwen3 first and
+    removing qwen in a second step runs both at once."""
+    assert cli.main(["plan", "--stack", "prod", "--out", str(tmp_path / "base")]) == 0
+    config = stack_document("prod")
+    next(m for m in config["triarch:models"] if m["name"] == "qwen")["name"] = "qwen3"
+    (tmp_path / "head").mkdir()
+    head = write_stack_file(tmp_path / "head" / "Pulumi.prod.yaml", config)
+    capsys.readouterr()
+    assert cli.main(["diff", "--base", str(tmp_path / "base"), "--stack-file", str(head), "--format", "json"]) == 0
+    effects = json.loads(capsys.readouterr().out)["effects"]
+    assert effects[1:] == [
+        "clients: Ray Serve application(s) qwen (/qwen) of RayService llm go, qwen3 (/qwen3) come: clients calling "
+        "the old route (and served model name) fail until they change",
+        "pool l4: Ray Serve stops qwen as it starts qwen3 (one serveConfigV2); at their most that is 4 GPU(s) at "
+        "once, and its Ray worker groups hold 3 (maxReplicas): qwen3 wait(s) for qwen to stop "
+        "(graceful_shutdown_timeout_s); to run both at once, add qwen3 in one `pulumi up` and remove qwen in the next"]
+    # the two steps: qwen3 beside qwen (the plan asks l4 to hold both, and a RayService upgrade), then qwen goes
+    both = stack_document("prod")
+    both["triarch:models"].append({**next(m for m in both["triarch:models"] if m["name"] == "qwen"), "name": "qwen3"})
+    pool(both, "l4")["max"] = 10
+    (tmp_path / "both").mkdir()
+    write_stack_file(tmp_path / "both" / "Pulumi.prod.yaml", both)
+    assert cli.main(["plan", "--stack-file", str(tmp_path / "both" / "Pulumi.prod.yaml"),
+                     "--out", str(tmp_path / "both-plan")]) == 0
+    capsys.readouterr()
+    second_head = stack_document("prod")
+    next(m for m in second_head["triarch:models"] if m["name"] == "qwen")["name"] = "qwen3"
+    pool(second_head, "l4")["max"] = 10
+    (tmp_path / "second").mkdir()
+    head = write_stack_file(tmp_path / "second" / "Pulumi.prod.yaml", second_head)
+    assert cli.main(["diff", "--base", str(tmp_path / "both-plan"), "--stack-file", str(head), "--format", "json"]) == 0
+    second = json.loads(capsys.readouterr().out)["effects"]
+    assert not [e for e in second if "wait" in e]
+    assert "clients: Ray Serve application(s) qwen (/qwen) of RayService llm go: clients calling the old route" in \
+        " ".join(second)
+
+
+def test_a_removed_ray_serve_models_gpus_count_while_it_stops() -> None:
+    """The pool, not the worker groups, binds when other models fill it: 2 fixed vLLM GPUs on a 4-GPU pool."""
+    base = {"models": [{"name": "qwen", "engine": "ray-serve", "pool": "l4", "replicasMin": 1, "replicasMax": 2,
+                        "gpusPerReplica": 1}]}
+    head = {"models": [{"name": "qwen3", "engine": "ray-serve", "pool": "l4", "replicasMin": 1, "replicasMax": 2,
+                        "gpusPerReplica": 1},
+                       {"name": "embed", "engine": "vllm", "pool": "l4", "replicasMin": 2, "replicasMax": 2,
+                        "gpusPerReplica": 1}],
+            "pools": [{"name": "l4", "gpusAtMax": 4}]}
+    assert _transient_serve_gpus(base, head) == [
+        "pool l4: Ray Serve stops qwen as it starts qwen3 (one serveConfigV2); at their most that is 3 GPU(s) at once, "
+        "and its Ray worker groups hold 2 (maxReplicas): qwen3 wait(s) for qwen to stop (graceful_shutdown_timeout_s); "
+        "to run both at once, add qwen3 in one `pulumi up` and remove qwen in the next"]
+    at_min = {"models": [{**base["models"][0], "replicasMax": 1}]}
+    roomy = {**head, "models": [{**head["models"][0], "replicasMax": 3}, head["models"][1]]}
+    assert _transient_serve_gpus(at_min, roomy) == [], "1 + 1 GPUs beside embed's 2 fit the pool's 4"
+    full = {**head, "pools": [{"name": "l4", "gpusAtMax": 3}], "models": [{**head["models"][0], "replicasMax": 3},
+                                                                          head["models"][1]]}
+    assert _transient_serve_gpus(at_min, full) == [
+        "pool l4: Ray Serve stops qwen as it starts qwen3 (one serveConfigV2); at their most that is 2 GPU(s) at once, "
+        "and the pool holds 3, 2 of them for other models: qwen3 wait(s) for qwen to stop "
+        "(graceful_shutdown_timeout_s); to run both at once, add qwen3 in one `pulumi up` and remove qwen in the next"]
+
+
+def test_a_kubernetes_upgrade_drifts_every_karpenter_pool(prod: dict[str, Any], tmp_path: Path) -> None:
+    """1.35 -> 1.36: the system node group rolls onto its new release, and each EC2NodeClass's AMI alias resolves
+    for the new version, so Karpenter replaces the GPU nodes although no class changes."""
+    found = effects_of(prod, lambda c: c["triarch:cluster"].update(kubernetesVersion="1.36"), tmp_path)
+    assert found == [
+        "node group llm-prod-system: EKS rolls its nodes one by one; their pods move",
+        *(f"EC2NodeClass ec2nodeclass-{pool}: its AMI alias resolves for the new Kubernetes version, so Karpenter "
+          "replaces every node launched with it (drift) once the control plane is upgraded; their pods move"
+          for pool in ("a100", "l4"))]
+
+
+def test_a_renamed_cluster_moves_everything_and_drifts_nothing(prod: dict[str, Any], tmp_path: Path) -> None:
+    """llm-prod -> llm-prod2: a new EKS cluster, so its Kubernetes provider targets another cluster and every object
+    is created there: said once, without the drift or Ray upgrade its changed node classes would otherwise read as."""
+    found = effects_of(prod, lambda c: c["triarch:cluster"].update(name="llm-prod2"), tmp_path)
+    assert found == ["cluster: 44 Kubernetes resource(s) move to another cluster (llm-prod-k8s -> llm-prod2-k8s): "
+                     "every model starts there from no node, and clients move to its endpoint; the old cluster serves "
+                     "until Pulumi deletes it, last"]

@@ -240,6 +240,26 @@ def test_the_comment_puts_replacements_first_then_guardrails_by_layer_then_cost(
                               "prod: 1 unintended stateful replacement(s) or removal(s): llm-prod-models-fs"]
 
 
+def test_the_comment_says_what_a_change_does_to_running_traffic_above_its_tables(
+        tmp_path: Path, prod_plan: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A renamed Ray Serve model on prod: the diff's effects lead the stack's section, before what it replaces."""
+    root = review_dir(tmp_path, prod_plan)
+    config = stack_document("prod")
+    next(m for m in config["triarch:models"] if m["name"] == "qwen")["name"] = "qwen3"
+    (tmp_path / "edited").mkdir()
+    head = write_stack_file(tmp_path / "edited" / "Pulumi.prod.yaml", config)
+    capsys.readouterr()
+    assert cli.main(["diff", "--base", str(prod_plan), "--stack-file", str(head), "--format", "json"]) == 0
+    effects = json.loads(capsys.readouterr().out)["effects"]
+    written = json.loads((root / "diff" / "prod.json").read_text(encoding="utf-8"))
+    (root / "diff" / "prod.json").write_text(json.dumps({**written, "effects": effects}), encoding="utf-8")
+    text = review_markdown(root, "a" * 40, "b" * 40)
+    assert "- clients: Ray Serve application(s) qwen (/qwen) of RayService llm go, qwen3 (/qwen3) come" in text
+    order = [text.index(s) for s in ("### :x: `prod`", "**Effects on running traffic:**",
+                                     *(f"- {e}" for e in effects), ":warning: stateful")]
+    assert order == sorted(order) and len(effects) == 3
+
+
 def test_comment_strict_fails_only_on_what_blocks(tmp_path: Path, prod_plan: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     root = review_dir(tmp_path, prod_plan)

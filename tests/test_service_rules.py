@@ -90,6 +90,45 @@ def test_a_version_no_known_ami_runs_names_the_versions_that_do(tmp_path: Path,
     assert "1.36)" in line and "a release for 1.37: ;" not in line
 
 
+# --- managed node groups ------------------------------------------------------------------------------------------
+
+def test_a_managed_node_group_goes_forward_only(prod: dict[str, Any], tmp_path: Path) -> None:
+    """EKS refuses an earlier AMI for a node group it updates (UpdateNodegroupVersion); a newer one rolls the nodes."""
+    older = edited(lambda c: c["triarch:cluster"]["systemNodeGroup"].update(amiRelease="v20260610"), tmp_path)
+    assert refusals(prod, older) == [
+        "triarch:cluster.systemNodeGroup.amiRelease: v20260714 -> v20260610 rolls node group llm-prod-system back to "
+        "an "
+        "earlier AMI (1.35.6-20260714 -> 1.35.5-20260610), which EKS refuses; allowed: v20260714 or a newer release "
+        "(EKS moves a managed node group forward only)"]
+    assert refusals(older, prod) == [], "forward is an update EKS makes"
+
+
+def test_an_earlier_ami_is_refused_for_a_fixed_pool_unless_its_group_is_new(tmp_path: Path) -> None:
+    """A fixed GPU pool is a managed node group; a Karpenter pool's AMI may go back (its nodes drift)."""
+    def fixed(config: dict[str, Any]) -> None:
+        next(g for g in config["triarch:nodeGroups"] if g["name"] == "a100").update(
+            provisioner="managedNodeGroup", min=2, max=2)
+
+    def older(config: dict[str, Any]) -> None:
+        fixed(config)
+        next(g for g in config["triarch:nodeGroups"] if g["name"] == "a100")["amiRelease"] = "v20260610"
+
+    before = edited(fixed, tmp_path / "before")
+    assert refusals(before, edited(older, tmp_path / "older")) == [
+        "triarch:nodeGroups[].amiRelease of pool a100: v20260714 -> v20260610 rolls node group gpu-a100 back to an "
+        "earlier AMI (1.35.6-20260714 -> 1.35.5-20260610), which EKS refuses; allowed: v20260714 or a newer release "
+        "(EKS moves a managed node group forward only)"]
+
+    def renamed(config: dict[str, Any]) -> None:
+        older(config)
+        next(g for g in config["triarch:nodeGroups"] if g["name"] == "a100")["instanceType"] = "p4d.24xlarge"
+
+    assert refusals(before, edited(renamed, tmp_path / "renamed")) == [], "a new group takes any release"
+    karpenter = edited(lambda c: next(g for g in c["triarch:nodeGroups"] if g["name"] == "a100").update(
+        amiRelease="v20260610"), tmp_path / "karpenter")
+    assert refusals(edited(lambda c: None, tmp_path / "prod"), karpenter) == []
+
+
 # --- volume claims -------------------------------------------------------------------------------------------------
 
 CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"

@@ -1,8 +1,11 @@
 """What a change does to running traffic, beyond which resources change: the controllers' reactions that the
-resource tables do not show. KubeRay starts a whole new Ray cluster when the cluster's spec changes (every Ray
-Serve model restarts there), Karpenter replaces the nodes of a pool whose template drifts, EKS rolls a managed node
-group, clients lose a Service name, and Pulumi deletes last, so a model's old replicas hold their GPUs while its
-new ones start. Pure: the diff, both plans and both capacity reports in, sentences out."""
+resource tables do not show. A renamed cluster takes every Kubernetes object to a new one. KubeRay starts a whole
+new Ray cluster when the cluster's spec changes (every Ray Serve model restarts there), Karpenter replaces the
+nodes of a pool whose template drifts or whose AMI alias follows an upgraded control plane, EKS rolls a managed
+node group, clients lose a Service name or a Ray Serve route, and Pulumi deletes last, so a model's old replicas
+hold their GPUs while its new ones start; Ray Serve, told a new serveConfigV2, starts the new applications as it
+stops the removed ones, within its worker groups' maxReplicas. Pure: the diff, both plans and both capacity
+reports in, sentences out."""
 
 from __future__ import annotations
 
@@ -10,7 +13,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from triarch.diff import Diff, Difference
+import yaml
+
+from triarch.diff import UNKNOWN, Diff, Difference
 from triarch.service_rules import claim_growth_notes
 
 RAY_SERVICE = "kubernetes:ray.io/v1:RayService"
@@ -18,6 +23,9 @@ NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 SERVICE = "kubernetes:core/v1:Service"
+CLUSTER = "aws:eks/cluster:Cluster"
+MOVED = re.compile(r"^its provider changes to another target \((\S+) -> (\S+)\)")
+"""A Kubernetes resource whose provider now targets another cluster (triarch.diff): created there, deleted here."""
 REPLICA_FIELDS = re.compile(r"^spec\.rayClusterConfig\.workerGroupSpecs\[\d+\]\.(replicas|minReplicas|maxReplicas)$")
 """Worker counts KubeRay scales in place (the autoscaler's own fields); any other change of the cluster's spec
 makes KubeRay start a new Ray cluster and switch to it once it serves (its zero-downtime upgrade)."""
@@ -25,8 +33,13 @@ NODE_GROUP_ROLL = ("launchTemplate", "releaseVersion", "version", "amiType", "in
 """Managed node group inputs EKS applies by replacing the group's nodes one by one (an update, not a new group)."""
 
 
+def _new_ray_cluster(difference: Difference) -> list[str]:
+    """The RayService inputs whose change makes KubeRay start a new Ray cluster."""
+    return [p for p in difference.inputs if p.startswith("spec.rayClusterConfig") and not REPLICA_FIELDS.match(p)]
+
+
 def _ray_effects(difference: Difference) -> list[str]:
-    cluster = [p for p in difference.inputs if p.startswith("spec.rayClusterConfig") and not REPLICA_FIELDS.match(p)]
+    cluster = _new_ray_cluster(difference)
     if cluster:
         shown = ", ".join(cluster[:3]) + (f" and {len(cluster) - 3} more" if len(cluster) > 3 else "")
         return [f"RayService {difference.name}: KubeRay starts a new Ray cluster beside the running one and moves "
@@ -53,8 +66,97 @@ def _pool_effects(difference: Difference) -> list[str]:
     return []
 
 
+def _upgrade_drift(result: Diff, head: Mapping[str, Any]) -> list[str]:
+    """A control plane upgraded in place: an EC2NodeClass whose AMI is an alias resolves it for the cluster's
+    Kubernetes version, so its nodes drift although the class itself does not change (Karpenter FAQ, "How do I
+    upgrade an EKS Cluster with Karpenter?": "Karpenter's Drift feature can automatically upgrade the
+    Karpenter-provisioned nodes to stay in-sync with the EKS control plane")."""
+    if not any(d.type == CLUSTER and d.kind == "changed" and "version" in d.inputs for d in result.differences):
+        return []
+    changed = {d.name for d in result.differences if d.type == NODE_CLASS}
+    return [f"EC2NodeClass {r['name']}: its AMI alias resolves for the new Kubernetes version, so Karpenter replaces "
+            "every node launched with it (drift) once the control plane is upgraded; their pods move"
+            for r in sorted(head["resources"], key=lambda r: str(r["name"]))
+            if r["type"] == NODE_CLASS and r["name"] not in changed
+            and any("alias" in term for term in (r["inputs"].get("spec") or {}).get("amiSelectorTerms") or [])]
+
+
 def _service_names(plan: Mapping[str, Any]) -> set[str]:
     return {str(r["inputs"].get("metadata", {}).get("name")) for r in plan["resources"] if r["type"] == SERVICE}
+
+
+def _serve_routes(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """RayService (its metadata name) -> {Serve application: its route prefix}, from serveConfigV2."""
+    found: dict[str, dict[str, str]] = {}
+    for resource in plan["resources"]:
+        if resource["type"] != RAY_SERVICE:
+            continue
+        text = (resource["inputs"].get("spec") or {}).get("serveConfigV2")
+        if not isinstance(text, str) or text == UNKNOWN:
+            continue
+        name = str((resource["inputs"].get("metadata") or {}).get("name", resource["name"]))
+        found[name] = {str(app.get("name")): str(app.get("route_prefix", "/"))
+                       for app in (yaml.safe_load(text) or {}).get("applications") or []}
+    return found
+
+
+def _serve_clients(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
+    """A Ray Serve application renamed or removed: its route (and the model id, the same name) goes for clients."""
+    found = []
+    after = _serve_routes(head)
+    for service, apps in sorted(_serve_routes(base).items()):
+        if service not in after:
+            continue
+        gone = sorted(set(apps) - set(after[service]))
+        if gone:
+            came = sorted(set(after[service]) - set(apps))
+            shown = ", ".join(f"{a} ({apps[a]})" for a in gone)
+            found.append(f"clients: Ray Serve application(s) {shown} of RayService {service} go"
+                         + (f", {', '.join(f'{a} ({after[service][a]})' for a in came)} come" if came else "")
+                         + ": clients calling the old route (and served model name) fail until they change")
+    return found
+
+
+def _gpus(model: Mapping[str, Any], bound: str) -> int:
+    return int(model[bound]) * int(model["gpusPerReplica"])
+
+
+def _transient_serve_gpus(base_capacity: Mapping[str, Any], head_capacity: Mapping[str, Any]) -> list[str]:
+    """Ray Serve, told a new serveConfigV2, deploys the head's applications and deletes the removed ones in the same
+    step (ray python/ray/serve/_private/controller.py apply_config: "Delete live applications not listed in the
+    config"); a removed application's replicas hold their GPUs until they stop (graceful_shutdown_timeout_s), while
+    the new ones start at their minimum. The Ray autoscaler adds no worker past a group's maxReplicas (KubeRay
+    raycluster_types.go: "the maximum number of desired Pods for this worker group"), which Triarch sets to the
+    head's models at their most (planners/ray.py worker_group), nor the pool a node past its max."""
+    found = []
+    base_names = {m["name"] for m in base_capacity.get("models", [])}
+    head_models = list(head_capacity.get("models", []))
+    head_names = {m["name"] for m in head_models}
+    pools = {p["name"]: p for p in head_capacity.get("pools", [])}
+    leaving: dict[str, list[Mapping[str, Any]]] = {}
+    for model in base_capacity.get("models", []):
+        if model["name"] not in head_names and model.get("engine") == "ray-serve" and model["pool"] in pools:
+            leaving.setdefault(model["pool"], []).append(model)
+    for pool, gone in sorted(leaving.items()):
+        ray = [m for m in head_models if m["pool"] == pool and m.get("engine") == "ray-serve"]
+        new = [m for m in ray if m["name"] not in base_names]
+        if not new:
+            continue  # nothing starts that the removed replicas could keep waiting
+        held = sum(_gpus(m, "replicasMax") for m in gone)
+        at_once = held + sum(_gpus(m, "replicasMin" if m in new else "replicasMax") for m in ray)
+        ray_cap = sum(_gpus(m, "replicasMax") for m in ray)
+        others = sum(_gpus(m, "replicasMax") for m in head_models if m["pool"] == pool and m not in ray)
+        room = min(ray_cap, int(pools[pool]["gpusAtMax"]) - others)
+        if at_once > room:
+            where = (f"its Ray worker groups hold {ray_cap} (maxReplicas)" if room == ray_cap else
+                     f"the pool holds {pools[pool]['gpusAtMax']}, {others} of them for other models")
+            old, started = ", ".join(m["name"] for m in gone), ", ".join(m["name"] for m in new)
+            found.append(
+                f"pool {pool}: Ray Serve stops {old} as it starts {started} (one serveConfigV2); at their most that is "
+                f"{at_once} GPU(s) at once, and {where}: {started} wait(s) for {old} to stop "
+                f"(graceful_shutdown_timeout_s); to run both at once, add {started} in one `pulumi up` and remove "
+                f"{old} in the next")
+    return found
 
 
 def _transient_gpus(base_capacity: Mapping[str, Any], head_capacity: Mapping[str, Any]) -> list[str]:
@@ -85,7 +187,15 @@ def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, An
                     base_capacity: Mapping[str, Any] | None, head_capacity: Mapping[str, Any] | None) -> list[str]:
     """One sentence per effect on running traffic, in a fixed order."""
     found: list[str] = []
+    moved = [(d, m) for d in result.differences if (m := MOVED.match(d.cause))]
+    for old, new in sorted({m.groups() for _, m in moved}):
+        count = sum(1 for _, m in moved if m.groups() == (old, new))
+        found.append(f"cluster: {count} Kubernetes resource(s) move to another cluster ({old} -> {new}): every model "
+                     "starts there from no node, and clients move to its endpoint; the old cluster serves until "
+                     "Pulumi deletes it, last")
     for difference in sorted(result.differences, key=lambda d: (d.type, d.name)):
+        if MOVED.match(difference.cause):
+            continue  # no drift or Ray upgrade in a cluster it leaves: said once above
         if difference.type == RAY_SERVICE and difference.kind in ("changed", "replaced"):
             found += _ray_effects(difference)
         elif difference.kind in ("changed", "replaced"):
@@ -95,7 +205,13 @@ def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, An
         came = sorted(_service_names(head) - _service_names(base))
         found.append(f"clients: Service(s) {', '.join(gone)} go" + (f", {', '.join(came)} come" if came else "")
                      + ": clients calling the old name (and served model name) fail until they change")
+    found += _upgrade_drift(result, head)
+    found += _serve_clients(base, head)
     found += claim_growth_notes(base, head)
     if base_capacity and head_capacity:
         found += _transient_gpus(base_capacity, head_capacity)
+        if not any(d.type == RAY_SERVICE and d.kind in ("changed", "replaced") and _new_ray_cluster(d)
+                   for d in result.differences):
+            # a new Ray cluster starts every application beside the old one: the plan's placement proof holds it
+            found += _transient_serve_gpus(base_capacity, head_capacity)
     return found

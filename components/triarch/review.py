@@ -123,6 +123,9 @@ def _stack_section(directory: Path, stack: str) -> list[str]:
     else:
         counts = ", ".join(f"{len(diff[k])} {k}" for k in ("replaced", "added", "removed", "changed"))
         lines.append(f"**Diff against the base:** {counts}.")
+        if diff.get("effects"):
+            # What running traffic feels comes before the tables of what changes (triarch.effects).
+            lines += ["", "**Effects on running traffic:**", "", *(f"- {_cell(e)}" for e in diff["effects"])]
         if lossy:
             lines += ["", "| | replaced or removed | inputs | why |", "|---|---|---|---|"]
             for d in lossy:

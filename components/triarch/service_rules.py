@@ -1,6 +1,7 @@
 """What AWS and the Kubernetes API refuse on an update that each plan alone cannot see, read from the base and the
 head of a diff (templates/compat/service-rules.yaml): a Kubernetes version step other than one minor up, a cluster's
-subnets in a zone it was not created in, a volume claim that shrinks. Pure: two plan.json documents in, refusals
+subnets in a zone it was not created in, a managed node group rolled back to an earlier AMI, a volume claim that
+shrinks. Pure: two plan.json documents in, refusals
 (and the changes that depend on the live cluster) out."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import Any
 
 CLUSTER = "aws:eks/cluster:Cluster"
 SUBNET = "aws:ec2/subnet:Subnet"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+POOL_LABEL = "triarch.dev/pool"
 CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
 CLAIM_SIZE = "spec.resources.requests.storage"
 EXPANDABLE_CLASSES = {"triarch-gp3"}
@@ -39,6 +42,37 @@ def _bytes(quantity: str) -> int | None:
         if quantity.endswith(suffix) and quantity[:-len(suffix)].isdigit():
             return int(quantity[:-len(suffix)]) * UNITS[suffix]
     return int(quantity) if quantity.isdigit() else None
+
+
+def _release(version: str) -> tuple[tuple[int, ...], str] | None:
+    """An EKS AMI release version (`1.35.6-20260714`) as (Kubernetes version, release date), None if unreadable."""
+    kubernetes, _, date = version.partition("-")
+    parts = kubernetes.split(".")
+    if not date.isdigit() or not all(part.isdigit() for part in parts):
+        return None
+    return tuple(int(part) for part in parts), date
+
+
+def _node_group_rollbacks(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
+    """A managed node group that stays (same name, so updated, not replaced) and whose release goes back: EKS rolls
+    a node group forward only. An earlier Kubernetes minor is the cluster's refusal, so only an earlier AMI of the
+    same minor is said here."""
+    before = {r["urn"]: r for r in base["resources"] if r["type"] == NODE_GROUP}
+    found = []
+    for group in (r for r in head["resources"] if r["type"] == NODE_GROUP and r["urn"] in before):
+        old_inputs, new_inputs = before[group["urn"]]["inputs"], group["inputs"]
+        if old_inputs.get("nodeGroupName") != new_inputs.get("nodeGroupName"):
+            continue  # a new group is created at the release it names
+        was, now = _release(str(old_inputs.get("releaseVersion"))), _release(str(new_inputs.get("releaseVersion")))
+        if was is None or now is None or now[0][:2] != was[0][:2] or now >= was:
+            continue
+        pool = (new_inputs.get("labels") or {}).get(POOL_LABEL)
+        key = ("triarch:cluster.systemNodeGroup.amiRelease" if pool == "system"
+               else f"triarch:nodeGroups[].amiRelease of pool {pool}")
+        found.append(f"{key}: v{was[1]} -> v{now[1]} rolls node group {group['name']} back to an earlier "
+                     f"AMI ({old_inputs.get('releaseVersion')} -> {new_inputs.get('releaseVersion')}), which EKS "
+                     f"refuses; allowed: v{was[1]} or a newer release (EKS moves a managed node group forward only)")
+    return found
 
 
 def claim_resizes(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str, str, int]]:
@@ -81,6 +115,7 @@ def refusals(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
             found.append(f"triarch:cluster.zones: {', '.join(added)} is not a zone the cluster was created in "
                          f"({created}), and EKS takes new subnets only there; allowed: the zones it has, or a new "
                          "cluster (a new cluster.name)")
+    found += _node_group_rollbacks(base, head)
     for claim, was, now, sign in claim_resizes(base, head):
         if sign < 0:
             metadata = claim["inputs"].get("metadata", {})
