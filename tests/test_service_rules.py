@@ -174,3 +174,30 @@ def test_a_claim_on_a_class_triarch_did_not_create_shrinks_never_and_grows_maybe
     assert "ignoreChanges" not in _claims(head)["embed-hf-cache"]
     assert refusals(base, head) == ([refused] if refused else [])
     assert claim_growth_notes(base, head) == ([noted] if noted else [])
+
+
+def _classes_edited(prod: dict[str, Any], **inputs: Any) -> dict[str, Any]:
+    """prod's plan as a Triarch release that sets other StorageClass inputs would plan it (no stack key reaches them:
+    the edit is a code change, so the plan document is edited)."""
+    return {**prod, "resources": [
+        {**r, "inputs": {**r["inputs"], **inputs}} if r["name"] == "storageclass-triarch-gp3" else r
+        for r in prod["resources"]]}
+
+
+def test_an_immutable_field_updated_in_place_is_refused(prod: dict[str, Any]) -> None:
+    """A StorageClass's reclaimPolicy and volumeBindingMode: pulumi-kubernetes replaces a class only for parameters
+    or provisioner, and the API server refuses the in-place change (real kube-apiserver 1.35.4: "updates to
+    reclaimPolicy are forbidden", volumeBindingMode "field is immutable"), so `pulumi up` would fail."""
+    assert refusals(prod, _classes_edited(prod, reclaimPolicy="Retain")) == [
+        "StorageClass storageclass-triarch-gp3: reclaimPolicy Delete -> Retain, which the Kubernetes API refuses (the "
+        "field is immutable) while Pulumi would update the object in place, so `pulumi up` would fail; allowed: "
+        "Delete, or the object under a new name (created new, the old one deleted)"]
+    [said] = refusals(prod, _classes_edited(prod, volumeBindingMode="Immediate"))
+    assert said.startswith("StorageClass storageclass-triarch-gp3: volumeBindingMode WaitForFirstConsumer -> "
+                           "Immediate, which the Kubernetes API refuses")
+    # replaced anyway (its parameters change too): a new class takes any value; a mutable field changes in place
+    assert refusals(prod, _classes_edited(prod, reclaimPolicy="Retain", parameters={"type": "gp3",
+                                                                                    "encrypted": "false"})) == []
+    assert refusals(prod, _classes_edited(prod, allowVolumeExpansion=False)) == []
+    result = diff_plans(prod, _classes_edited(prod, reclaimPolicy="Retain", parameters={"type": "io2"}))
+    assert [d.name for d in result.of("replaced")] == ["storageclass-triarch-gp3"]

@@ -37,6 +37,8 @@ class TypeRule:
     lost_on_removal: str | None = None
     """Why deleting it loses something although a replacement does not (a Secret: its replacement carries the
     same value, its removal leaves the pods that read it without)."""
+    immutable: tuple[str, ...] = ()
+    """Inputs the API server refuses to change while the provider would update them in place (`pulumi up` fails)."""
     kept_on_removal: str | None = None
     """What stays in the cluster when it goes from the stack (a CRD Triarch retains on delete, as Helm keeps its
     crds/): said with the removal, never counted as a loss."""
@@ -73,7 +75,8 @@ def rules(path: Path = COMPAT_DIR / "replacement.yaml") -> Rules:
         if name.startswith("kubernetes:"):
             replace_on = (*always, *replace_on)
         types[name] = TypeRule(replace_on, tuple(entry.get("unordered") or ()), entry.get("stateful"),
-                               entry.get("lostOnRemoval"), entry.get("keptOnRemoval"))
+                               entry.get("lostOnRemoval"), tuple(entry.get("immutable") or ()),
+                               entry.get("keptOnRemoval"))
     return Rules(types, always)
 
 
@@ -171,6 +174,34 @@ def _kept(paths: Iterable[str], resource: Mapping[str, Any]) -> list[str]:
     there neither updates nor replaces it."""
     ignored = resource.get("ignoreChanges") or []
     return [p for p in paths if not any(_covers(i, p) for i in ignored)]
+
+
+def _at(value: Any, path: str) -> Any:
+    for key in path.split("."):
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value
+
+
+def immutable_changes(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str, Any,
+                                                                                      Any]]:
+    """(the head's resource, input, before, after) for each change of an input the API server refuses to change on
+    a resource the provider updates in place: `pulumi up` would fail on it. A resource replaced anyway (by one of
+    its own inputs) is a new object, which takes any value."""
+    table = rules()
+    before = {r["urn"]: r for r in base["resources"]}
+    found = []
+    for resource in head["resources"]:
+        old, rule = before.get(resource["urn"]), table.of(resource["type"])
+        if old is None or not rule.immutable:
+            continue
+        paths = _kept(changed_paths(old["inputs"], resource["inputs"], rule), resource)
+        if _replacing(paths, rule):
+            continue
+        for field_path in rule.immutable:
+            if any(_covers(field_path, p) for p in paths):
+                found.append((resource, field_path, _at(old["inputs"], field_path), _at(resource["inputs"],
+                                                                                         field_path)))
+    return found
 
 
 def _follows(resource: Mapping[str, Any], rule: TypeRule, replaced: Mapping[str, str],

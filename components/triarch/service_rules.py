@@ -1,13 +1,15 @@
 """What AWS and the Kubernetes API refuse on an update that each plan alone cannot see, read from the base and the
 head of a diff (templates/compat/service-rules.yaml): a Kubernetes version step other than one minor up, a cluster's
 subnets in a zone it was not created in, a managed node group rolled back to an earlier AMI, a volume claim that
-shrinks. Pure: two plan.json documents in, refusals
-(and the changes that depend on the live cluster) out."""
+shrinks, an immutable field of an object updated in place (replacement.yaml's `immutable`). Pure: two plan.json
+documents in, refusals (and the changes that depend on the live cluster) out."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from triarch.diff import immutable_changes
 
 CLUSTER = "aws:eks/cluster:Cluster"
 SUBNET = "aws:ec2/subnet:Subnet"
@@ -116,6 +118,11 @@ def refusals(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
                          f"({created}), and EKS takes new subnets only there; allowed: the zones it has, or a new "
                          "cluster (a new cluster.name)")
     found += _node_group_rollbacks(base, head)
+    for resource, field_path, was, now in immutable_changes(base, head):
+        kind = resource["type"].rsplit(":", 1)[-1]
+        found.append(f"{kind} {resource['name']}: {field_path} {was} -> {now}, which the Kubernetes API refuses (the "
+                     "field is immutable) while Pulumi would update the object in place, so `pulumi up` would fail; "
+                     f"allowed: {was}, or the object under a new name (created new, the old one deleted)")
     for claim, was, now, sign in claim_resizes(base, head):
         if sign < 0:
             metadata = claim["inputs"].get("metadata", {})
