@@ -18,6 +18,7 @@ from engine_tier import Lab
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
 from triarch.planners.models import plan_models
+from triarch.planners.serving import serving_settings
 from triarch.planners.warm import WARM_LABEL, priority_class, warm_manifests
 from triarch.scheduling import POOL_LABEL, gpu_toleration
 
@@ -75,7 +76,9 @@ def warm_pool(lab: Lab) -> Iterator[int]:
                                  "nodeGroup": POOL, "replicas": 1, "warmReplicas": free}]
     stack = from_pulumi_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()})
     [plan] = plan_models(stack, catalog())
-    objects = [priority_class(), *warm_manifests(stack, plan, NAMESPACE)]
+    settings = serving_settings(stack, with_token=False)
+    assert settings.namespace == NAMESPACE
+    objects = [priority_class(), *warm_manifests(stack, plan, settings)]
     assert [o["kind"] for o in objects] == ["PriorityClass", "Deployment"]
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     lab.plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all([namespace, *objects]))
