@@ -329,14 +329,19 @@ def engine_args(plan: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
                 if container.get("command", [])[:2] == ["vllm", "serve"]:
                     found[inputs["metadata"]["name"]] = _flags(container.get("args") or [])
         elif resource["type"] == "kubernetes:ray.io/v1:RayService":
-            text = (inputs.get("spec") or {}).get("serveConfigV2")
-            if not isinstance(text, str) or text == UNKNOWN:
-                continue
-            for app in (yaml.safe_load(text) or {}).get("applications") or []:
+            for app in serve_applications(resource) or []:
                 for config in (app.get("args") or {}).get("llm_configs") or []:
                     model = (config.get("model_loading_config") or {}).get("model_id", app.get("name"))
                     found[str(model)] = dict(config.get("engine_kwargs") or {})
     return found
+
+
+def serve_applications(resource: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """A RayService's Serve applications, from its serveConfigV2 (None where the config is known only after apply)."""
+    text = (resource["inputs"].get("spec") or {}).get("serveConfigV2")
+    if not isinstance(text, str) or text == UNKNOWN:
+        return None
+    return list((yaml.safe_load(text) or {}).get("applications") or [])
 
 
 def _flags(args: list[str]) -> dict[str, Any]:

@@ -13,9 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
-from triarch.diff import UNKNOWN, Diff, Difference
+from triarch.diff import Diff, Difference, serve_applications
 from triarch.service_rules import claim_growth_notes
 
 RAY_SERVICE = "kubernetes:ray.io/v1:RayService"
@@ -91,12 +89,11 @@ def _serve_routes(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     for resource in plan["resources"]:
         if resource["type"] != RAY_SERVICE:
             continue
-        text = (resource["inputs"].get("spec") or {}).get("serveConfigV2")
-        if not isinstance(text, str) or text == UNKNOWN:
+        apps = serve_applications(resource)
+        if apps is None:
             continue
         name = str((resource["inputs"].get("metadata") or {}).get("name", resource["name"]))
-        found[name] = {str(app.get("name")): str(app.get("route_prefix", "/"))
-                       for app in (yaml.safe_load(text) or {}).get("applications") or []}
+        found[name] = {str(app.get("name")): str(app.get("route_prefix", "/")) for app in apps}
     return found
 
 
