@@ -5,7 +5,7 @@
 
 Cases: llm-d-planner's committed vLLM 0.19.0 runs on H100 (bench/llmd-vllm-0.19.0.yaml, imported by
 bench/import_vllm_logs.py; models resolved to templates/models), our own collection of earlier public logs
-(bench/kv-cases.yaml) and the shared cases (../shared/reference/vllm-kv-cases.yaml, when present). Each case is
+(bench/kv-cases.yaml) and the shared cases (vllm-kv-cases.yaml of the reference data, when cached). Each case is
 sized with the rules of the release it was logged on (earlier logs with 0.19.0's: graphs captured after the KV
 cache, tokens reported as blocks) and the batch it ran with. Per component, the signed error (predicted - logged) /
 logged: weights per GPU, activation peak, non-torch memory, CUDA-graph estimate, available KV memory, KV tokens
@@ -26,12 +26,14 @@ from typing import Any
 
 import yaml
 
+from triarch import refdata
 from triarch.catalog import Gpu, catalog
 from triarch.tuner import GIB, ModelArch, TuneError, arch_from_hf_config, load_model_config, tune
 from triarch.tuner.kv import kv_layout
 
 BENCH_DIR = Path(__file__).resolve().parent
-SHARED_CASES = BENCH_DIR.parents[1] / "shared" / "reference" / "vllm-kv-cases.yaml"
+SHARED_CASES = "vllm-kv-cases.yaml"
+"""Its path in the reference data (tools/reference/sources.yaml), read from the cache `triarch refdata fill` fills."""
 OWN_CASES = BENCH_DIR / "kv-cases.yaml"
 LLMD_CASES = BENCH_DIR / "llmd-vllm-0.19.0.yaml"
 
@@ -255,10 +257,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", action="store_true", help="print every case, logged vs predicted")
     show = parser.parse_args(argv).cases
     cases = llmd_cases() + earlier_cases(OWN_CASES, {})
-    if SHARED_CASES.is_file():
-        cases += earlier_cases(SHARED_CASES, SHARED_HINTS)
-    else:
-        print(f"({SHARED_CASES} is absent: the shared cases are left out)")
+    try:
+        cases += earlier_cases(refdata.path(SHARED_CASES), SHARED_HINTS)
+    except refdata.ReferenceMissing as missing:
+        print(f"(the shared cases are left out: {missing})")
     tally = Tally()
     for case in cases:
         run(case, tally, show)

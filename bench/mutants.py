@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from triarch import refdata
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path("components/triarch")
 COPIED = ("components", "tests", "templates", "policies", "stacks", "bench", "tools", "docs", "Pulumi.yaml",
@@ -47,10 +49,7 @@ def load(path: Path) -> list[Mutant]:
 
 
 def copy_project(into: Path) -> Path:
-    """The project at `into`/triarch, beside a link to the reference data (../shared), as in the working tree."""
-    shared = ROOT.parent / "shared"
-    if shared.is_dir():
-        (into / "shared").symlink_to(shared, target_is_directory=True)
+    """The project at `into`/triarch (its tests read the reference data from the same cache: run_tests)."""
     into = into / "triarch"
     into.mkdir()
     for name in COPIED:
@@ -63,8 +62,10 @@ def copy_project(into: Path) -> Path:
 
 
 def run_tests(project: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
-    """pytest in the copy, importing the copy's package (PYTHONPATH comes before the editable install)."""
-    env = {**os.environ, "PYTHONPATH": str(project / "components"), "PYTHONDONTWRITEBYTECODE": "1"}
+    """pytest in the copy, importing the copy's package (PYTHONPATH comes before the editable install), reading the
+    reference data from this project's cache (`triarch refdata fill`)."""
+    env = {**os.environ, "PYTHONPATH": str(project / "components"), "PYTHONDONTWRITEBYTECODE": "1",
+           "TRIARCH_REFERENCE_CACHE": str(refdata.cache_root())}
     return subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
                           cwd=project, env=env, capture_output=True, text=True, check=False)
 

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REFERENCE, ROOT, stack_document, write_stack_file
+from conftest import ROOT, stack_document, write_stack_file
+from triarch import refdata
 from triarch.local import engines
 from triarch.local.lifecycle import down, up
 from triarch.local.plane import Plane
@@ -43,6 +44,11 @@ def require_engines() -> None:
         problems.append("the plane's network namespace needs root and iproute2")
     if shutil.which("uv") is None:
         problems.append("uv is not on the PATH (the Pulumi program's toolchain)")
+    try:  # the CRDs of the lab stack's existing components (KubeRay, Prometheus Operator)
+        for folder in ("kuberay-v1.7.0", "prometheus-operator-v0.93.1/crds"):
+            refdata.directory(folder)
+    except refdata.ReferenceMissing as missing:
+        problems.append(str(missing))
     if not problems:
         return
     message = ("real-engine tier: " + "; ".join(problems)
@@ -126,7 +132,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     write_stack_file(project / f"Pulumi.{STACK}.yaml", config)
     validated = validate_stack_file(STACK, project / f"Pulumi.{STACK}.yaml")
     try:
-        plane = up(spec_for_stack(name, validated.stack, [REFERENCE]), log=lambda _: None)
+        # No --crds directory: the CRDs come from the reference cache (checked above), as for `triarch local up`.
+        plane = up(spec_for_stack(name, validated.stack, []), log=lambda _: None)
         lab = Lab(plane, project, config)
         lab.pulumi("stack", "init", "--secrets-provider", "passphrase")
         yield lab

@@ -1,6 +1,6 @@
 """Every Helm release's values as Helm renders them: our overrides coalesced onto the pinned chart's defaults
-(../shared/reference), then held to the security defaults. The overrides alone say nothing: Helm merges maps key by
-key, so a `drop` beside the chart's `add: [SYS_ADMIN]` keeps the add."""
+(the reference data, tools/reference/sources.yaml), then held to the security defaults. The overrides alone say
+nothing: Helm merges maps key by key, so a `drop` beside the chart's `add: [SYS_ADMIN]` keeps the add."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REFERENCE, STACK_NAMES, StackPlan
+from conftest import STACK_NAMES, StackPlan, reference_file
+from triarch import refdata
 from triarch.helm_values import coalesce, privilege_findings
 
 CHART_DEFAULTS = {
@@ -60,10 +61,7 @@ def test_privileges_are_found_wherever_a_chart_nests_them() -> None:
 def _defaults(chart: str, version: str) -> dict[str, Any]:
     relative = CHART_DEFAULTS.get((chart, version))
     assert relative is not None, f"no reference values named for chart {chart} {version}: add it to CHART_DEFAULTS"
-    path = REFERENCE / relative
-    if not path.is_file():
-        pytest.skip(f"{path} is absent: ../shared is not checked out here")
-    loaded: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    loaded: dict[str, Any] = yaml.safe_load(reference_file(relative).read_text(encoding="utf-8"))
     return loaded
 
 
@@ -117,11 +115,8 @@ def test_the_privileged_releases_say_why_on_their_namespace(shipped: dict[str, S
         assert namespace["metadata"]["annotations"]["triarch.dev/pod-security-reason"]
 
 
-def test_reference_paths_exist_where_shared_is_checked_out() -> None:
-    if not REFERENCE.is_dir():
-        pytest.skip(f"{REFERENCE} is absent: ../shared is not checked out here")
-    assert [p for p in CHART_DEFAULTS.values() if not (REFERENCE / p).is_file()] == []
-    assert isinstance(REFERENCE, Path)
+def test_reference_paths_are_pinned_reference_files() -> None:
+    assert [p for p in CHART_DEFAULTS.values() if p not in refdata.load_sources()] == []
 
 
 CHARTS = yaml.safe_load((Path(__file__).resolve().parents[1] / "templates" / "compat" / "charts.yaml")
@@ -147,15 +142,13 @@ def test_each_chart_image_is_where_its_values_say(name: str) -> None:
     image charts.yaml lists (its tag, or "" where the chart runs its appVersion)."""
     chart = CHARTS[name]
     reference = chart["repository"] + "/" + name if chart["repository"].startswith("oci://") else name
-    path = REFERENCE / CHART_DEFAULTS[(reference, chart["version"])]
-    if not path.is_file():
-        pytest.skip(f"{path} is absent: ../shared is not checked out here")
+    path = reference_file(CHART_DEFAULTS[(reference, chart["version"])])
     defaults = yaml.safe_load(path.read_text(encoding="utf-8"))
     if chart.get("registryKey"):
         assert _at(defaults, chart["registryKey"]) == ""
     for key, image in chart["images"].items():
         if "subchart" in image:
-            continue  # keys of a subchart's own values.yaml (not in ../shared); the source line says where read
+            continue  # keys of a subchart's own values.yaml (not in the reference data); the source line says where
         upstream, _, tag = image["image"].rpartition(":")
         repository = _at(defaults, image["repository"])
         if "registry" in image:

@@ -516,11 +516,10 @@ def test_the_crds_come_from_the_mirror_and_are_listed_with_their_digests(from_ow
 
 def test_a_crd_file_is_applied_only_if_it_is_the_releases(tmp_path: Path) -> None:
     """Before `pulumi up` applies them, each file is checked against the release's sha256: the pinned copies in
-    ../shared (the v1.7.0 tag's files) pass; one changed byte is refused in one line with both digests."""
+    the reference data (the v1.7.0 tag's files) pass; one changed byte is refused in one line with both digests."""
+    from conftest import reference_dir
     from triarch.planners.registry import crd_sources, verify_crds
-    reference = Path(__file__).resolve().parents[2] / "shared" / "reference" / "kuberay-v1.7.0"
-    if not reference.is_dir():
-        pytest.skip(f"{reference} is absent: ../shared is not checked out here")
+    reference = reference_dir("kuberay-v1.7.0")
     mirror = tmp_path / "crds" / "kuberay-operator" / "1.7.0"
     mirror.mkdir(parents=True)
     for name in KUBERAY_CRDS:

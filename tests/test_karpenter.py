@@ -2,7 +2,7 @@
 rules the API server runs), its chart values against the chart, the wiring between the controller, its IAM,
 the interruption queue and the pools, and the controller's policy against the upstream getting-started one.
 
-Expectations come from the stack files, templates/compat read as YAML and ../shared/reference; never from the
+Expectations come from the stack files, templates/compat read as YAML and the reference data; never from the
 planners' own functions (the IAM policy is the one exception: its ARNs are only known after apply, so the pure
 function is called with stand-in ARNs and its output checked against independent rules).
 """

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REFERENCE, ROOT, MutatedConfig, compat_data, stack_document
+from conftest import ROOT, MutatedConfig, compat_data, reference_dir, stack_document
+from triarch import refdata
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
 from triarch.errors import ConfigError
@@ -245,19 +246,19 @@ def test_from_zero_the_karpenter_pools_start_empty_and_karpenter_runs(mutated_co
              if r["key"] == "topology.kubernetes.io/zone"}
     assert zones == set(stack_document("prod")["triarch:cluster"]["zones"])
     assert all(o["Price"] == 0.9776 for o in g6["offerings"])  # prices.yaml, us-east-1 (not this code's number)
-    if (REFERENCE / "karpenter-v1.14.1").is_dir():
-        spec = spec_for_stack("x", stack, [REFERENCE], from_zero=True)
-        assert spec.operators == ("karpenter",) and spec.instance_types
-        assert "triarch-efs" in spec.storage_classes  # the stack's claims bind on the plane's kwok volumes
-        pools = {o["metadata"]["name"]: o for o in spec.objects if o["kind"] == "NodePool"}
-        classes = {o["metadata"]["name"] for o in spec.objects if o["kind"] == "KWOKNodeClass"}
-        assert set(pools) == classes == {g["name"] for g in stack_document("prod")["triarch:nodeGroups"]}
-        for name, pool in pools.items():
-            assert pool["spec"]["template"]["spec"]["nodeClassRef"] == {
-                "group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": name}
-            assert pool["spec"]["template"]["metadata"]["labels"]["triarch.dev/pool"] == name  # the plan's pool
     with pytest.raises(engines.EngineError, match=r"^--from-zero needs a stack whose cluster Triarch creates"):
         spec_for_stack("x", from_pulumi_config(mutated_config("lab", lambda c: None)), [], from_zero=True)
+    reference_dir("karpenter-v1.14.1", "crds")  # the CRDs come from the reference cache
+    spec = spec_for_stack("x", stack, [], from_zero=True)
+    assert spec.operators == ("karpenter",) and spec.instance_types
+    assert "triarch-efs" in spec.storage_classes  # the stack's claims bind on the plane's kwok volumes
+    pools = {o["metadata"]["name"]: o for o in spec.objects if o["kind"] == "NodePool"}
+    classes = {o["metadata"]["name"] for o in spec.objects if o["kind"] == "KWOKNodeClass"}
+    assert set(pools) == classes == {g["name"] for g in stack_document("prod")["triarch:nodeGroups"]}
+    for name, pool in pools.items():
+        assert pool["spec"]["template"]["spec"]["nodeClassRef"] == {
+            "group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": name}
+        assert pool["spec"]["template"]["metadata"]["labels"]["triarch.dev/pool"] == name  # the plan's pool
 
 
 def test_only_the_crds_of_existing_components_are_installed(mutated_config: MutatedConfig) -> None:
@@ -273,33 +274,50 @@ def test_only_the_crds_of_existing_components_are_installed(mutated_config: Muta
 def test_a_stack_that_says_kuberay_or_keda_runs_gets_a_plane_that_runs_it(mutated_config: MutatedConfig) -> None:
     from triarch.local.stack import spec_for_stack
 
-    if not (REFERENCE / "keda-2.20.2").is_dir():
-        pytest.skip(f"{REFERENCE} is absent: the charts' CRD copies live in ../shared")
+    for folder in ("kuberay-v1.7.0", "prometheus-operator-v0.93.1/crds", "keda-2.20.2/crds"):
+        reference_dir(folder)  # the CRDs come from the reference cache
     stack, _ = _lab(mutated_config)
-    assert spec_for_stack("x", stack, [REFERENCE]).operators == ("kuberay",)  # KubeRay existing, a ray-serve model
+    assert spec_for_stack("x", stack, []).operators == ("kuberay",)  # KubeRay existing, a ray-serve model
     stack, _ = _lab(mutated_config, lambda c: c["triarch:models"].pop())
-    assert spec_for_stack("x", stack, [REFERENCE]).operators == ()  # no ray-serve model: no KubeRay to run
+    assert spec_for_stack("x", stack, []).operators == ()  # no ray-serve model: no KubeRay to run
     stack, _ = _lab(mutated_config, lambda c: c["triarch:observability"].update(keda="existing"))
-    spec = spec_for_stack("x", stack, [REFERENCE])
+    spec = spec_for_stack("x", stack, [])
     assert spec.operators == ("kuberay", "keda")
     assert "crd-scaledobjects.yaml" in {p.name for p in spec.crds}
 
 
-def test_crds_come_from_the_charts_copies_where_given() -> None:
-    if not (REFERENCE / "kuberay-v1.7.0" / "ray.io_rayservices.yaml").is_file():
-        pytest.skip(f"{REFERENCE} is absent: the charts' CRD copies live in ../shared")
-    files = crd_files(["kuberay", "karpenter"], [REFERENCE])
+def test_crds_come_from_the_reference_cache_unless_a_directory_is_given(tmp_path: Path) -> None:
+    kuberay, karpenter = reference_dir("kuberay-v1.7.0"), reference_dir("karpenter-v1.14.1", "crds")
+    files = crd_files(["kuberay", "karpenter"], [])
     assert [f.name for f in files] == ["ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml",
                                        "ray.io_raycronjobs.yaml", "karpenter.sh_nodepools.yaml",
                                        "karpenter.sh_nodeclaims.yaml", "karpenter.k8s.aws_ec2nodeclasses.yaml",
                                        "autoscaling.x-k8s.io_capacitybuffers.yaml"]
-    assert all(f.is_relative_to(REFERENCE) for f in files)
+    assert all(f.is_relative_to(refdata.cache_root()) for f in files)
+    given = tmp_path / "mirror" / "kuberay-v1.7.0"  # --crds DIR, laid out like the reference data, comes first
+    given.mkdir(parents=True)
+    for crd in kuberay.glob("ray.io_*.yaml"):
+        (given / crd.name).write_bytes(crd.read_bytes())
+    files = crd_files(["kuberay", "karpenter"], [tmp_path / "mirror"])
+    assert all(f.is_relative_to(given) for f in files[:4]) and all(f.is_relative_to(karpenter) for f in files[4:])
+
+
+def test_a_crds_directory_that_does_not_exist_is_named(tmp_path: Path) -> None:
+    with pytest.raises(engines.EngineError) as info:
+        crd_files(["kuberay"], [tmp_path / "nowhere"])
+    assert str(info.value) == f"--crds {tmp_path / 'nowhere'}: no such directory"
 
 
 def test_a_crd_set_found_nowhere_says_how_to_supply_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("triarch.local.crds._from_module", lambda crds: None)
-    with pytest.raises(engines.EngineError, match=r"kuberay CRDs .* --crds DIR"):
+    monkeypatch.setenv("TRIARCH_REFERENCE_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(engines.EngineError) as info:
         crd_files(["kuberay"], [tmp_path])
+    message = str(info.value)
+    assert message.startswith("the kuberay CRDs (chart kuberay-operator) are needed by this stack")
+    assert "\n" not in message
+    assert message.endswith(f"({tmp_path / 'empty'}) has no verified kuberay-v1.7.0/; bring it with "
+                            "`uv run triarch refdata fill --from ../shared/reference`")
 
 
 def test_kwok_provisions_claims_of_the_stacks_storage_classes(tmp_path: Path,
@@ -436,10 +454,10 @@ def test_a_plane_without_its_engines_names_the_build(tmp_path: Path, monkeypatch
     monkeypatch.setenv("TRIARCH_LOCAL_HOME", str(tmp_path / "planes"))
     monkeypatch.setattr("os.geteuid", lambda: 0)
     monkeypatch.setattr("triarch.local.lifecycle.shutil.which", lambda name: "/usr/sbin/ip")
-    code = main(["local", "up", "--stack", "lab", "--crds", str(REFERENCE)])
+    for folder in ("kuberay-v1.7.0", "prometheus-operator-v0.93.1/crds"):
+        reference_dir(folder)  # the lab stack's existing components' CRDs, from the reference cache
+    code = main(["local", "up", "--stack", "lab"])
     err = capsys.readouterr().err
-    if "CRDs" in err:  # ../shared absent and KubeRay's module not served: also one line
-        pytest.skip(f"{REFERENCE} is absent: the plane cannot get KubeRay's CRDs here")
     assert code == 1
     assert err.startswith("error: engine etcd 3.6.16 is not built (needed for etcd); build it with "
                           "`uv run triarch local build`")

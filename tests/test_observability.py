@@ -15,7 +15,7 @@ import promql_parser
 import pytest
 import yaml
 
-from conftest import MutatedConfig, crd_schema, stack_document, unknown_fields, unknown_paths
+from conftest import MutatedConfig, crd_schema, reference_file, stack_document, unknown_fields, unknown_paths
 from test_network_policy import Pod, connects
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
@@ -29,7 +29,6 @@ from triarch.planners.observability import metric_names
 from triarch.planners.queries import selected_metrics as selectors
 from triarch.planners.vllm import grace_period_seconds
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 OBSERVED = {"prometheus": "existing", "keda": "install"}
 
 
@@ -78,9 +77,7 @@ def expressions(objects: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
 
 
 def reference_lines(*parts: str) -> set[str]:
-    path = REFERENCE.joinpath(*parts)
-    if not path.is_file():
-        pytest.skip(f"{path} is absent: ../shared (the pinned releases' metric lists) is not checked out here")
+    path = reference_file(*parts)
     return {line.split(",")[0].strip() for line in path.read_text(encoding="utf-8").splitlines()
             if line.strip() and not line.startswith("#")}
 
@@ -288,10 +285,7 @@ def test_chart_service_monitors_use_keys_the_charts_have() -> None:
     labels = {"release": "kube-prometheus-stack"}
     for chart, values in (("kuberay-v1.7.0", kuberay_values("system", labels)),
                           ("karpenter-v1.14.1", {"serviceMonitor": controller_values("c", labels)["serviceMonitor"]})):
-        path = REFERENCE / chart / "values.yaml"
-        if not path.is_file():
-            pytest.skip(f"{path} is absent: ../shared is not checked out here")
-        upstream = yaml.safe_load(path.read_text(encoding="utf-8"))
+        upstream = yaml.safe_load(reference_file(chart, "values.yaml").read_text(encoding="utf-8"))
         assert unknown_paths(values, upstream) == []
     assert kuberay_values("system", labels)["metrics"]["serviceMonitor"]["additionalLabels"] == labels
     assert "serviceMonitor" not in controller_values("c")
@@ -344,10 +338,8 @@ def test_the_dcgm_exporter_runs_on_gpu_nodes_only_with_keys_its_chart_has(plan: 
     assert values["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert [t["key"] for t in values["tolerations"]] == [GPU_TAINT_KEY]
     for chart, ours in (("dcgm-exporter-4.8.2", values), ("keda-2.20.2", keda_values(stack))):
-        path = REFERENCE / chart / "values.yaml"
-        if not path.is_file():
-            pytest.skip(f"{path} is absent: ../shared is not checked out here")
-        assert unknown_paths(ours, yaml.safe_load(path.read_text(encoding="utf-8"))) == []
+        upstream = yaml.safe_load(reference_file(chart, "values.yaml").read_text(encoding="utf-8"))
+        assert unknown_paths(ours, upstream) == []
 
 
 def test_a_serving_namespace_named_like_an_add_on_is_refused(mutated_config: MutatedConfig) -> None:

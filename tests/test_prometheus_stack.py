@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REFERENCE, MutatedConfig, StackPlan, plan_config, stack_document
+from conftest import MutatedConfig, StackPlan, plan_config, reference_file, stack_document
 from test_security import refusal
 from triarch.config import from_pulumi_config
 from triarch.helm_values import coalesce
@@ -83,11 +83,11 @@ def test_grafanas_admin_password_is_generated_once_and_kept_secret(shipped: dict
     [generated] = plan.of_type("random:index/randomPassword:RandomPassword")
     assert generated.inputs["length"] >= 32 and generated.inputs["special"] is False
     assert generated.urn in plan.dependencies[secret.urn]
-    path = REFERENCE / "prometheus-operator-v0.93.1" / "kube-prometheus-stack-88.5.3-values.yaml"
-    if path.is_file():  # as Helm renders it: the chart's own default user/password path gives way to the secret
-        merged = coalesce(yaml.safe_load(path.read_text(encoding="utf-8")), values)
-        assert merged["grafana"]["admin"]["existingSecret"] == "grafana-admin"
-        assert merged["grafana"].get("adminPassword") is None
+    # As Helm renders it: the chart's own default user/password path gives way to the secret.
+    path = reference_file("prometheus-operator-v0.93.1", "kube-prometheus-stack-88.5.3-values.yaml")
+    merged = coalesce(yaml.safe_load(path.read_text(encoding="utf-8")), values)
+    assert merged["grafana"]["admin"]["existingSecret"] == "grafana-admin"
+    assert merged["grafana"].get("adminPassword") is None
 
 
 def test_a_given_password_is_used_and_never_shown(tmp_path: Path) -> None:

@@ -12,11 +12,11 @@ import jsonschema
 import pytest
 import yaml
 
-from conftest import crd_schema, unknown_fields, unknown_paths
+from conftest import crd_schema, reference_file, unknown_fields, unknown_paths
 from triarch.offline import manifests, read_stack_config, run_program
 
 ROOT = Path(__file__).resolve().parents[1]
-KUBERAY = ROOT.parent / "shared" / "reference" / "kuberay-v1.7.0"
+KUBERAY = "kuberay-v1.7.0"
 STACKS = ("local", "dev", "prod")
 
 
@@ -70,15 +70,12 @@ def test_the_walk_finds_misspelt_and_misplaced_fields(ray_objects: dict[str, lis
 
 
 def test_kuberay_operator_values_exist_in_the_chart() -> None:
-    path = KUBERAY / "values.yaml"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent: the chart's values live in ../shared, which is not checked out here")
-    upstream = yaml.safe_load(path.read_text(encoding="utf-8"))
+    upstream = yaml.safe_load(reference_file(KUBERAY, "values.yaml").read_text(encoding="utf-8"))
     config, secrets = read_stack_config(ROOT / "stacks" / "Pulumi.prod.yaml")
     run = run_program("prod", config, secrets)
     [release] = [r for r in run.resources if r.type == "kubernetes:helm.sh/v3:Release"
                  and r.inputs["chart"] == "kuberay-operator"]
-    chart = yaml.safe_load((KUBERAY / "Chart.yaml").read_text(encoding="utf-8"))
+    chart = yaml.safe_load(reference_file(KUBERAY, "Chart.yaml").read_text(encoding="utf-8"))
     assert release.inputs["version"] == str(chart["version"])
     assert release.inputs["values"]
     assert unknown_paths(release.inputs["values"], upstream) == []

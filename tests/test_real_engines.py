@@ -16,7 +16,7 @@ import yaml
 
 import triarch.local.lifecycle as plane_module
 import triarch.local.operators as operators_module
-from conftest import REFERENCE
+from conftest import reference_file
 from engine_tier import Lab, names, require_engines, resources_by_type, scratch_project
 from triarch.local import engines
 from triarch.local.lifecycle import down, up
@@ -189,9 +189,7 @@ def test_a_crd_another_tool_installed_is_adopted_in_place(lab: Lab, tmp_path: Pa
     (crd_files: forced server-side apply) takes the field over, and the CRD is the same object, not a new one. When
     the CRD goes from the stack (here the whole stack is destroyed), it stays in the cluster with its objects, as
     Helm left its crds/: deleting it would delete every RayService in the cluster."""
-    path = REFERENCE / "kuberay-v1.7.0" / "ray.io_rayservices.yaml"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent: ../shared is not checked out here")
+    path = reference_file("kuberay-v1.7.0", "ray.io_rayservices.yaml")
     key = "controller-gen.kubebuilder.io/version"
     shipped = yaml.safe_load(path.read_text())["metadata"]["annotations"][key]
     before = _crd(lab)

@@ -1,26 +1,23 @@
 """Every engine arg Triarch emits exists in the pinned vLLM releases (0.33.0 for vllm/vllm-openai, 0.29.0 inside
-Ray 2.60's ray[llm]). The name lists come from ../shared; without it these tests skip, saying so."""
+Ray 2.60's ray[llm]). The name lists come from the reference cache (`triarch refdata fill`); without it these tests
+skip (fail under CI), saying so in one line."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import reference_file
 from triarch.catalog import catalog
 from triarch.tuner import TuneError, catalog_models, load_arch
 from triarch.tuner.nodes import tune_nodes
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 RELEASES = ("vllm-0.33.0", "vllm-0.29.0")
 
 
 def engine_arg_names(release: str) -> set[str]:
-    path = REFERENCE / release / "engine-args.txt"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent: the vLLM name lists live in ../shared, not checked out here")
-    return set(path.read_text(encoding="utf-8").split())
+    return set(reference_file(release, "engine-args.txt").read_text(encoding="utf-8").split())
 
 
 VARIANTS: list[dict[str, Any]] = [

@@ -1,6 +1,6 @@
 """Every Kubernetes object a stack creates, validated strictly (no unknown fields) against the schemas of the
 stack's Kubernetes version; and every device plugin Helm value Triarch sets, checked against the chart's
-upstream values.yaml (0.20.0), kept in ../shared for CI.
+upstream values.yaml (0.20.0), from the reference data (tools/reference/sources.yaml).
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import unknown_paths
+from conftest import reference_file, unknown_paths
 from triarch.offline import PlanRun, manifests, read_stack_config, run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 STACKS = ("local", "dev", "prod")
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-CHART_REFERENCE = SHARED / "reference" / "nvidia-device-plugin-v0.20.0"
+CHART_REFERENCE = "nvidia-device-plugin-v0.20.0"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 
 
@@ -125,11 +124,7 @@ def test_an_unknown_field_fails_strict_validation(runs: dict[str, PlanRun]) -> N
 
 @pytest.fixture(scope="module")
 def upstream_values() -> dict[str, Any]:
-    values = CHART_REFERENCE / "values.yaml"
-    if not values.is_file():
-        pytest.skip(f"{values} is absent: ../shared (reference data for developers and CI) "
-                    "is not checked out next to the project")
-    data = yaml.safe_load(values.read_text(encoding="utf-8"))
+    data = yaml.safe_load(reference_file(CHART_REFERENCE, "values.yaml").read_text(encoding="utf-8"))
     assert isinstance(data, dict)
     return data
 
@@ -142,7 +137,7 @@ def release_of(run: PlanRun) -> dict[str, Any]:
 
 def test_reference_is_the_chart_version_triarch_installs(runs: dict[str, PlanRun],
                                                          upstream_values: dict[str, Any]) -> None:
-    chart = yaml.safe_load((CHART_REFERENCE / "Chart.yaml").read_text(encoding="utf-8"))
+    chart = yaml.safe_load(reference_file(CHART_REFERENCE, "Chart.yaml").read_text(encoding="utf-8"))
     release = release_of(runs["dev"])
     assert (chart["name"], str(chart["version"])) == (release["chart"], release["version"])
 

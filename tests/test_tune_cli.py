@@ -61,13 +61,10 @@ def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], ar
 
 # --- the public start-up logs, reproduced through the command line ---------------------------------------------
 
-KV_CASES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "vllm-kv-cases.yaml"
-
-
 def _case(source: str) -> dict[str, Any]:
-    if not KV_CASES.is_file():
-        pytest.skip(f"{KV_CASES} is absent: the public vLLM logs live in ../shared, not checked out here")
-    cases = yaml.safe_load(KV_CASES.read_text(encoding="utf-8"))
+    from conftest import reference_file
+
+    cases = yaml.safe_load(reference_file("vllm-kv-cases.yaml").read_text(encoding="utf-8"))
     case: dict[str, Any] = next(c for c in cases if c["source"] == source)
     return case
 

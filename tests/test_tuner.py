@@ -13,6 +13,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import reference_file
 from triarch.catalog import Gpu, catalog
 from triarch.tuner import (
     GIB,
@@ -32,9 +33,6 @@ from triarch.tuner import (
     weight_bytes,
 )
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-KV_CASES = SHARED / "reference" / "vllm-kv-cases.yaml"
-ENGINE_ARGS = SHARED / "reference" / "vllm-0.33.0" / "engine-args.txt"
 MODELS_DIR = Path(__file__).resolve().parents[1] / "templates" / "models"
 
 LLAMA3_8B = "meta-llama/Meta-Llama-3-8B"
@@ -51,9 +49,7 @@ def custom_gpu(mib: int) -> Gpu:
 
 
 def kv_cases() -> list[dict[str, Any]]:
-    if not KV_CASES.is_file():
-        pytest.skip(f"calibration data not available: {KV_CASES} is absent (the shared reference checkout)")
-    data = yaml.safe_load(KV_CASES.read_text(encoding="utf-8"))
+    data = yaml.safe_load(reference_file("vllm-kv-cases.yaml").read_text(encoding="utf-8"))
     assert isinstance(data, list)
     return data
 
@@ -238,10 +234,9 @@ def test_chat_and_embedding_engine_args() -> None:
     assert embed.engine_args["runner"] == "pooling" and embed.engine_args["convert"] == "embed"
     assert embed.engine_args["max_num_batched_tokens"] >= embed.engine_args["max_model_len"] == 32768
     for sizing in (chat, embed):
-        if ENGINE_ARGS.is_file():
-            names = set(ENGINE_ARGS.read_text(encoding="utf-8").split())
-            assert set(sizing.engine_args) <= names
         assert sizing.engine_args["gpu_memory_utilization"] == 0.92
+    names = set(reference_file("vllm-0.33.0", "engine-args.txt").read_text(encoding="utf-8").split())
+    assert set(chat.engine_args) <= names and set(embed.engine_args) <= names
 
 
 def test_log_lines_read_like_vllm() -> None:

@@ -2,8 +2,8 @@
 
 Each shipped stack runs through the whole program (__main__.py) once per module under Pulumi's mock engine
 (`triarch.offline.run_program`). Expectations come from the stack files, templates/compat and templates/models
-read as plain YAML, the vLLM name lists in ../shared/reference, and Kubernetes / vLLM / Ray semantics; never from
-the planners' own functions.
+read as plain YAML, the vLLM name lists of the reference data (tools/reference/sources.yaml), and Kubernetes /
+vLLM / Ray semantics; never from the planners' own functions.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from triarch.offline import manifests, read_stack_config, run_program
 from triarch.scheduling import POOL_LABEL
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 COMPAT = ROOT / "templates" / "compat"
 STACKS = ("local", "dev", "prod")
 EKS_STACKS = ("dev", "prod")
@@ -38,7 +37,7 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"
 """The taint GPU nodes carry (NVIDIA device plugin chart convention)."""
 ZONE_KEY = "topology.kubernetes.io/zone"
 DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
-"""The image a stack gets without triarch:images.vllm: the release whose name lists are in ../shared (0.33.0)."""
+"""The image a stack gets without triarch:images.vllm: the release whose name lists the reference data has (0.33.0)."""
 DEFAULT_RAY_IMAGE = "rayproject/ray-llm:2.60.0-py312-cu130"
 SERVE_DEFAULT_GRACEFUL_SHUTDOWN_S = 20
 """Ray Serve's default graceful_shutdown_timeout_s when a deployment does not set it."""
@@ -105,10 +104,7 @@ def compat(name: str) -> dict[str, Any]:
 def names_in(release: str, *files: str) -> set[str]:
     names: set[str] = set()
     for file in files:
-        path = REFERENCE / release / file
-        if not path.is_file():
-            pytest.skip(f"{path} is absent: the vLLM argument name lists live in ../shared, not checked out here")
-        names |= set(path.read_text(encoding="utf-8").split())
+        names |= set(reference_file(release, file).read_text(encoding="utf-8").split())
     return names
 
 

@@ -368,6 +368,30 @@ def cmd_local_exec(args: argparse.Namespace) -> int:
     return exec_in(args.name or only_plane(), command)
 
 
+def cmd_refdata_fill(args: argparse.Namespace) -> int:
+    from triarch import refdata
+
+    problems = refdata.fill(Path(args.source) if args.source else None, log=print)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    listed = len(refdata.load_sources())
+    print(f"{listed - len(problems)} of {listed} reference files cached and verified in {refdata.cache_root()}")
+    return 1 if problems else 0
+
+
+def cmd_refdata_status(args: argparse.Namespace) -> int:
+    from triarch import refdata
+
+    states = refdata.status()
+    for rel, state in states.items():
+        if state != "ok" or args.verbose:
+            print(f"{state}: {rel}")
+    bad = sum(state != "ok" for state in states.values())
+    print(f"{len(states) - bad} of {len(states)} reference files cached and verified in {refdata.cache_root()}"
+          + (f"; bring the rest with `{refdata.FILL_FROM_SHARED}`" if bad else ""))
+    return 1 if bad else 0
+
+
 def cmd_review(args: argparse.Namespace) -> int:
     from triarch.rehearsal import Refs, resolve_refs, review, stacks
 
@@ -546,7 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--stack-file", help="any Pulumi stack file")
     start.add_argument("--name", help="the plane's name (default: the stack's)")
     start.add_argument("--crds", action="append", metavar="DIR",
-                       help="a directory of charts' CRDs (e.g. ../shared/reference), used before the Go modules")
+                       help="a directory laid out like the reference data, whose charts' CRDs are used before the "
+                            "reference cache (`triarch refdata fill`) and the Go modules")
     start.add_argument("--all-crds", action="store_true",
                        help="install every CRD set Triarch's objects use (KubeRay, Prometheus Operator, KEDA, "
                             "Karpenter), not only those of the stack's existing components")
@@ -562,6 +587,21 @@ def build_parser() -> argparse.ArgumentParser:
     stop = steps.add_parser("down", help="stop every process of the plane and remove its namespace and state")
     stop.add_argument("--name", help="the plane (default: the only one up)")
     stop.set_defaults(handler=cmd_local_down)
+
+    refs = commands.add_parser("refdata", help="bring the upstream reference data tests and `triarch local` read "
+                                               "(tools/reference/sources.yaml) into a cache outside the work tree, "
+                                               "each file held to its pinned sha256")
+    refsteps = _Commands(refs.add_subparsers(dest="step", required=True, metavar="STEP"))
+    fill = refsteps.add_parser("fill", help="copy every listed file from a directory laid out like "
+                                            "../shared/reference, or download it from its source; exit 1 if any "
+                                            "file could not be brought")
+    fill.add_argument("--from", dest="source", metavar="DIR",
+                      help="copy from this directory (e.g. ../shared/reference or a mirror) instead of downloading")
+    fill.set_defaults(handler=cmd_refdata_fill)
+    state = refsteps.add_parser("status", help="say which listed files are cached and verified; exit 1 if any is "
+                                               "missing or differs")
+    state.add_argument("--verbose", action="store_true", help="list the verified files too")
+    state.set_defaults(handler=cmd_refdata_status)
 
     rev = commands.add_parser("review", help="build what the pull-request workflow builds (every stack planned at "
                                              "the head and at the base, checked, diffed; the comment) into a "

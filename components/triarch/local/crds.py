@@ -1,5 +1,6 @@
 """Which CRDs a local control plane installs, and where their pinned copies come from (tools/engines/engines.yaml:
-the chart's own copy in a reference directory, else the operator's Go module from the module proxy)."""
+the chart's own copy in a directory given with --crds, else in the reference cache (`triarch refdata fill`, each
+file's sha256 checked), else the operator's Go module from the module proxy)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from triarch import refdata
 from triarch.config import StackConfig
 from triarch.local.engines import PINS, EngineError
 
@@ -51,11 +53,17 @@ def existing_crd_sets(stack: StackConfig) -> list[str]:
 
 
 def _from_reference(crds: CrdSet, references: list[Path]) -> list[Path] | None:
+    """The chart's copies from the first given directory holding them all, else from the reference cache."""
     for root in references:
+        if not root.is_dir():
+            raise EngineError(f"--crds {root}: no such directory")
         files = [root / crds.reference_dir / f for f in crds.reference_files]
         if all(f.is_file() for f in files):
             return files
-    return None
+    try:
+        return [refdata.path(f"{crds.reference_dir}/{f}") for f in crds.reference_files]
+    except refdata.ReferenceMissing:
+        return None
 
 
 def _from_module(crds: CrdSet) -> list[Path] | None:
@@ -73,8 +81,8 @@ def _from_module(crds: CrdSet) -> list[Path] | None:
 
 
 def crd_files(names: list[str], references: list[Path]) -> list[Path]:
-    """Every CRD file of the named sets: from the first reference directory holding the chart's copies, else the
-    operator's module. An EngineError names a set found nowhere and how to supply it."""
+    """Every CRD file of the named sets: from the first directory in `references` holding the chart's copies, else
+    the reference cache, else the operator's module. An EngineError names a set found nowhere and how to supply it."""
     sets = load_crd_sets()
     found: list[Path] = []
     for name in names:
@@ -83,7 +91,7 @@ def crd_files(names: list[str], references: list[Path]) -> list[Path]:
         if files is None:
             raise EngineError(
                 f"the {name} CRDs (chart {crds.chart}) are needed by this stack, but the Go module proxy does not "
-                f"serve {crds.module} and no reference directory holds {crds.reference_dir}/; pass the directory "
-                "of the charts' CRDs with --crds DIR (e.g. ../shared/reference)")
+                f"serve {crds.module} and the reference cache ({refdata.cache_root()}) has no verified "
+                f"{crds.reference_dir}/; bring it with `{refdata.FILL_FROM_SHARED}`")
         found += files
     return found
