@@ -36,7 +36,7 @@ def promtool() -> Path:
     try:
         return engines.binary("promtool")
     except EngineError as error:
-        message = f"promtool is not built ({error}); `uv run triarch local build promtool` (Go and the module proxy)"
+        message = str(error)  # one line: the engine, its version and the command that builds it
         if os.environ.get("CI") == "true":
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
