@@ -308,6 +308,14 @@ def test_a_crds_directory_that_does_not_exist_is_named(tmp_path: Path) -> None:
     assert str(info.value) == f"--crds {tmp_path / 'nowhere'}: no such directory"
 
 
+def test_local_up_names_a_crds_directory_that_does_not_exist(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from triarch.cli import main
+
+    assert main(["local", "up", "--stack", "lab", "--crds", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err == f"error: --crds {tmp_path / 'nowhere'}: no such directory\n"
+
+
 def test_a_crd_set_found_nowhere_says_how_to_supply_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("triarch.local.crds._from_module", lambda crds: None)
     monkeypatch.setenv("TRIARCH_REFERENCE_CACHE", str(tmp_path / "empty"))
