@@ -232,4 +232,22 @@ def bench_module(name: str) -> ModuleType:
 
 
 # The real-engine tier's session fixtures (tests/engine_tier.py), visible to every test module.
-from engine_tier import deployed, lab  # noqa: E402,F401
+from engine_tier import deployed, engines_required, lab  # noqa: E402,F401
+
+ENGINE_FIXTURES = frozenset({
+    "engines_required", "lab", "deployed",  # tests/engine_tier.py: the tier itself, the lab plane, its `pulumi up`
+    "bare_plane",  # test_real_policy.py: a plane with every CRD and nothing deployed
+    "from_zero",  # test_real_karpenter.py: a plane whose Karpenter pools start empty
+    "promtool",  # test_alert_rules.py: the built promtool
+})
+"""Fixtures that need the built engines (and, for a plane, a network namespace). A test using one, directly or
+through another fixture, gets the `engines` marker: CI runs `pytest -m "not engines"` in its fast job and
+`pytest -m engines` in the real-engine tier's (tests/test_workflows.py checks every tests/test_real_*.py test is
+marked). A new fixture that starts engines goes here, or requests `engines_required`."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engines)

@@ -58,6 +58,13 @@ def require_engines() -> None:
     pytest.skip(message)
 
 
+@pytest.fixture(scope="session")
+def engines_required() -> None:
+    """For a test that starts engines without the lab (`@pytest.mark.usefixtures("engines_required")`): it skips
+    (fails under CI=true) as the tier does, and it puts the test in the tier (the `engines` marker, conftest.py)."""
+    require_engines()
+
+
 def scratch_project(directory: Path, program: str | None = None) -> Path:
     """A Pulumi project in `directory` that runs Triarch's program (or `program`, a file written beside it) in the
     environment running the tests (the project's, or a mutation benchmark's copy through PYTHONPATH), with its

@@ -168,6 +168,54 @@ def test_a_build_writes_the_wrapper_module_and_stamps_versions(tmp_path: Path) -
     assert engines.installed(engine, tmp_path) == bin_dir
 
 
+def test_the_go_version_file_is_the_one_setup_go_reads() -> None:
+    """One file says which Go builds the engines: this build checks it, CI's actions/setup-go installs it
+    (go-version-file; tests/test_workflows.py holds the workflow to it)."""
+    assert engines.GO_VERSION_FILE == ROOT / "tools" / "engines" / ".go-version"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", engines.pinned_go())
+
+
+@pytest.mark.parametrize("output", ["go version go1.26.8 linux/amd64", "go version go1.26.0 darwin/arm64",
+                                    "go version go1.26 linux/amd64", "go version go1.26.12 linux/amd64"])
+def test_a_go_of_the_pinned_minor_builds(output: str) -> None:
+    engines.check_go_version(output, "1.26.8")
+
+
+@pytest.mark.parametrize(("output", "said"), [
+    ("go version go1.25.7 linux/amd64", "go 1.25.7 is on the PATH but tools/engines/.go-version pins 1.26.8; "
+                                        "install Go 1.26.x (the engines are built and cached with that one)"),
+    ("go version go1.27rc1 linux/amd64", "go 1.27rc1 is on the PATH but tools/engines/.go-version pins 1.26.8; "),
+    ("go version go2.26.8 linux/amd64", "go 2.26.8 is on the PATH"),
+    ("go version go1.2.6 linux/amd64", "go 1.2.6 is on the PATH"),
+    ("bash: go: command not found", "cannot read a Go version from `go version`: 'bash: go: command not found'"),
+])
+def test_a_go_of_another_minor_is_refused_in_one_line(output: str, said: str) -> None:
+    with pytest.raises(engines.EngineError) as error:
+        engines.check_go_version(output, "1.26.8")
+    assert str(error.value).startswith(said) and "\n" not in str(error.value)
+
+
+def test_the_build_checks_go_before_building_and_a_cached_engine_needs_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/go")
+    asked: list[str] = []
+
+    def old_go() -> str:
+        asked.append("go version")
+        return "go version go1.24.2 linux/amd64"
+
+    with pytest.raises(engines.EngineError, match=r"^go 1\.24\.2 is on the PATH but tools/engines/\.go-version"):
+        engines.build_all(["etcd"], cache=tmp_path, log=lambda _: None, go_version=old_go)
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+    etcd = engines.load_engines()["etcd"]
+    etcd.directory(tmp_path).joinpath("bin").mkdir(parents=True)
+    etcd.directory(tmp_path).joinpath(engines.DONE).write_text("{}")
+    asked.clear()
+    assert engines.build_all(["etcd"], cache=tmp_path, log=lambda _: None, go_version=old_go) == {
+        "etcd": etcd.directory(tmp_path) / "bin"}
+    assert asked == []
+
+
 # --- the plane a stack asks for -------------------------------------------------------------------------------
 
 

@@ -230,6 +230,7 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"h{os.getpid()}"
 
 
+@pytest.mark.usefixtures("engines_required")
 def test_an_engine_that_does_not_come_up_is_one_line_and_leaves_nothing(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     name = _isolated(tmp_path, monkeypatch)
@@ -266,6 +267,7 @@ def _running(under: Path) -> list[int]:
     return found
 
 
+@pytest.mark.usefixtures("engines_required")
 def test_down_ends_every_process_of_the_plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     name = _isolated(tmp_path, monkeypatch)
     plane = up(PlaneSpec(name, "ctx", []), log=lambda _: None)
@@ -286,6 +288,7 @@ def test_down_ends_every_process_of_the_plane(tmp_path: Path, monkeypatch: pytes
 
 
 
+@pytest.mark.usefixtures("engines_required")
 def test_an_operator_that_does_not_come_up_is_its_own_last_words_and_leaves_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     name = _isolated(tmp_path, monkeypatch)

@@ -26,6 +26,8 @@ from triarch.paths import PROJECT_ROOT
 
 ENGINES_DIR = PROJECT_ROOT / "tools" / "engines"
 PINS = ENGINES_DIR / "engines.yaml"
+GO_VERSION_FILE = ENGINES_DIR / ".go-version"
+"""The Go the engines are built with: this build checks its major.minor, CI's actions/setup-go installs it."""
 DONE = "built.json"
 """Written last into a tool's cache directory: its presence means every binary there is complete."""
 BUILD_HINT = "uv run triarch local build"
@@ -177,6 +179,34 @@ def run_go(args: list[str], cwd: Path, env: dict[str, str]) -> str:
     return done.stdout
 
 
+def pinned_go(path: Path = GO_VERSION_FILE) -> str:
+    """The Go version in tools/engines/.go-version (e.g. 1.26.8)."""
+    return path.read_text(encoding="utf-8").strip()
+
+
+GO_VERSION = re.compile(r"\bgo(\d+)\.(\d+)(?:\.\d+|rc\d+|beta\d+)?\b")
+
+
+def check_go_version(output: str, pinned: str | None = None) -> None:
+    """Refuse, in one line, a `go version` output whose major.minor is not the pinned one's (GOTOOLCHAIN=local
+    keeps go from fetching another toolchain, so the Go on the PATH is the one that builds)."""
+    pinned = pinned or pinned_go()
+    want = tuple(pinned.split(".")[:2])
+    found = GO_VERSION.search(output)
+    if found is None:
+        raise EngineError(f"cannot read a Go version from `go version`: {output.strip()!r}")
+    if found.groups() != want:
+        file = GO_VERSION_FILE.relative_to(PROJECT_ROOT)
+        raise EngineError(f"go {found.group(0).removeprefix('go')} is on the PATH but {file} pins {pinned}; "
+                          f"install Go {'.'.join(want)}.x (the engines are built and cached with that one)")
+
+
+def go_version_output() -> str:
+    done = subprocess.run(["go", "version"], env={**os.environ, "GOTOOLCHAIN": "local"}, capture_output=True,
+                          text=True, check=False)
+    return done.stdout or done.stderr
+
+
 def go_env(engine: Engine) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"CGO_ENABLED": "1" if engine.cgo else "0", "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local",
@@ -246,7 +276,8 @@ def build(engine: Engine, cache: Path | None = None, run: Runner = run_go,
 
 
 def build_all(names: list[str] | None = None, cache: Path | None = None, force: bool = False,
-              log: Callable[[str], None] = print) -> dict[str, Path]:
+              log: Callable[[str], None] = print, go_version: Callable[[], str] = go_version_output
+              ) -> dict[str, Path]:
     """Build the engines that are not cached (all, or those named); returns each tool's bin directory."""
     if shutil.which("go") is None:
         raise EngineError("go is not on the PATH; install Go >= 1.26 (the engines build from the Go module proxy)")
@@ -255,6 +286,7 @@ def build_all(names: list[str] | None = None, cache: Path | None = None, force: 
     if unknown:
         raise EngineError(f"unknown engine {', '.join(unknown)}; allowed: {', '.join(sorted(engines))}")
     built: dict[str, Path] = {}
+    checked = False
     for name in names or list(engines):
         engine = engines[name]
         ready = None if force else installed(engine, cache)
@@ -262,6 +294,9 @@ def build_all(names: list[str] | None = None, cache: Path | None = None, force: 
             log(f"{name} {engine.plain_version}: cached in {ready}")
             built[name] = ready
             continue
+        if not checked:  # before the first build: a cached engine needs no particular Go
+            check_go_version(go_version())
+            checked = True
         start = time.monotonic()
         built[name] = build(engine, cache, log=log)
         log(f"{name} {engine.plain_version}: built in {time.monotonic() - start:.0f}s")
