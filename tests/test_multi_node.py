@@ -419,13 +419,13 @@ def test_the_plan_says_an_efa_pool_in_a_placement_group_lives_in_one_zone(capsys
 
 
 def test_a_plane_for_a_stack_with_stages_runs_the_leaderworkerset_controller(tmp_path: Path) -> None:
-    from conftest import REFERENCE, write_stack_file
+    from conftest import write_stack_file
     from triarch.local.stack import spec_for_stack
     reference_file("lws-v0.10.0", "crds", "leaderworkerset.x-k8s.io_leaderworkersets.yaml")  # the CRDs it installs
 
     def operators(config: dict[str, Any]) -> tuple[str, ...]:
         path = write_stack_file(tmp_path / "Pulumi.t.yaml", config)
-        return spec_for_stack("t", from_pulumi_config(read_stack_config(path)[0]), [REFERENCE]).operators
+        return spec_for_stack("t", from_pulumi_config(read_stack_config(path)[0]), []).operators
 
     config = copy.deepcopy(stack_document("lab"))
     assert "lws" not in operators(config)

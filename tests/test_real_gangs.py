@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REFERENCE
 from engine_tier import Lab, scratch_project
 from triarch.local import engines
 from triarch.local.crds import crd_files
@@ -85,7 +84,7 @@ class GangStack:
 def gangs(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GangStack]:
     """The LWS controller on the lab's plane and the lab-gangs stack up; afterwards neither, and no pod left."""
     plane = deployed.plane
-    install_crds(plane, crd_files(["lws"], [REFERENCE]))
+    install_crds(plane, crd_files(["lws"], []))
     start_operator(plane, "lws")
     project = scratch_project(tmp_path_factory.mktemp("gangs") / "project")
     (project / f"Pulumi.{STACK}.yaml").write_text(yaml.safe_dump({"config": gangs_config(deployed)}, sort_keys=False))

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REFERENCE, stack_path
+from conftest import stack_path
 from engine_tier import require_engines
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
@@ -100,7 +100,7 @@ def from_zero(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FromZero]:
     plan = json.loads((out / "plan.json").read_text())
     manifests = [yaml.safe_load(p.read_text()) for p in sorted((out / "manifests").glob("*.yaml"))]
     try:
-        plane = up(spec_for_stack(name, validated.stack, [REFERENCE], from_zero=True), log=lambda _: None)
+        plane = up(spec_for_stack(name, validated.stack, [], from_zero=True), log=lambda _: None)
         before = json.loads(plane.kubectl("get", "nodes", "-o", "json").stdout)["items"]
         applied = [m for m in manifests if m["kind"] not in SKIPPED]
         namespaces = [m for m in applied if m["kind"] == "Namespace"]

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REFERENCE, ROOT
+from conftest import ROOT
 from engine_tier import Lab, scratch_project
 from triarch.local import engines
 from triarch.local.crds import crd_files
@@ -88,7 +88,7 @@ def keda_stack(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Itera
     the lab-keda stack up with the waiting requests at zero. Afterwards the plane is as this module found it: the
     lab's cluster has no KEDA, and other modules rely on that."""
     plane = deployed.plane
-    documents = [d for f in crd_files(["keda"], [REFERENCE]) for d in yaml.safe_load_all(f.read_text()) if d]
+    documents = [d for f in crd_files(["keda"], []) for d in yaml.safe_load_all(f.read_text()) if d]
     plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(documents))
     plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                   *[f"crd/{d['metadata']['name']}" for d in documents])

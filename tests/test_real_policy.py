@@ -120,7 +120,6 @@ def test_seeded_violations_are_the_same_under_the_real_cli(deployed: Lab, tmp_pa
 def bare_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     """A plane of its own with the CRDs of every component a stack installs and nothing deployed, so each stack's
     objects are judged as the creations they are (on the lab's plane they would be updates of its objects)."""
-    from conftest import REFERENCE
     from engine_tier import require_engines
     from triarch.local.crds import CRD_SETS, crd_files
     from triarch.local.lifecycle import down, up
@@ -131,7 +130,7 @@ def bare_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     patch = pytest.MonkeyPatch()
     patch.setenv("TRIARCH_LOCAL_HOME", str(tmp_path_factory.mktemp("bare")))
     try:
-        yield up(PlaneSpec(name, "triarch-dry-run", [], crd_files(list(CRD_SETS), [REFERENCE])), log=lambda _: None)
+        yield up(PlaneSpec(name, "triarch-dry-run", [], crd_files(list(CRD_SETS), [])), log=lambda _: None)
     finally:
         down(name, quiet=True)
         patch.undo()
