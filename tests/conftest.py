@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
+import shutil
 import sys
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -246,8 +249,75 @@ through another fixture, gets the `engines` marker: CI runs `pytest -m "not engi
 marked). A new fixture that starts engines goes here, or requests `engines_required`."""
 
 
+PLANE_GROUPS = {"lab": "lab", "deployed": "lab", "from_zero": "from-zero", "bare_plane": "bare-plane"}
+"""The session fixture that holds a plane -> the group of every test using it. Under pytest-xdist (`-n N`, the
+suite's default in pyproject's addopts) a group's tests run on one worker, so each plane comes up once per run, while
+the planes and the tests that need none run side by side: the real tier mostly waits on its engines."""
+
+
+def plane_group(fixtures: Iterable[str]) -> str | None:
+    groups = sorted({PLANE_GROUPS[f] for f in fixtures if f in PLANE_GROUPS})
+    return groups[0] if groups else None
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    groups: dict[str, str] = {}
     for item in items:
-        if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        fixtures = getattr(item, "fixturenames", ())
+        if ENGINE_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.engines)
+        if (group := plane_group(fixtures)) is not None:
+            groups[item.nodeid] = group
+    shared = getattr(config, "workerinput", {}).get(GROUPS_FILE)
+    if shared:  # a worker tells the controller's scheduler (every worker collects the same; the last write wins)
+        partial = Path(f"{shared}.{os.getpid()}")
+        partial.write_text(json.dumps(groups))
+        partial.replace(shared)
+
+
+# --- pytest-xdist: a plane's tests on one worker --------------------------------------------------------------------
+# xdist's own `--dist loadgroup` renames a grouped test's node id, which pytest 9.2 no longer lets a plugin do (its
+# node ids are structured), so every test would land on any worker and bring up a plane of its own. The scheduler
+# below groups by the plane fixtures the workers saw instead, through a file the controller names.
+
+GROUPS_FILE = "triarch_plane_groups"
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent under -p no:xdist
+def pytest_configure_node(node: Any) -> None:  # the controller, once per worker it starts
+    node.workerinput[GROUPS_FILE] = str(_groups_file(node.config))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if hasattr(config, "_triarch_groups"):
+        shutil.rmtree(config._triarch_groups.parent, ignore_errors=True)
+
+
+def _groups_file(config: pytest.Config) -> Path:
+    if not hasattr(config, "_triarch_groups"):
+        config._triarch_groups = Path(tempfile.mkdtemp(prefix="triarch-xdist-")) / "groups.json"  # type: ignore[attr-defined]
+    path: Path = config._triarch_groups  # type: ignore[attr-defined]
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    if config.getvalue("dist") == "each":
+        return None
+
+    groups_file = _groups_file(config)
+
+    class PlaneGroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """LoadScope with one scope per plane (the rest: one test each); the largest scopes go first."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = json.loads(groups_file.read_text()) if groups_file.is_file() else {}
+            return f"plane {group}" if (group := self.groups.get(nodeid)) else nodeid
+
+    return PlaneGroupScheduling(config, log)
