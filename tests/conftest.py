@@ -215,3 +215,11 @@ def bench_module(name: str) -> ModuleType:
 
 # The real-engine tier's session fixtures (tests/engine_tier.py), visible to every test module.
 from engine_tier import deployed, lab  # noqa: E402,F401
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Where the real-engine tier ran, how its planes got their network namespace (root, user namespaces, sudo)."""
+    from engine_tier import NAMESPACE_LINE
+
+    for line in NAMESPACE_LINE:
+        terminalreporter.write_line(f"real-engine tier: {line}")

@@ -21,14 +21,19 @@ import pytest
 import yaml
 
 from conftest import REFERENCE, ROOT, stack_document, write_stack_file
-from triarch.local import engines
+from triarch.local import engines, netns
 from triarch.local.lifecycle import down, up
+from triarch.local.netns import Namespace
 from triarch.local.plane import Plane
 from triarch.local.stack import spec_for_stack
 from triarch.report import validate_stack_file
 
 STACK = "lab"
 """The Pulumi stack name the tier deploys (its config: stacks/Pulumi.lab.yaml, kubeconfig pointed at the plane)."""
+
+
+NAMESPACE_LINE: list[str] = []
+"""How this session's planes get their network namespace (netns.Choice.line), once the tier has checked."""
 
 
 def require_engines() -> None:
@@ -39,8 +44,12 @@ def require_engines() -> None:
     missing = [e.name for e in engines.missing()]
     if missing:
         problems.append(f"engines not built: {', '.join(missing)}")
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        problems.append("the plane's network namespace needs root and iproute2")
+    try:
+        line = netns.choose().line
+        if line not in NAMESPACE_LINE:
+            NAMESPACE_LINE.append(line)
+    except netns.NetnsError as error:
+        problems.append(str(error))
     if shutil.which("uv") is None:
         problems.append("uv is not on the PATH (the Pulumi program's toolchain)")
     if not problems:
@@ -133,6 +142,26 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     finally:
         down(name, quiet=True)
         patch.undo()
+
+
+def recording_namespaces(monkeypatch: pytest.MonkeyPatch) -> list[Namespace]:
+    """The network namespaces planes make from now on in this test (a plane that fails to come up leaves no state
+    that would name its namespace)."""
+    made: list[Namespace] = []
+    create = netns.create
+
+    def recording(*args: Any, **kwargs: Any) -> Namespace:
+        made.append(create(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(netns, "create", recording)
+    return made
+
+
+def namespace_gone(recorded: Namespace) -> bool:
+    """Whether a plane's network namespace and every process in it are gone (its holder too, in user mode; no
+    name left in `ip netns list`, in root or sudo mode)."""
+    return not recorded.exists() and recorded.pids() == [] and not Namespace("root", recorded.name).exists()
 
 
 @pytest.fixture(scope="session")
