@@ -160,3 +160,12 @@ def test_a_user_namespace_whose_holder_is_gone_is_not_there_and_holds_no_process
     assert Namespace("user", "x", holder=os.getpid(), inode=mine).exists()
     assert Namespace("user", "x", holder=os.getpid(), inode=mine + 1).pids() == []
     assert os.getpid() in Namespace("user", "x", holder=os.getpid(), inode=mine).pids()
+
+
+def test_a_namespace_made_as_root_is_not_brought_down_by_a_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    monkeypatch.setattr(Namespace, "exists", lambda self: True)
+    with pytest.raises(NetnsError, match=r"^network namespace triarch-lab was made as root \(ip netns\); bring its "
+                                         r"plane down as root$"):
+        Namespace("root", "triarch-lab").ours()
+    Namespace("user", "triarch-lab", holder=1, inode=1).ours()  # the user's own: fine

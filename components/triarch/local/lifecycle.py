@@ -382,12 +382,10 @@ def down(name: str, quiet: bool = False, log: Callable[[str], None] = print) -> 
     state = json.loads(p.state_file.read_text()) if p.state_file.is_file() else None
     if state is not None:
         namespace = Namespace.from_state(state.get("netns"), p.netns)
-        if namespace.mode == "root" and os.geteuid() != 0 and namespace.exists():
-            raise PlaneError(f"local plane {name!r} was started as root (network namespace: root); bring it down as "
-                             "root")
+        namespace.ours()
         _end(namespace)
-    elif _netns_exists(p):  # a plane whose state was lost: its named namespace, made as root or through sudo
-        _end(Namespace("root" if os.geteuid() == 0 else "sudo", p.netns))
+    elif (left := netns.left_behind(p.netns)) is not None:  # a plane whose state was lost
+        _end(left)
     copy = state.get("kubeconfigCopy") if state else None
     if copy and Path(copy).is_file() and is_plane_kubeconfig(Path(copy)):
         Path(copy).unlink()

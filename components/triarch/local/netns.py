@@ -205,6 +205,11 @@ class Namespace:
     def _ip_netns(self, *args: str) -> list[str]:
         return [*(SUDO if self.mode == "sudo" else ()), "ip", "netns", *args]
 
+    def ours(self) -> None:
+        """Refuse, in one line, to bring down a namespace this process may not touch (made as root)."""
+        if self.mode == "root" and os.geteuid() != 0 and self.exists():
+            raise NetnsError(f"network namespace {self.name} was made as root (ip netns); bring its plane down as root")
+
     def exists(self) -> bool:
         if self.mode == "user":
             return self.holder is not None and _net_inode(self.holder) == self.inode
@@ -230,6 +235,13 @@ class Namespace:
                 holder.wait(timeout=10)
             return
         subprocess.run(self._ip_netns("del", self.name), check=False, capture_output=True)
+
+
+def left_behind(name: str) -> Namespace | None:
+    """A named namespace of a plane whose state is gone (root or sudo mode): as root it is removed directly, else
+    through sudo. (A user namespace without its recorded holder pid cannot be found; it ends with its processes.)"""
+    found = Namespace("root" if os.geteuid() == 0 else "sudo", name, uid=os.getuid(), gid=os.getgid())
+    return found if found.exists() else None
 
 
 _HOLDERS: dict[int, subprocess.Popen[bytes]] = {}
