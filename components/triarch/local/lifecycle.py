@@ -395,16 +395,16 @@ def down(name: str, quiet: bool = False, log: Callable[[str], None] = print) -> 
 
 
 def _end(namespace: Namespace) -> None:
-    """End every process in the namespace (SIGTERM, then SIGKILL for what is left) and remove it."""
-    if namespace.exists():
-        pids = namespace.pids()
-        for pid in pids:
-            _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT
-        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
-            time.sleep(0.2)
-        for pid in namespace.pids():
-            _signal(pid, signal.SIGKILL)
+    """End every process in the namespace (SIGTERM, then SIGKILL for what is left) and remove it. Its processes
+    are looked for even where the namespace seems gone: a user namespace outlives a holder killed by someone else."""
+    pids = namespace.pids()
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.2)
+    for pid in namespace.pids():
+        _signal(pid, signal.SIGKILL)
     namespace.remove()
 
 
