@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from engine_tier import (
     resources_by_type,
     scratch_project,
 )
-from triarch.local import engines
+from triarch.local import engines, netns
 from triarch.local.lifecycle import down, up
 from triarch.local.plane import PlaneError, PlaneSpec
 from triarch.scheduling import POOL_LABEL
@@ -296,6 +297,28 @@ def test_down_ends_every_process_of_the_plane(tmp_path: Path, monkeypatch: pytes
     assert made and all(namespace_gone(namespace) for namespace in made)
     assert not (tmp_path / name).exists()
 
+
+
+def test_down_ends_a_user_namespace_whose_holder_was_killed_first(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder only keeps the namespace: once it is gone (killed by anyone), the plane's processes still hold
+    the namespace, and `down` still finds them (by the namespace's inode) and ends them."""
+    name = _isolated(tmp_path, monkeypatch)
+    monkeypatch.setenv("TRIARCH_NETNS", "user")
+    try:
+        netns.choose()
+    except netns.NetnsError as error:
+        pytest.skip(str(error))
+    plane = up(PlaneSpec(name, "ctx", []), log=lambda _: None)
+    namespace = plane.namespace()
+    try:
+        assert namespace.holder is not None
+        os.kill(namespace.holder, signal.SIGKILL)
+        os.waitpid(namespace.holder, 0)
+        assert not namespace.exists() and len(namespace.pids()) >= 5
+    finally:
+        down(name, quiet=True)
+    assert namespace.pids() == [] and _running(tmp_path) == []
 
 
 def test_an_operator_that_does_not_come_up_is_its_own_last_words_and_leaves_nothing(
