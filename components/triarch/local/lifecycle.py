@@ -405,6 +405,11 @@ def _end(namespace: Namespace) -> None:
         time.sleep(0.2)
     for pid in namespace.pids():
         _signal(pid, signal.SIGKILL)
+    # A killed process is in the namespace until it has finished exiting (a Go engine's large heap takes a moment):
+    # `down` returns once none is left.
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while namespace.pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
     namespace.remove()
 
 
