@@ -321,3 +321,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return f"plane {group}" if (group := self.groups.get(nodeid)) else nodeid
 
     return PlaneGroupScheduling(config, log)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How the real-engine tier's planes get their network namespace here (root, user namespaces, sudo), or why
+    they cannot: one line (the controller's own choice; the workers choose the same on this machine)."""
+    from triarch.local import netns
+
+    try:
+        line = netns.choose().line
+    except netns.NetnsError as error:
+        line = str(error)
+    terminalreporter.write_line(f"real-engine tier: {line}")

@@ -22,8 +22,9 @@ import yaml
 
 from conftest import ROOT, stack_document, write_stack_file
 from triarch import refdata
-from triarch.local import engines
+from triarch.local import engines, netns
 from triarch.local.lifecycle import down, up
+from triarch.local.netns import Namespace
 from triarch.local.plane import Plane
 from triarch.local.stack import spec_for_stack
 from triarch.report import validate_stack_file
@@ -40,8 +41,10 @@ def require_engines() -> None:
     missing = [e.name for e in engines.missing()]
     if missing:
         problems.append(f"engines not built: {', '.join(missing)}")
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        problems.append("the plane's network namespace needs root and iproute2")
+    try:  # the line saying which namespace the planes get is in the run's summary (conftest)
+        netns.choose()
+    except netns.NetnsError as error:
+        problems.append(str(error))
     if shutil.which("uv") is None:
         problems.append("uv is not on the PATH (the Pulumi program's toolchain)")
     try:  # the CRDs of the lab stack's existing components (KubeRay, Prometheus Operator)
@@ -147,6 +150,26 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     finally:
         down(name, quiet=True)
         patch.undo()
+
+
+def recording_namespaces(monkeypatch: pytest.MonkeyPatch) -> list[Namespace]:
+    """The network namespaces planes make from now on in this test (a plane that fails to come up leaves no state
+    that would name its namespace)."""
+    made: list[Namespace] = []
+    create = netns.create
+
+    def recording(*args: Any, **kwargs: Any) -> Namespace:
+        made.append(create(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(netns, "create", recording)
+    return made
+
+
+def namespace_gone(recorded: Namespace) -> bool:
+    """Whether a plane's network namespace and every process in it are gone (its holder too, in user mode; no
+    name left in `ip netns list`, in root or sudo mode)."""
+    return not recorded.exists() and recorded.pids() == [] and not Namespace("root", recorded.name).exists()
 
 
 @pytest.fixture(scope="session")

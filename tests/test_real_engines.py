@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,16 @@ import yaml
 import triarch.local.lifecycle as plane_module
 import triarch.local.operators as operators_module
 from conftest import reference_file
-from engine_tier import Lab, names, require_engines, resources_by_type, scratch_project
-from triarch.local import engines
+from engine_tier import (
+    Lab,
+    names,
+    namespace_gone,
+    recording_namespaces,
+    require_engines,
+    resources_by_type,
+    scratch_project,
+)
+from triarch.local import engines, netns
 from triarch.local.lifecycle import down, up
 from triarch.local.plane import PlaneError, PlaneSpec
 from triarch.scheduling import POOL_LABEL
@@ -242,12 +251,13 @@ def test_an_engine_that_does_not_come_up_is_one_line_and_leaves_nothing(tmp_path
         return argv
 
     monkeypatch.setattr(plane_module, "component_args", broken)
+    made = recording_namespaces(monkeypatch)
     with pytest.raises(PlaneError) as error:
         up(PlaneSpec(name, "ctx", []), log=lambda _: None)
     message = str(error.value)
     assert message.startswith("kube-apiserver exited while the plane started: Error: unknown flag: --no-such-flag")
     assert "\n" not in message
-    assert f"triarch-{name}" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert made and all(namespace_gone(namespace) for namespace in made)
     assert not (tmp_path / name).exists()
     assert _running(tmp_path) == []
 
@@ -270,6 +280,7 @@ def _running(under: Path) -> list[int]:
 @pytest.mark.usefixtures("engines_required")
 def test_down_ends_every_process_of_the_plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     name = _isolated(tmp_path, monkeypatch)
+    made = recording_namespaces(monkeypatch)
     plane = up(PlaneSpec(name, "ctx", []), log=lambda _: None)
     try:
         with pytest.raises(PlaneError, match=rf"local plane '{name}' is already up"):
@@ -283,9 +294,32 @@ def test_down_ends_every_process_of_the_plane(tmp_path: Path, monkeypatch: pytes
         down(name, quiet=True)
     stray.wait(timeout=10)
     assert _running(tmp_path) == []
-    assert f"triarch-{name}" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert made and all(namespace_gone(namespace) for namespace in made)
     assert not (tmp_path / name).exists()
 
+
+
+@pytest.mark.usefixtures("engines_required")
+def test_down_ends_a_user_namespace_whose_holder_was_killed_first(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder only keeps the namespace: once it is gone (killed by anyone), the plane's processes still hold
+    the namespace, and `down` still finds them (by the namespace's inode) and ends them."""
+    name = _isolated(tmp_path, monkeypatch)
+    monkeypatch.setenv("TRIARCH_NETNS", "user")
+    try:
+        netns.choose()
+    except netns.NetnsError as error:
+        pytest.skip(str(error))
+    plane = up(PlaneSpec(name, "ctx", []), log=lambda _: None)
+    namespace = plane.namespace()
+    try:
+        assert namespace.holder is not None
+        os.kill(namespace.holder, signal.SIGKILL)
+        os.waitpid(namespace.holder, 0)
+        assert not namespace.exists() and len(namespace.pids()) >= 5
+    finally:
+        down(name, quiet=True)
+    assert namespace.pids() == [] and _running(tmp_path) == []
 
 
 @pytest.mark.usefixtures("engines_required")
@@ -300,10 +334,11 @@ def test_an_operator_that_does_not_come_up_is_its_own_last_words_and_leaves_noth
         return operator
 
     monkeypatch.setitem(operators_module.OPERATORS, "kuberay", broken)
+    made = recording_namespaces(monkeypatch)
     with pytest.raises(PlaneError) as error:
         up(PlaneSpec(name, "ctx", [], operators=("kuberay",)), log=lambda _: None)
     message = str(error.value)
     assert message.startswith("kuberay-operator exited while the plane started: ")
     assert "no-such-flag" in message and "\n" not in message
-    assert f"triarch-{name}" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert made and all(namespace_gone(namespace) for namespace in made)
     assert _running(tmp_path) == []

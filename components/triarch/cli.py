@@ -427,6 +427,19 @@ def cmd_reference(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_local_netns(args: argparse.Namespace) -> int:
+    """Which network namespace a plane would get here, and why; exit 1 where none works (CI runs it before the
+    40-minute build, so a runner that cannot make one fails in a minute)."""
+    from triarch.local import netns
+
+    try:
+        print(netns.choose().line)
+    except netns.NetnsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_local_down(args: argparse.Namespace) -> int:
     from triarch.local.lifecycle import down
     from triarch.local.plane import only_plane
@@ -587,6 +600,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--name", help="the plane (default: the only one up)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     run.set_defaults(handler=cmd_local_exec)
+    ns = steps.add_parser("netns", help="say how a plane gets its network namespace here (root: ip netns; else "
+                                        "an unprivileged user namespace; else passwordless sudo for ip netns) and "
+                                        "why; exit 1 where none works (TRIARCH_NETNS forces one)")
+    ns.set_defaults(handler=cmd_local_netns)
     stop = steps.add_parser("down", help="stop every process of the plane and remove its namespace and state")
     stop.add_argument("--name", help="the plane (default: the only one up)")
     stop.set_defaults(handler=cmd_local_down)

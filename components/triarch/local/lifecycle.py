@@ -5,7 +5,8 @@ services) leaves the machine.
 
 `up` starts it and installs what a stack expects of the cluster (the CRDs of the components it says are already
 there, kwok nodes as its pools would have them, a storage class kwok provisions); `down` ends every process in the
-namespace and removes it. Each process runs under `ip netns exec`."""
+namespace and removes it. How the namespace is made and entered (as root, in a user namespace, or through sudo)
+is triarch.local.netns's choice, recorded in the plane's state."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ from typing import Any
 
 import yaml
 
+from triarch.local import netns
 from triarch.local.engines import binary, installed, load_engines
+from triarch.local.netns import Namespace
 from triarch.local.operators import OPERATORS
 from triarch.local.pki import FRONT_PROXY_CLIENT, Pki, write_pki
 from triarch.local.plane import (
@@ -48,17 +51,9 @@ START_TIMEOUT = 90.0
 STOP_TIMEOUT = 5.0
 
 
-def _require_root() -> None:
-    if os.geteuid() != 0:
-        raise PlaneError("the local plane needs root for its network namespace (ip netns); run it as root, e.g. "
-                         "`sudo -E uv run triarch local up`")
-    if shutil.which("ip") is None:
-        raise PlaneError("`ip` (iproute2) is not on the PATH; install iproute2 for the plane's network namespace")
-
-
-def _netns_exists(name: str) -> bool:
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
-    return any(line.split()[0] == name for line in listed.splitlines() if line.strip())
+def _netns_exists(p: Plane) -> bool:
+    """Whether a named namespace of the plane's is left (root or sudo mode, from a plane not brought down)."""
+    return Namespace("root", p.netns).exists()
 
 
 def component_args(p: Plane, pki: Pki, kwok_config: Path) -> dict[str, list[str]]:
@@ -146,6 +141,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except PermissionError:  # someone else's (sudo's, in sudo mode): alive unless a zombie
+        pass
     # A zombie (exited, not yet reaped by us) is not alive.
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -186,12 +183,12 @@ def _wait(what: str, ready: Callable[[], bool], pids: dict[str, int], p: Plane, 
 
 def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
     """Start a plane and install what the spec holds; on any failure nothing is left running."""
-    _require_root()
+    choice = netns.choose()
     load_engines()  # a broken pins file fails here, before anything starts
     for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl"):
         binary(name)
     p = plane(spec.name)
-    if _netns_exists(p.netns) or p.state_file.exists():
+    if _netns_exists(p) or p.state_file.exists():
         raise PlaneError(f"local plane {spec.name!r} is already up (or was not brought down); "
                          f"`triarch local down --name {spec.name}` first")
     copy = spec.kubeconfig_copy
@@ -203,27 +200,21 @@ def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
     (p.directory / "logs").mkdir(parents=True)
     p.pulumi_backend.mkdir()
     start = time.monotonic()
-    subprocess.run(["ip", "netns", "add", p.netns], check=True, capture_output=True)
+    namespace = netns.create(choice, p.netns, LOCAL_ADDRESSES)
     pids: dict[str, int] = {}
     try:
-        subprocess.run(["ip", "netns", "exec", p.netns, "ip", "link", "set", "lo", "up"], check=True,
-                       capture_output=True)
-        for address in LOCAL_ADDRESSES:
-            subprocess.run(["ip", "netns", "exec", p.netns, "ip", "addr", "add", address, "dev", "lo"], check=True,
-                           capture_output=True)
+        def record() -> None:
+            p.state_file.write_text(json.dumps(
+                {"name": spec.name, "netns": namespace.state(), "context": spec.context, "pids": pids,
+                 "kubeconfigCopy": str(spec.kubeconfig_copy) if spec.kubeconfig_copy else None}, indent=1))
+
+        record()  # from here on, `down` (or anyone's `exec`) finds the namespace
         pki = write_pki(p.directory / "pki")
         config = yaml.safe_dump(kubeconfig(spec.context, pki), sort_keys=False)
         p.kubeconfig.write_text(config)
         kwok_config = p.directory / "kwok.yaml"
         kwok_config.write_text(kwok_stages(spec.storage_classes))
         args = component_args(p, pki, kwok_config)
-
-        def record() -> None:
-            p.state_file.write_text(json.dumps(
-                {"name": spec.name, "netns": p.netns, "context": spec.context, "pids": pids,
-                 "kubeconfigCopy": str(spec.kubeconfig_copy) if spec.kubeconfig_copy else None}, indent=1))
-
-        record()
         for component in ("etcd", "kube-apiserver"):
             pids[component] = _start(p, component, args[component])
         _wait("the API server", lambda: p.kubectl("get", "--raw=/readyz", check=False).returncode == 0, pids, p,
@@ -244,11 +235,13 @@ def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
             spec.kubeconfig_copy.parent.mkdir(parents=True, exist_ok=True)
             spec.kubeconfig_copy.write_text(config)
     except BaseException:
+        if not p.state_file.exists():
+            _end(namespace)
         down(spec.name, quiet=True)
         raise
     log(f"local plane {spec.name} up in {time.monotonic() - start:.0f}s: context {spec.context}, "
         f"kubeconfig {spec.kubeconfig_copy or p.kubeconfig}, {len(spec.nodes)} kwok node(s), "
-        f"{len(spec.crds)} CRD file(s)")
+        f"{len(spec.crds)} CRD file(s); {choice.line}")
     return p
 
 
@@ -277,12 +270,14 @@ def stop_operator(p: Plane, name: str) -> None:
     operator = OPERATORS[name](p, Pki(p.directory / "pki"), PlaneSpec(p.name, "", []))
     state = p.state()
     pids = {c: pid for c, pid in state["pids"].items() if c in operator.processes}
-    for pid in pids.values():
+    # What was started is the operator itself, or sudo above it (sudo mode): end the operator, below it.
+    tree = [each for pid in pids.values() for each in _tree(pid)]
+    for pid in tree:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT
-    while time.monotonic() < deadline and any(_alive(pid) for pid in pids.values()):
+    while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
         time.sleep(0.2)
-    for pid in pids.values():
+    for pid in tree:
         _signal(pid, signal.SIGKILL)
     state["pids"] = {c: pid for c, pid in state["pids"].items() if c not in pids}
     p.state_file.write_text(json.dumps(state, indent=1))
@@ -384,20 +379,14 @@ def down(name: str, quiet: bool = False, log: Callable[[str], None] = print) -> 
     p = plane(name)
     if not p.directory.exists() and not quiet:
         raise PlaneError(f"local plane {name!r} is not up")
-    _require_root()
-    if _netns_exists(p.netns):
-        pids = _namespace_pids(p.netns)
-        for pid in pids:
-            _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT
-        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
-            time.sleep(0.2)
-        for pid in _namespace_pids(p.netns):
-            _signal(pid, signal.SIGKILL)
-        subprocess.run(["ip", "netns", "del", p.netns], check=False, capture_output=True)
-    copy = None
-    if p.state_file.is_file():
-        copy = json.loads(p.state_file.read_text()).get("kubeconfigCopy")
+    state = json.loads(p.state_file.read_text()) if p.state_file.is_file() else None
+    if state is not None:
+        namespace = Namespace.from_state(state.get("netns"), p.netns)
+        namespace.ours()
+        _end(namespace)
+    elif (left := netns.left_behind(p.netns)) is not None:  # a plane whose state was lost
+        _end(left)
+    copy = state.get("kubeconfigCopy") if state else None
     if copy and Path(copy).is_file() and is_plane_kubeconfig(Path(copy)):
         Path(copy).unlink()
     shutil.rmtree(p.directory, ignore_errors=True)
@@ -405,11 +394,43 @@ def down(name: str, quiet: bool = False, log: Callable[[str], None] = print) -> 
         log(f"local plane {name} down")
 
 
-def _namespace_pids(netns: str) -> list[int]:
-    listed = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=False).stdout
-    return [int(pid) for pid in listed.split()]
+def _end(namespace: Namespace) -> None:
+    """End every process in the namespace (SIGTERM, then SIGKILL for what is left) and remove it. Its processes
+    are looked for even where the namespace seems gone: a user namespace outlives a holder killed by someone else."""
+    pids = namespace.pids()
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.2)
+    for pid in namespace.pids():
+        _signal(pid, signal.SIGKILL)
+    # A killed process is in the namespace until it has finished exiting (a Go engine's large heap takes a moment):
+    # `down` returns once none is left.
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while namespace.pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    namespace.remove()
+
+
+def _tree(pid: int) -> list[int]:
+    """A process and its descendants."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(proc.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], []))
+    return found
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
+    """Signal a process (a root-owned one, sudo's own in sudo mode, is not ours to signal)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)

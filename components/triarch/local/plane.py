@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from triarch.local.engines import EngineError, binary, path_with_engines, user_cache
+from triarch.local.netns import Namespace
 from triarch.local.pki import Pki
 
 SERVICE_RANGE = "10.96.0.0/16"
@@ -69,7 +70,13 @@ class Plane:
 
     @property
     def netns(self) -> str:
+        """The namespace's `ip netns` name (root and sudo modes)."""
         return f"triarch-{self.name}"
+
+    def namespace(self) -> Namespace:
+        """The network namespace the plane's state records (mode, name, holder): every process that runs a
+        command on the plane enters the same one, however it was made."""
+        return Namespace.from_state(self.state().get("netns"), self.netns)
 
     @property
     def kubeconfig(self) -> Path:
@@ -113,8 +120,8 @@ class Plane:
         return env
 
     def command(self, argv: Sequence[str]) -> list[str]:
-        """argv run inside the plane's network namespace."""
-        return ["ip", "netns", "exec", self.netns, *argv]
+        """argv run inside the plane's network namespace (given the plane's environment, `env`)."""
+        return self.namespace().command(argv, self.env())
 
     def run(self, argv: Sequence[str], *, check: bool = True, input: str | None = None,
             timeout: float | None = 120) -> subprocess.CompletedProcess[str]:
