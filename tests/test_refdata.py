@@ -195,3 +195,24 @@ def test_a_missing_reference_skips_outside_ci_and_fails_under_ci(cache: Path, mi
     with pytest.raises(pytest.fail.Exception, match=r"^reference file chart/crds/a\.yaml is not in") as failed:
         conftest.reference_dir("chart", "crds")
     assert failed.value.pytrace is False
+
+
+def test_a_mirror_url_is_read_as_url_slash_file_and_held_to_the_same_sha256(
+        cache: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--from https://...`: a company's mirror laid out like ../shared/reference, derived files included (they
+    are bytes like any other there); a byte changed on the mirror is refused as from a directory."""
+    asked: list[str] = []
+
+    def serve(url: str) -> bytes:
+        asked.append(url)
+        return (mirror / url.removeprefix("https://mirror.example/reference/")).read_bytes()
+
+    monkeypatch.setattr(refdata, "_download", serve)
+    (mirror / "chart" / "crds" / "a.yaml").write_bytes(B)
+    assert cli.main(["refdata", "fill", "--from", "https://mirror.example/reference/"]) == 1
+    assert sorted(asked) == ["https://mirror.example/reference/cases.yaml",
+                             "https://mirror.example/reference/chart/crds/a.yaml"]
+    assert capsys.readouterr().err == (
+        f"error: chart/crds/a.yaml: sha256 {_sha(B)} from https://mirror.example/reference/chart/crds/a.yaml, but "
+        f"sources.yaml pins {_sha(A)} (source: {(mirror / 'chart' / 'crds' / 'a.yaml').as_uri()}); not cached\n")
+    assert refdata.status() == {"chart/crds/a.yaml": "missing", "cases.yaml": "ok"}

@@ -374,7 +374,10 @@ def cmd_local_exec(args: argparse.Namespace) -> int:
 def cmd_refdata_fill(args: argparse.Namespace) -> int:
     from triarch import refdata
 
-    problems = refdata.fill(Path(args.source) if args.source else None, log=print)
+    source: Path | str | None = None
+    if args.source:
+        source = args.source if refdata.is_mirror_url(args.source) else Path(args.source)
+    problems = refdata.fill(source, log=print)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     listed = len(refdata.load_sources())
@@ -612,11 +615,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                "(tools/reference/sources.yaml) into a cache outside the work tree, "
                                                "each file held to its pinned sha256")
     refsteps = _Commands(refs.add_subparsers(dest="step", required=True, metavar="STEP"))
-    fill = refsteps.add_parser("fill", help="copy every listed file from a directory laid out like "
+    fill = refsteps.add_parser("fill", help="copy every listed file from a directory or mirror laid out like "
                                             "../shared/reference, or download it from its source; exit 1 if any "
                                             "file could not be brought")
-    fill.add_argument("--from", dest="source", metavar="DIR",
-                      help="copy from this directory (e.g. ../shared/reference or a mirror) instead of downloading")
+    fill.add_argument("--from", dest="source", metavar="DIR|URL",
+                      help="copy from this directory (e.g. ../shared/reference) or download from this mirror's URL "
+                           "(<URL>/<file>) instead of from each file's upstream source")
     fill.set_defaults(handler=cmd_refdata_fill)
     state = refsteps.add_parser("status", help="say which listed files are cached and verified; exit 1 if any is "
                                                "missing or differs")

@@ -127,12 +127,21 @@ def _download(url: str) -> bytes:
     return data
 
 
-def fill(from_dir: Path | None, log: Callable[[str], None] = lambda _: None) -> list[str]:
-    """Bring every listed file into the cache: copied from `from_dir` (laid out like ../shared/reference) or, with
-    None, downloaded from its source. Every file is held to its sha256 before it is written; the problems come back
-    one line each (a file already cached with the right digest is left alone)."""
-    if from_dir is not None and not from_dir.is_dir():
-        raise TriarchError(f"--from {from_dir}: no such directory")
+def is_mirror_url(source: str) -> bool:
+    """A mirror given by URL (an HTTP server laid out like ../shared/reference) rather than a directory."""
+    return source.startswith(("https://", "http://"))
+
+
+def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: None) -> list[str]:
+    """Bring every listed file into the cache: copied from `from_dir` (a directory laid out like
+    ../shared/reference, or the URL of a mirror laid out the same way) or, with None, downloaded from its source.
+    Every file is held to its sha256 before it is written; the problems come back one line each (a file already
+    cached with the right digest is left alone)."""
+    mirror = from_dir.rstrip("/") if isinstance(from_dir, str) and is_mirror_url(from_dir) else None
+    if mirror is None and from_dir is not None:
+        from_dir = Path(from_dir)
+        if not from_dir.is_dir():
+            raise TriarchError(f"--from {from_dir}: no such directory")
     root = cache_root()
     problems: list[str] = []
     for rel, entry in load_sources().items():
@@ -140,7 +149,14 @@ def fill(from_dir: Path | None, log: Callable[[str], None] = lambda _: None) -> 
         if target.is_file() and _digest(target) == entry.sha256:
             _verified.add((target, entry.sha256))
             continue
-        if from_dir is not None:
+        if mirror is not None:
+            origin = f"{mirror}/{rel}"
+            try:
+                data = _download(origin)
+            except (OSError, ValueError) as error:
+                problems.append(f"{rel}: download of {origin} failed: {error}")
+                continue
+        elif isinstance(from_dir, Path):
             origin = str(from_dir / rel)
             if not (from_dir / rel).is_file():
                 problems.append(f"{rel}: not in {from_dir}")
