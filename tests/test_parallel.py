@@ -1,0 +1,71 @@
+"""The suite's pytest-xdist layout (tests/conftest.py): the tests of one plane run on one worker, so each plane comes
+up once per run, and two planes start on two workers. Checked by running pytest itself on a small suite whose `lab` and `from_zero`
+fixtures stand in for the planes (the module's own fixtures shadow conftest's real ones)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+SUITE = '''
+import os
+import pytest
+
+
+@pytest.fixture(scope="session")
+def lab():
+    return os.getpid()
+
+
+@pytest.fixture(scope="session")
+def from_zero():
+    return os.getpid()
+
+
+@pytest.fixture(scope="session")
+def deployed(lab):
+    return lab
+
+
+@pytest.mark.parametrize("n", range(4))
+def test_on_the_lab(lab, n):
+    pass
+
+
+@pytest.mark.parametrize("n", range(3))
+def test_on_what_the_lab_deployed(deployed, n):
+    pass
+
+
+@pytest.mark.parametrize("n", range(3))
+def test_from_zero(from_zero, n):
+    pass
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_without_a_plane(n):
+    pass
+'''
+
+
+def test_each_planes_tests_run_on_one_worker_and_the_rest_spread(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n"
+        f"exec(compile(open({str(TESTS / 'conftest.py')!r}).read(), 'conftest.py', 'exec'))\n")
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "3", "-v", "-p", "no:cacheprovider",
+                           "--rootdir", str(tmp_path), str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    workers: dict[str, set[str]] = {}
+    for worker, test in re.findall(r"\[(gw\d+)\] \[\s*\d+%\] PASSED \S+::(\w+)\[", done.stdout):
+        workers.setdefault(test, set()).add(worker)
+    assert sum(1 for _ in re.finditer(r"PASSED", done.stdout)) == 16, done.stdout[-3000:]
+    lab = workers["test_on_the_lab"] | workers["test_on_what_the_lab_deployed"]
+    assert len(lab) == 1, f"the lab's tests ran on {sorted(lab)}: each of those workers brings up a lab"
+    assert len(workers["test_from_zero"]) == 1
+    assert lab != workers["test_from_zero"], "two planes share one worker while a third does nothing else"
