@@ -1,6 +1,6 @@
 """The suite's pytest-xdist layout (tests/conftest.py): the tests of one plane run on one worker, so each plane comes
-up once per run, and two planes start on two workers. Checked by running pytest itself on a small suite whose `lab` and `from_zero`
-fixtures stand in for the planes (the module's own fixtures shadow conftest's real ones)."""
+up once per run, and two planes start on two workers. Checked by running pytest itself on a small suite whose `lab`
+and `from_zero` fixtures stand in for the planes (the module's own fixtures shadow conftest's real ones)."""
 
 from __future__ import annotations
 
