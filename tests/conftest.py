@@ -290,15 +290,18 @@ def pytest_configure_node(node: Any) -> None:  # the controller, once per worker
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if hasattr(config, "_triarch_groups"):
-        shutil.rmtree(config._triarch_groups.parent, ignore_errors=True)
+    if (path := config.stash.get(GROUPS_PATH, None)) is not None:
+        shutil.rmtree(path.parent, ignore_errors=True)
+
+
+GROUPS_PATH = pytest.StashKey[Path]()
+"""Where the workers write which tests use which plane (the controller's, made when its first worker starts)."""
 
 
 def _groups_file(config: pytest.Config) -> Path:
-    if not hasattr(config, "_triarch_groups"):
-        config._triarch_groups = Path(tempfile.mkdtemp(prefix="triarch-xdist-")) / "groups.json"  # type: ignore[attr-defined]
-    path: Path = config._triarch_groups  # type: ignore[attr-defined]
-    return path
+    if GROUPS_PATH not in config.stash:
+        config.stash[GROUPS_PATH] = Path(tempfile.mkdtemp(prefix="triarch-xdist-")) / "groups.json"
+    return config.stash[GROUPS_PATH]
 
 
 @pytest.hookimpl(optionalhook=True)
