@@ -75,7 +75,7 @@ def test_crd_sets_are_the_versions_the_charts_pin() -> None:
     versions = {"kuberay": "v" + charts["kuberay-operator"]["version"],
                 "prometheus": "v0.93.1",  # prometheus-operator-crds 31.0.1's appVersion (charts.yaml source)
                 "keda": "v" + charts["keda"]["version"], "karpenter": "v" + charts["karpenter-crd"]["version"],
-                "lws": "v" + charts["lws"]["version"]}
+                "lws": charts["lws"]["version"]}  # the chart's own version carries its v
     assert "appVersion v0.93.1" in charts["prometheus-operator-crds"]["source"]
     for name, crds in load_crd_sets().items():
         assert crds.module.endswith("@" + versions[name]), name

@@ -204,7 +204,7 @@ def test_the_gang_flags_are_vllm_033s(large: StackPlan) -> None:
 def test_the_controller_is_installed_with_its_crds_apart(large: StackPlan) -> None:
     [release] = [r for r in large.of_type("kubernetes:helm.sh/v3:Release") if r.inputs.get("name") == "lws"]
     assert release.inputs["namespace"] == "lws-system"  # the CRD's conversion webhook names lws-system
-    assert release.inputs["version"] == "0.10.0" and release.inputs["skipCrds"] is True
+    assert release.inputs["version"] == "v0.10.0" and release.inputs["skipCrds"] is True
     values = release.inputs["values"]
     assert values["image"]["manager"]["tag"] == "v0.10.0" and values["nodeSelector"] == {"triarch.dev/pool": "system"}
     crds = [r for r in large.resources if r.type == "kubernetes:yaml/v2:ConfigFile" and "lws-crd" in r.name]
