@@ -18,13 +18,14 @@ CHART_DEFAULTS = {
     ("dcgm-exporter", "4.8.2"): "dcgm-exporter-4.8.2/values.yaml",
     ("nvidia-device-plugin", "0.20.0"): "nvidia-device-plugin-v0.20.0/values.yaml",
     ("kuberay-operator", "1.7.0"): "kuberay-v1.7.0/values.yaml",
-    ("oci://public.ecr.aws/karpenter/karpenter", "1.14.1"): "karpenter-v1.14.1/values.yaml",
+    ("karpenter", "1.14.1"): "karpenter-v1.14.1/values.yaml",
     ("keda", "2.20.2"): "keda-2.20.2/values.yaml",
-    ("oci://registry.k8s.io/lws/charts/lws", "0.10.0"): "lws-v0.10.0/values.yaml",
+    ("lws", "v0.10.0"): "lws-v0.10.0/values.yaml",
     ("aws-efa-k8s-device-plugin", "v0.5.30"): "aws-efa-k8s-device-plugin-v0.5.30/values.yaml",
     ("kube-prometheus-stack", "88.5.3"): "prometheus-operator-v0.93.1/kube-prometheus-stack-88.5.3-values.yaml",
 }
-"""The chart's own values.yaml for each chart and version Triarch pins (CRD-only charts have no pods)."""
+"""The chart's own values.yaml for each chart (by name, wherever it is pulled from: its repository, an OCI
+registry, a stack's mirror) and version Triarch pins (CRD-only charts have no pods)."""
 PRIVILEGED_AS_SHIPPED = {
     "nvidia-device-plugin": "GPU feature discovery runs privileged as the chart ships it (its namespace's "
                             "pod-security reason says so)",
@@ -59,16 +60,16 @@ def test_privileges_are_found_wherever_a_chart_nests_them() -> None:
 
 
 def _defaults(chart: str, version: str) -> dict[str, Any]:
-    relative = CHART_DEFAULTS.get((chart, version))
+    relative = CHART_DEFAULTS.get((chart.rsplit("/", 1)[-1], version))
     assert relative is not None, f"no reference values named for chart {chart} {version}: add it to CHART_DEFAULTS"
     loaded: dict[str, Any] = yaml.safe_load(reference_file(relative).read_text(encoding="utf-8"))
     return loaded
 
 
 def _releases(plan: StackPlan) -> list[tuple[str, dict[str, Any]]]:
-    crds_only = ("oci://public.ecr.aws/karpenter/karpenter-crd", "prometheus-operator-crds")
+    crds_only = ("karpenter-crd", "prometheus-operator-crds")
     return [(r.name, r.inputs) for r in plan.of_type("kubernetes:helm.sh/v3:Release")
-            if r.inputs.get("chart") not in crds_only]
+            if str(r.inputs.get("chart")).rsplit("/", 1)[-1] not in crds_only]
 
 
 @pytest.mark.parametrize("stack", STACK_NAMES)
@@ -141,8 +142,7 @@ def test_each_chart_image_is_where_its_values_say(name: str) -> None:
     """The values keys that move a chart's image to a mirror exist in the pinned chart's values.yaml, and name the
     image charts.yaml lists (its tag, or "" where the chart runs its appVersion)."""
     chart = CHARTS[name]
-    reference = chart["repository"] + "/" + name if chart["repository"].startswith("oci://") else name
-    path = reference_file(CHART_DEFAULTS[(reference, chart["version"])])
+    path = reference_file(CHART_DEFAULTS[(name, chart["version"])])
     defaults = yaml.safe_load(path.read_text(encoding="utf-8"))
     if chart.get("registryKey"):
         assert _at(defaults, chart["registryKey"]) == ""

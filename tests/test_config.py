@@ -263,8 +263,8 @@ def test_invalid_literal(mutated_config: MutatedConfig) -> None:
 
 # --- what valid stacks give -----------------------------------------------------------------------------
 
-def test_the_project_ships_its_five_stacks() -> None:
-    assert STACK_NAMES == ["dev", "lab", "large", "local", "prod"]
+def test_the_project_ships_its_six_stacks() -> None:
+    assert STACK_NAMES == ["dev", "fresh", "lab", "large", "local", "prod"]
 
 
 @pytest.mark.parametrize("name", STACK_NAMES)
@@ -445,4 +445,4 @@ def test_cli_unknown_stack_lists_the_stacks(capsys: pytest.CaptureFixture[str]) 
     assert len(lines) == 1, captured.err
     assert lines[0].startswith("error: --stack: 'nosuch'")
     allowed = lines[0].partition("allowed: ")[2].split(", ")
-    assert sorted(allowed) == ["dev", "lab", "large", "local", "prod"]
+    assert sorted(allowed) == ["dev", "fresh", "lab", "large", "local", "prod"]

@@ -353,7 +353,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     name, path = _stack_source(args)
     validated = validate_stack_file(name, path)
     spec = spec_for_stack(args.name or name, validated.stack, [Path(d) for d in args.crds or []], args.all_crds,
-                          args.from_zero)
+                          args.from_zero, [Path(d) for d in args.charts or []])
     plane = up(spec)
     print(f"run commands on it: triarch local exec --name {spec.name} -- kubectl get nodes")
     print(f"bring it down:      triarch local down --name {spec.name}")
@@ -597,6 +597,10 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--from-zero", action="store_true",
                        help="a created stack's Karpenter pools start with no node: real Karpenter (its kwok "
                             "provider) launches them for pending pods, from the instance types Triarch knows")
+    start.add_argument("--charts", action="append", metavar="DIR",
+                       help="for a stack that pulls its charts from the plane's mirror (triarch:registry.charts "
+                            "oci://127.0.0.1:5000/charts): the chart archives (*.tgz) it serves, from your own "
+                            "mirror's export (default: the reference cache's charts/)")
     start.set_defaults(handler=cmd_local_up)
     run = steps.add_parser("exec", help="run a command inside the plane's network namespace, with KUBECONFIG and "
                                         "the built kubectl and pulumi on the PATH")

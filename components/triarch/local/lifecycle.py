@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -30,11 +31,13 @@ from triarch.local import netns
 from triarch.local.engines import binary, installed, load_engines
 from triarch.local.netns import Namespace
 from triarch.local.operators import OPERATORS
-from triarch.local.pki import FRONT_PROXY_CLIENT, Pki, write_pki
+from triarch.local.pki import FRONT_PROXY_CLIENT, Pki, issue, write_pki
 from triarch.local.plane import (
     API_PORT,
     ETCD_PORT,
     LOCAL_ADDRESSES,
+    MIRROR_ADDRESS,
+    MIRROR_PATH,
     POD_RANGE,
     SERVICE_RANGE,
     STORAGE_CLASS,
@@ -224,6 +227,9 @@ def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
         record()
         _wait("the default service account", lambda: p.kubectl(
             "get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0, pids, p, START_TIMEOUT)
+        if spec.charts:
+            pids["oci-registry"] = _start_mirror(p, pki, spec.charts, spec.files, pids)
+            record()
         _install(p, spec)
         _wait(f"{len(spec.nodes)} node(s) Ready", lambda: _nodes_ready(p) >= len(spec.nodes), pids, p,
               START_TIMEOUT)
@@ -243,6 +249,31 @@ def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
         f"kubeconfig {spec.kubeconfig_copy or p.kubeconfig}, {len(spec.nodes)} kwok node(s), "
         f"{len(spec.crds)} CRD file(s); {choice.line}")
     return p
+
+
+def _start_mirror(p: Plane, pki: Pki, charts: Sequence[Path], files: dict[str, bytes], pids: dict[str, int]
+                  ) -> int:
+    """The plane's chart mirror: the registry on its loopback with a certificate from the plane's CA, which the
+    plane's trust bundle adds to the system's; each archive pushed as `helm push` would."""
+    missing = [str(path) for path in charts if not path.is_file()]
+    if missing:
+        raise PlaneError(f"chart archive {missing[0]} does not exist")
+    pair = issue(pki, "oci-registry", ips=("127.0.0.1",), dns=("localhost",))
+    system = ssl.get_default_verify_paths().cafile
+    bundle = Path(system).read_text() if system and Path(system).is_file() else ""
+    p.trust_bundle.write_text(bundle + pki.ca.read_text())
+    blobs, served = p.directory / "oci-registry", p.directory / "mirror-files"
+    blobs.mkdir(exist_ok=True)
+    for relative, data in files.items():
+        (served / relative).parent.mkdir(parents=True, exist_ok=True)
+        (served / relative).write_bytes(data)
+    pid = _start(p, "oci-registry", [str(binary("oci-registry")), f"--listen={MIRROR_ADDRESS}",
+                                     f"--cert={pair.cert}", f"--key={pair.key}", f"--disk={blobs}",
+                                     f"--files={served}"])
+    url = f"https://{MIRROR_ADDRESS}"
+    _wait("the chart mirror", partial(_answers, p, f"{url}/v2/"), {**pids, "oci-registry": pid}, p, START_TIMEOUT)
+    p.run([sys.executable, "-m", "triarch.local.mirror", url, MIRROR_PATH, str(pki.ca), *map(str, charts)])
+    return pid
 
 
 def start_operator(p: Plane, name: str, spec: PlaneSpec | None = None) -> None:
@@ -291,7 +322,8 @@ HTTP_OK = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeo
 
 def _answers(p: Plane, url: str) -> bool:
     """Whether a URL inside the plane's namespace answers 2xx."""
-    done = subprocess.run(p.command([sys.executable, "-c", HTTP_OK, url]), capture_output=True, check=False)
+    done = subprocess.run(p.command([sys.executable, "-c", HTTP_OK, url]), env=p.env(), capture_output=True,
+                          check=False)
     return done.returncode == 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,6 +176,49 @@ def lws(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
         crds=sorted(crds.glob("*.yaml")), ready="http://127.0.0.1:18101/healthz")
 
 
+def _when(kind_name: str, namespace: str | None, argv: list[str]) -> list[str]:
+    """argv, started once the object exists (triarch.local.kubelet), as a kubelet starts a chart's pod once Helm
+    installed it."""
+    return [sys.executable, "-m", "triarch.local.kubelet", "start-when", kind_name,
+            *(["-n", namespace] if namespace else []), "--", *argv]
+
+
+def _secret_volume(name: str, namespace: str, directory: Path) -> list[str]:
+    """A Secret's keys kept as files in `directory` (triarch.local.kubelet), as the pod's Secret volume is."""
+    return [sys.executable, "-m", "triarch.local.kubelet", "mount-secret", name, "-n", namespace, str(directory)]
+
+
+def lws_chart(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
+    """The LeaderWorkerSet manager in place of the pod Triarch's lws release runs, configured as the chart's
+    ConfigMap configures it (internal certificate management: it fills the chart's Secret and injects its CA into
+    the chart's webhook configurations and the CRD's conversion webhook), serving its webhooks on every address of
+    the plane, so the pod's address the Service resolves to reaches it. Starts once the chart's Secret exists."""
+    certs = plane.directory / "lws-chart-certs"
+    certs.mkdir(exist_ok=True)
+    config = plane.directory / "lws-chart-config.yaml"
+    config.write_text(json.dumps({
+        "apiVersion": "config.lws.x-k8s.io/v1alpha1", "kind": "Configuration",
+        "leaderElection": {"leaderElect": False}, "internalCertManagement": {"enable": True},
+        "health": {"healthProbeBindAddress": "127.0.0.1:18101"}, "metrics": {"bindAddress": "127.0.0.1:18100"},
+        "webhook": {"port": LWS_WEBHOOK_PORT, "certDir": str(certs)}}, indent=1))
+    manager = [str(binary("lws-manager")), f"--kubeconfig={plane.kubeconfig}", f"--config={config}",
+               "--zap-log-level=info"]
+    return Operator("lws-chart", {
+        "lws-cert-volume": _secret_volume("lws-webhook-server-cert", "lws-system", certs),
+        "lws-manager": _when("secret/lws-webhook-server-cert", "lws-system", manager)},
+        env={"TRIARCH_KUBECTL": str(binary("kubectl"))})
+
+
+def kuberay_chart(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
+    """The KubeRay operator in place of the pod Triarch's kuberay-operator release runs; starts once the RayService
+    CRD Triarch applies beside the chart is there."""
+    operator = kuberay(plane, pki, spec)
+    [argv] = operator.processes.values()
+    return Operator("kuberay-chart", {"kuberay-operator": _when("crd/rayservices.ray.io", None, argv)},
+                    env={"TRIARCH_KUBECTL": str(binary("kubectl"))})
+
+
 OPERATORS: dict[str, Callable[[Plane, Pki, PlaneSpec], Operator]] = {
-    "keda": keda, "karpenter": karpenter, "kuberay": kuberay, "lws": lws}
+    "keda": keda, "karpenter": karpenter, "kuberay": kuberay, "lws": lws, "lws-chart": lws_chart,
+    "kuberay-chart": kuberay_chart}
 """Every operator a plane can run, by the name a PlaneSpec uses."""

@@ -29,6 +29,10 @@ API_PORT = 6443
 ETCD_PORT = 2379
 STORAGE_CLASS = "kwok-volume"
 """The default storage class: kwok's volume stages give each claim of it a PersistentVolume and bind it."""
+MIRROR_ADDRESS = "127.0.0.1:5000"
+MIRROR_PATH = "charts"
+"""Where a plane's chart mirror serves (HTTPS, on its loopback) and the path its charts sit under: a stack on the
+plane pulls them with triarch:registry.charts `oci://127.0.0.1:5000/charts`."""
 PASSPHRASE = "triarch-local"
 """The Pulumi passphrase of stacks on a local plane when none is set: their state lives and dies with the plane."""
 
@@ -61,6 +65,10 @@ class PlaneSpec:
     """Objects the cluster holds once its operators run (the stack's NodePools on kwok, say)."""
     kubeconfig_copy: Path | None = None
     """Where the stack expects the kubeconfig (its triarch:cluster.kubeconfig), besides the plane's own."""
+    charts: tuple[Path, ...] = ()
+    """Chart archives the plane's mirror (an OCI registry on its loopback) serves; none: no mirror runs."""
+    files: dict[str, bytes] = field(default_factory=dict)
+    """Files the mirror serves beside the charts, by their path under its /files/."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,12 @@ class Plane:
     @property
     def kubeconfig(self) -> Path:
         return self.directory / "kubeconfig"
+
+    @property
+    def trust_bundle(self) -> Path:
+        """The CAs a command on the plane trusts (the system's and the plane's, whose certificate the chart mirror
+        presents): SSL_CERT_FILE for Go's and OpenSSL's clients, as a company installs its mirror's CA."""
+        return self.directory / "trust.pem"
 
     @property
     def state_file(self) -> Path:
@@ -117,6 +131,8 @@ class Plane:
             "UV_OFFLINE": "1",
         })
         env.setdefault("PULUMI_CONFIG_PASSPHRASE", PASSPHRASE)
+        if self.trust_bundle.is_file():
+            env["SSL_CERT_FILE"] = str(self.trust_bundle)
         return env
 
     def command(self, argv: Sequence[str]) -> list[str]:

@@ -9,14 +9,18 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from triarch import refdata
 from triarch.catalog import Catalog, catalog
+from triarch.catalog import charts as pinned_charts
 from triarch.config import StackConfig, driver_of
 from triarch.cost import price_table
 from triarch.local.crds import CRD_SETS, crd_files, existing_crd_sets
-from triarch.local.plane import STORAGE_CLASS, PlaneError, PlaneSpec
+from triarch.local.mirror import MirrorError, read_archive
+from triarch.local.plane import MIRROR_ADDRESS, MIRROR_PATH, STORAGE_CLASS, PlaneError, PlaneSpec
 from triarch.planners.models import plan_models
 from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
 from triarch.planners.objects import plan_kubernetes
+from triarch.planners.registry import crd_sources
 from triarch.planners.serving import EFS_STORAGE_CLASS
 from triarch.scheduling import GPU_RESOURCE, POOL_LABEL, SYSTEM_POOL
 
@@ -130,8 +134,47 @@ def on_kwok(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return found
 
 
+MIRROR_CHARTS = f"oci://{MIRROR_ADDRESS}/{MIRROR_PATH}"
+MIRROR_FILES = f"https://{MIRROR_ADDRESS}/files/"
+
+
+def chart_mirror(stack: StackConfig, chart_dirs: list[Path]) -> tuple[tuple[Path, ...], dict[str, bytes]]:
+    """What the plane's mirror serves for a stack that pulls from it (triarch:registry.charts at
+    oci://127.0.0.1:5000/charts): every chart archive of the first directory given, else of the reference cache;
+    and under /files/ each CRD file the stack takes apart from its chart, as the chart packages it in crds/.
+    Nothing for a stack that pulls elsewhere."""
+    given = stack.registry.charts
+    if not (isinstance(given, str) and given.rstrip("/") == MIRROR_CHARTS):
+        return (), {}
+    missing = [directory for directory in chart_dirs if not directory.is_dir()]
+    if missing:
+        raise PlaneError(f"--charts {missing[0]}: no such directory")
+    try:
+        source = chart_dirs[0] if chart_dirs else refdata.directory("charts")
+    except refdata.ReferenceMissing as absent:
+        raise PlaneError(f"{absent} (or give the archives with --charts DIR)") from None
+    archives = tuple(sorted(source.glob("*.tgz")))
+    if not archives:
+        raise PlaneError(f"no chart archive (*.tgz) in {source}: the stack pulls every chart from the plane's mirror")
+    try:
+        read = {chart.name: chart for chart in map(read_archive, archives)}
+    except MirrorError as error:
+        raise PlaneError(str(error)) from None
+    files: dict[str, bytes] = {}
+    for name in sorted(pinned_charts()):
+        for each in crd_sources(name, stack):
+            if not each.url.startswith(MIRROR_FILES):
+                continue
+            data = read[name].file(f"crds/{each.file}") if name in read else None
+            if data is None:
+                raise PlaneError(f"the chart {name} in {source} has no crds/{each.file}, which the stack takes from "
+                                 f"{each.url}")
+            files[each.url.removeprefix(MIRROR_FILES)] = data
+    return archives, files
+
+
 def spec_for_stack(name: str, stack: StackConfig, references: list[Path], all_crds: bool = False,
-                   from_zero: bool = False) -> PlaneSpec:
+                   from_zero: bool = False, chart_dirs: list[Path] | None = None) -> PlaneSpec:
     """The plane an adopted stack's kubeconfig and context name (a created stack gets a context of its own). From
     zero (a created stack whose pools Karpenter scales), the GPU pools start empty and Karpenter's kwok provider
     runs, offering the instance types Triarch knows."""
@@ -145,11 +188,17 @@ def spec_for_stack(name: str, stack: StackConfig, references: list[Path], all_cr
         classes.append(wanted)
     copy = Path(cluster.kubeconfig_path) if not cluster.create and cluster.kubeconfig else None
     sets = list(CRD_SETS) if all_crds else existing_crd_sets(stack) + (["karpenter"] if from_zero else [])
+    archives, files = chart_mirror(stack, chart_dirs or [])
     operators = tuple(name for name, runs in (
         ("kuberay", stack.kuberay.mode == "existing" and any(m.engine == "ray-serve" for m in stack.models)),
         ("keda", stack.observability.keda == "existing"),
         # a vllm model with stages may span nodes (the tuner says whether): a LeaderWorkerSet needs its controller
         ("lws", stack.leader_worker_set.mode == "existing" and any(
+            m.engine == "vllm" and (m.pipeline_parallel_size or 1) > 1 for m in stack.models)),
+        # In place of the pods of the charts the stack installs from the plane's mirror, once Helm installed them:
+        ("kuberay-chart", bool(archives) and stack.kuberay.mode == "install"
+         and any(m.engine == "ray-serve" for m in stack.models)),
+        ("lws-chart", bool(archives) and stack.leader_worker_set.mode == "install" and any(
             m.engine == "vllm" and (m.pipeline_parallel_size or 1) > 1 for m in stack.models))) if runs)
     return PlaneSpec(
         name=name,
@@ -163,4 +212,6 @@ def spec_for_stack(name: str, stack: StackConfig, references: list[Path], all_cr
         objects=on_kwok([m for pool in plan_kubernetes(stack, plan_models(stack, catalog()), catalog())
                          .node_pools.values() for m in pool]) if from_zero else [],
         kubeconfig_copy=copy,
+        charts=archives,
+        files=files,
     )
