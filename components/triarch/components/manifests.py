@@ -92,7 +92,10 @@ def helm_release(name: str, chart: Chart, namespace: str, values: dict[str, Any]
                  skip_crds: bool = False, docker_config: pulumi.Input[str] | None = None) -> k8s.helm.v3.Release:
     """A pinned chart, rolled back if it fails to become ready, named `name` in the cluster (a Helm release name
     shapes the names of what the chart creates, so it is never auto-named). Where the stack mirrors or pins the
-    chart's images, those values win over the release's own."""
+    chart's images, those values win over the release's own. Null values allowed: without it the provider drops
+    every empty list and null on their way to Helm (provider v4.25.0 excludeNulls), so `capabilities.add: []` left
+    the chart's SYS_ADMIN in place (seen in the DCGM exporter's release record after a real `pulumi up`); with it,
+    Helm coalesces them as it documents (an empty list replaces, a null removes the chart's key)."""
     if chart.image_values:
         values = coalesce(values, chart.image_values)
     if docker_config is not None:
@@ -102,4 +105,17 @@ def helm_release(name: str, chart: Chart, namespace: str, values: dict[str, Any]
         name, name=name, chart=chart.reference, version=chart.version,
         repository_opts=None if chart.is_oci else {"repo": chart.repository},
         namespace=namespace, create_namespace=False, atomic=True, cleanup_on_fail=True, skip_crds=skip_crds or None,
-        values=values, opts=opts)
+        allow_null_values=True, values=values, opts=opts)
+
+
+WEBHOOK_PATCHES = {"MutatingWebhookConfiguration": k8s.admissionregistration.v1.MutatingWebhookConfigurationPatch,
+                   "ValidatingWebhookConfiguration": k8s.admissionregistration.v1.ValidatingWebhookConfigurationPatch}
+
+
+def webhook_gate(patch: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
+    """A chart's webhook configuration, patched (server-side apply) with only the annotations that make the
+    provider wait for it; named `<kind>-<name>-ready`."""
+    cls = WEBHOOK_PATCHES[patch["kind"]]
+    name = f"{patch['kind'].lower()}-{patch['metadata']['name']}-ready"
+    resource: pulumi.CustomResource = cls(name, metadata=patch["metadata"], opts=opts)
+    return resource
