@@ -252,6 +252,11 @@ def leader_worker_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> 
             "replicas": plan.config.replicas,
             # Workers start with their leader, not after it is Ready: the leader waits for them to load its model.
             "startupPolicy": "LeaderCreated",
+            # A headless Service per group, named after its leader pod. With the default (Shared) the controller
+            # makes one named after the set, which is the name of the model's own Service below: made first, it
+            # fails Triarch's apply (a field conflict); made second, the controller takes Triarch's ClusterIP
+            # Service for it and the group's pods get no DNS names (both met on a real `pulumi up`, LWS 0.9.0).
+            "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
             "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": rolling_update(plan)},
             "leaderWorkerTemplate": {
                 "size": plan.nodes_per_replica,
