@@ -9,6 +9,7 @@ from triarch.catalog import Catalog
 from triarch.components.cluster import AdoptedCluster, EksCluster
 from triarch.components.device_plugin import DevicePlugin
 from triarch.components.karpenter import Karpenter, KarpenterPool
+from triarch.components.manifests import webhook_gate
 from triarch.components.nodegroups import ExistingGpuPool, ManagedNodeGroup, gpu_node_group
 from triarch.components.observability import ChartAddOn, Observability, PrometheusStack
 from triarch.components.serving import (
@@ -24,7 +25,7 @@ from triarch.config import SYSTEM_RELEASE_TABLE, StackConfig
 from triarch.planners import pods
 from triarch.planners.device_plugin import device_plugin_values
 from triarch.planners.efa import EFA_CHART, EFA_RELEASE, efa_values
-from triarch.planners.lws import LWS_CHART, LWS_RELEASE, lws_values
+from triarch.planners.lws import LWS_CHART, LWS_RELEASE, lws_values, webhook_gates
 from triarch.planners.models import ModelPlan
 from triarch.planners.monitoring import (
     DCGM_RELEASE,
@@ -179,8 +180,14 @@ class Platform(pulumi.ComponentResource):
             self.lws = ChartAddOn(LWS_RELEASE, self.charts[LWS_CHART], namespace, lws_values(stack), self.provider,
                                   opts=pulumi.ResourceOptions(parent=self), docker_config=self.docker_config,
                                   crds=[(c.file, c.url) for c in crd_sources(LWS_CHART, stack)])
-        # A LeaderWorkerSet needs the controller's CRD and webhooks in place first.
-        grouped = pulumi.ResourceOptions(parent=self, depends_on=[*ready, *([self.lws.release] if self.lws else [])])
+        # A LeaderWorkerSet needs the controller's CRD and webhooks in place first, and its webhooks serving.
+        self.lws_webhooks: list[pulumi.Resource] = []
+        if self.lws is not None:
+            self.lws_webhooks = [webhook_gate(gate, pulumi.ResourceOptions(parent=self.lws, provider=self.provider,
+                                                                           depends_on=[self.lws.release]))
+                                 for gate in webhook_gates()]
+        grouped = pulumi.ResourceOptions(parent=self, depends_on=[*ready, *([self.lws.release] if self.lws else []),
+                                                                  *self.lws_webhooks])
         self.weights_readers: list[WeightsReader] = []
         for plan in models:
             if plan.config.engine == "vllm":

@@ -41,3 +41,23 @@ def lws_values(stack: StackConfig) -> dict[str, Any]:
     if stack.cluster.create:
         values["nodeSelector"] = {POOL_LABEL: SYSTEM_POOL}
     return values
+
+
+WEBHOOK_CONFIGURATIONS = (("MutatingWebhookConfiguration", "lws-mutating-webhook-configuration"),
+                          ("ValidatingWebhookConfiguration", "lws-validating-webhook-configuration"))
+"""The chart's webhook configurations under the release name lws (templates/webhook/webhook.yaml, v0.10.0): every
+webhook `failurePolicy: Fail`, with no caBundle until the manager's certificate rotation injects its CA."""
+WEBHOOK_WAIT_SECONDS = 300
+"""How long `pulumi up` waits for it: Helm's own default wait for a release's resources."""
+
+
+def webhook_gates() -> list[dict[str, Any]]:
+    """Patches that make `pulumi up` wait until the manager has injected its CA into each webhook configuration
+    (the provider's pulumi.com/waitFor), before any LeaderWorkerSet is created. The chart's readiness probe is a
+    ping, so Helm calls the release ready while its webhooks refuse every LeaderWorkerSet (no server, or no CA yet):
+    a real cluster's race for a few seconds, a local plane's for as long as its manager takes to start."""
+    return [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+             "metadata": {"name": name, "annotations": {
+                 "pulumi.com/waitFor": "jsonpath={.webhooks[0].clientConfig.caBundle}",
+                 "pulumi.com/timeoutSeconds": str(WEBHOOK_WAIT_SECONDS)}}}
+            for kind, name in WEBHOOK_CONFIGURATIONS]
