@@ -242,6 +242,7 @@ ENGINE_FIXTURES = frozenset({
     "bare_plane",  # test_real_policy.py: a plane with every CRD and nothing deployed
     "from_zero",  # test_real_karpenter.py: a plane whose Karpenter pools start empty
     "promtool",  # test_alert_rules.py: the built promtool
+    "fresh",  # test_real_charts.py: the fresh stack's whole `pulumi up` on a plane of its own
 })
 """Fixtures that need the built engines (and, for a plane, a network namespace). A test using one, directly or
 through another fixture, gets the `engines` marker: CI runs `pytest -m "not engines"` in its fast job and
@@ -249,7 +250,8 @@ through another fixture, gets the `engines` marker: CI runs `pytest -m "not engi
 marked). A new fixture that starts engines goes here, or requests `engines_required`."""
 
 
-PLANE_GROUPS = {"lab": "lab", "deployed": "lab", "from_zero": "from-zero", "bare_plane": "bare-plane"}
+PLANE_GROUPS = {"lab": "lab", "deployed": "lab", "from_zero": "from-zero", "bare_plane": "bare-plane",
+                "fresh": "fresh"}
 """The session fixture that holds a plane -> the group of every test using it. Under pytest-xdist (`-n N`, the
 suite's default in pyproject's addopts) a group's tests run on one worker, so each plane comes up once per run, while
 the planes and the tests that need none run side by side: the real tier mostly waits on its engines."""

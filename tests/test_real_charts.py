@@ -1,0 +1,230 @@
+"""A whole `pulumi up` on a local plane: the fresh stack, in which Triarch installs every chart an adopted cluster can
+take from it, each pulled by the provider's own Helm from an OCI mirror on the plane's loopback (the pinned archives
+of the reference data), with the real KubeRay and LeaderWorkerSet operators in place of the charts' controller pods.
+
+What it shows, in order: the up waits for the LeaderWorkerSet webhooks, whose manager is started only once the up is
+seen waiting (a `failurePolicy: Fail` webhook with no server refuses every LeaderWorkerSet); every release is
+deployed at its pinned chart, everything it renders is in the cluster and its workloads are Ready; a second preview
+with --refresh changes nothing; a values edit is an in-place release update; destroy leaves no release behind.
+Karpenter's charts are not here: they need an EKS cluster (its endpoint, IAM role and interruption queue come from
+the AWS half, which runs under Pulumi's mocks), and test_real_karpenter runs Karpenter's kwok provider instead."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import gzip
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import compat_data, reference_dir, stack_path
+from engine_tier import require_engines, scratch_project
+from triarch.local import engines
+from triarch.local.lifecycle import down, start_operator, up
+from triarch.local.plane import Plane
+from triarch.local.stack import spec_for_stack
+from triarch.report import validate_stack_file
+
+STACK = "fresh"
+PASSPHRASE = {"PULUMI_CONFIG_PASSPHRASE": "triarch-local"}
+RELEASES = {"nvidia-device-plugin": "nvidia-device-plugin", "kuberay-operator": "kuberay-system",
+            "lws": "lws-system", "prometheus-operator-crds": "monitoring", "kube-prometheus-stack": "monitoring",
+            "dcgm-exporter": "gpu-monitoring", "keda": "keda"}
+"""Every release the fresh stack installs (each named as its chart) and its namespace."""
+LWS_MUTATING = "lws-mutating-webhook-configuration"
+TIMEOUT = 600.0
+
+
+class _Manifests(yaml.SafeLoader):
+    """YAML as Helm writes it: a bare `=` (in the CRDs' enums) is a string, not YAML 1.1's value tag."""
+
+
+_Manifests.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
+
+
+@dataclass
+class Fresh:
+    plane: Plane
+    project: Path
+    first_up: subprocess.CompletedProcess[str]
+    waited_for_webhook: bool
+    """Whether the first up was seen waiting on the LWS webhook (annotated, no CA) with no LeaderWorkerSet made."""
+
+    def pulumi(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = [str(engines.binary("pulumi")), *args, "--stack", STACK, "--non-interactive"]
+        done = subprocess.run(self.plane.command(argv), env={**self.plane.env(), **PASSPHRASE}, cwd=self.project,
+                              capture_output=True, text=True, timeout=TIMEOUT, check=False)
+        if check and done.returncode != 0:
+            raise AssertionError(f"pulumi {' '.join(args)} exited {done.returncode}:\n{done.stdout[-4000:]}\n"
+                                 f"{done.stderr[-3000:]}")
+        return done
+
+    def get(self, *args: str) -> dict[str, Any]:
+        loaded: dict[str, Any] = json.loads(self.plane.kubectl("get", *args, "-o", "json").stdout)
+        return loaded
+
+    def releases(self) -> dict[str, dict[str, Any]]:
+        """Helm's release records (its Secrets), the newest revision of each release, decoded."""
+        newest: dict[str, dict[str, Any]] = {}
+        for secret in self.get("secrets", "-A", "-l", "owner=helm")["items"]:
+            record = json.loads(gzip.decompress(base64.b64decode(base64.b64decode(secret["data"]["release"]))))
+            if record["name"] not in newest or record["version"] > newest[record["name"]]["version"]:
+                newest[record["name"]] = record
+        return newest
+
+
+def _wait(what: str, check: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fresh]:
+    """The fresh stack's first `pulumi up` on a plane of its own, the LWS manager started only once the up waits."""
+    require_engines()
+    reference_dir("charts")  # the mirror's archives come from the reference cache
+    patch = pytest.MonkeyPatch()
+    patch.setenv("TRIARCH_LOCAL_HOME", str(tmp_path_factory.mktemp("fresh-plane")))
+    name = f"f{os.getpid()}"
+    project = scratch_project(tmp_path_factory.mktemp("fresh-project"))
+    document = yaml.safe_load(stack_path(STACK).read_text())
+    config = {k: v for k, v in document["config"].items() if k != "triarch:grafanaAdminPassword"}
+    config["triarch:cluster"]["kubeconfig"] = str(project / "kubeconfig")
+    (project / f"Pulumi.{STACK}.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
+    validated = validate_stack_file(STACK, project / f"Pulumi.{STACK}.yaml")
+    spec = spec_for_stack(name, validated.stack, [])
+    assert "lws-chart" in spec.operators and spec.charts
+    late = dataclasses.replace(spec, operators=tuple(o for o in spec.operators if o != "lws-chart"))
+    try:
+        plane = up(late, log=lambda _: None)
+        fresh = Fresh(plane, project, subprocess.CompletedProcess([], 0), False)
+        fresh.pulumi("stack", "init", "--secrets-provider", "passphrase")
+        fresh.pulumi("config", "set", "--secret", "triarch:grafanaAdminPassword", "not-a-real-password")
+        argv = [str(engines.binary("pulumi")), "up", "--yes", "--skip-preview", "--stack", STACK,
+                "--non-interactive"]
+        running = subprocess.Popen(plane.command(argv), env={**plane.env(), **PASSPHRASE}, cwd=project,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def waiting_on_webhook() -> bool:
+            if running.poll() is not None:
+                return True
+            done = plane.kubectl("get", "mutatingwebhookconfiguration", LWS_MUTATING, "-o", "json", check=False)
+            if done.returncode != 0:
+                return False
+            hook = json.loads(done.stdout)
+            annotated = "pulumi.com/waitFor" in (hook["metadata"].get("annotations") or {})
+            return annotated and not hook["webhooks"][0]["clientConfig"].get("caBundle")
+
+        _wait("the up to wait on the LeaderWorkerSet webhook", waiting_on_webhook)
+        made = plane.kubectl("get", "leaderworkersets", "-A", "-o", "name").stdout.strip()
+        fresh.waited_for_webhook = running.poll() is None and made == ""
+        start_operator(plane, "lws-chart")
+        stdout, stderr = running.communicate(timeout=TIMEOUT)
+        fresh.first_up = subprocess.CompletedProcess(argv, running.returncode, stdout, stderr)
+        yield fresh
+    finally:
+        down(name, quiet=True)
+        patch.undo()
+
+
+def test_the_up_waits_for_the_webhooks_server_and_succeeds(fresh: Fresh) -> None:
+    assert fresh.waited_for_webhook, "the up did not wait for the LWS webhook (or made a LeaderWorkerSet first)"
+    errors = [line.strip() for line in fresh.first_up.stdout.splitlines() if "error:" in line]
+    assert fresh.first_up.returncode == 0, "\n".join(errors[-6:]) or fresh.first_up.stderr[-2000:]
+
+
+def test_every_release_is_deployed_at_its_pinned_chart_from_the_mirror(fresh: Fresh) -> None:
+    pinned = compat_data("charts")["charts"]
+    records = fresh.releases()
+    assert set(records) == set(RELEASES)
+    for name, record in records.items():
+        assert record["info"]["status"] == "deployed", name
+        assert record["namespace"] == RELEASES[name], name
+        assert record["chart"]["metadata"]["version"] == pinned[name]["version"], name
+    state = json.loads(fresh.pulumi("stack", "export").stdout)
+    charts = {r["inputs"]["name"]: r["inputs"]["chart"] for r in state["deployment"]["resources"]
+              if r["type"] == "kubernetes:helm.sh/v3:Release"}
+    assert charts == {name: f"oci://127.0.0.1:5000/charts/{name}" for name in RELEASES}
+
+
+def test_every_object_each_chart_renders_is_in_the_cluster(fresh: Fresh) -> None:
+    for name, record in fresh.releases().items():
+        documents = [d for d in yaml.load_all(record["manifest"], Loader=_Manifests) if d]
+        assert documents, name
+        for document in documents:  # Helm puts what names no namespace in the release's (kubectl ignores it
+            document["metadata"].setdefault("namespace", record["namespace"])  # on cluster-wide kinds)
+        found = fresh.plane.kubectl("get", "-f", "-", "-o", "name", input=yaml.safe_dump_all(documents))
+        assert len(found.stdout.split()) == len(documents), name
+
+
+def test_every_workload_the_charts_run_is_ready(fresh: Fresh) -> None:
+    for deployment in fresh.get("deployments", "-A")["items"]:
+        where = f"{deployment['metadata']['namespace']}/{deployment['metadata']['name']}"
+        assert deployment["status"].get("availableReplicas") == deployment["spec"]["replicas"], where
+    daemonsets = {d["metadata"]["name"]: d for d in fresh.get("daemonsets", "-A")["items"]}
+    for name, daemonset in daemonsets.items():
+        assert daemonset["status"].get("numberReady", 0) == daemonset["status"]["desiredNumberScheduled"], name
+    gpu_nodes = 7  # the stack's three l4 and four a10g nodes
+    assert daemonsets["nvidia-device-plugin"]["status"]["numberReady"] == gpu_nodes
+    assert daemonsets["dcgm-exporter"]["status"]["numberReady"] == gpu_nodes
+
+
+def test_the_charts_webhooks_are_served_by_the_real_operators(fresh: Fresh) -> None:
+    """The LWS manager's pod webhook, called through the chart's webhook configuration and Service, gave the
+    group's pods their environment; the KubeRay operator made the RayService's cluster."""
+    pods = fresh.get("pods", "-n", "llm", "-l", "leaderworkerset.sigs.k8s.io/name=wide")["items"]
+    assert len(pods) == 2
+    for pod in pods:
+        env = {e["name"] for c in pod["spec"]["containers"] for e in c.get("env") or []}
+        assert {"LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX"} <= env, pod["metadata"]["name"]
+    hook = fresh.get("mutatingwebhookconfiguration", LWS_MUTATING)
+    assert hook["webhooks"][0]["clientConfig"]["service"]["name"] == "lws-webhook-service"
+    assert fresh.get("rayclusters", "-n", "llm")["items"], "KubeRay made no RayCluster"
+
+
+def test_the_dcgm_exporter_runs_with_no_capability(fresh: Fresh) -> None:
+    """Its chart adds SYS_ADMIN; Triarch's values replace the list with an empty one, which reaches Helm only with
+    null values allowed (the provider drops empty lists otherwise)."""
+    daemonset = fresh.get("daemonset", "dcgm-exporter", "-n", "gpu-monitoring")
+    [container] = daemonset["spec"]["template"]["spec"]["containers"]
+    capabilities = container["securityContext"]["capabilities"]
+    assert not capabilities.get("add") and capabilities["drop"] == ["ALL"]
+
+
+def test_a_second_preview_with_refresh_changes_nothing(fresh: Fresh) -> None:
+    fresh.pulumi("preview", "--refresh", "--expect-no-changes")
+
+
+def test_a_values_edit_is_an_in_place_release_update(fresh: Fresh) -> None:
+    stack_file = fresh.project / f"Pulumi.{STACK}.yaml"
+    document = yaml.safe_load(stack_file.read_text())
+    document["config"]["triarch:observability"]["retention"] = "30d"
+    stack_file.write_text(yaml.safe_dump(document, sort_keys=False))
+    preview = json.loads(fresh.pulumi("preview", "--json").stdout)
+    changed = {step["urn"].rsplit("::", 1)[1]: step["op"] for step in preview["steps"] if step["op"] != "same"}
+    assert changed == {"kube-prometheus-stack": "update"}
+    fresh.pulumi("up", "--yes", "--skip-preview")
+    record = fresh.releases()["kube-prometheus-stack"]
+    assert record["version"] == 2 and record["info"]["status"] == "deployed"
+    [prometheus] = fresh.get("prometheuses", "-n", "monitoring")["items"]
+    assert prometheus["spec"]["retention"] == "30d"
+
+
+def test_destroy_leaves_no_release_and_only_the_crds_kept_by_design(fresh: Fresh) -> None:
+    fresh.pulumi("destroy", "--yes", "--skip-preview")
+    assert fresh.get("secrets", "-A", "-l", "owner=helm")["items"] == []
+    namespaces = {n["metadata"]["name"] for n in fresh.get("namespaces")["items"]}
+    assert not namespaces & {*RELEASES.values(), "llm"}
