@@ -86,3 +86,18 @@ def test_resources_name_their_file_and_document(tmp_path: Path) -> None:
     path.write_text(PRIVILEGED_GPU + "---\n" + PRIVILEGED_GPU.replace("name: llama,", "name: other,"))
     resources: list[Any] = read_manifests([str(path)])
     assert [r.urn for r in resources] == [f"{path}#1:Deployment/llama", f"{path}#2:Deployment/other"]
+
+
+def test_a_bare_equals_sign_is_a_string_as_kubernetes_reads_it(tmp_path: Path) -> None:
+    """The Prometheus Operator's CRDs list `=` among a field's enum values (prometheus-operator-crds 31.0.1, as
+    `helm template` writes it); PyYAML's safe loader takes a bare `=` for YAML 1.1's value tag and refuses it."""
+    crd = ("apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n"
+           "  name: probes.monitoring.coreos.com\nspec:\n  versions:\n  - name: v1\n    schema:\n"
+           "      openAPIV3Schema:\n        properties:\n          action:\n            enum:\n            - =\n"
+           "            - '!='\n")
+    path = tmp_path / "crds.yaml"
+    path.write_text(crd)
+    [resource] = read_manifests([str(path)])
+    schema = resource.props["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert schema["properties"]["action"]["enum"] == ["=", "!="]
+    assert main(["check", "--manifests", str(path)]) == 0

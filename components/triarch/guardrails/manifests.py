@@ -15,6 +15,14 @@ import yaml
 from triarch.errors import TriarchError
 from triarch.guardrails.base import Resource
 
+
+class KubernetesYaml(yaml.SafeLoader):
+    """YAML as Kubernetes reads it: a bare `=` is a string (an enum value in the Prometheus Operator's CRDs), not
+    YAML 1.1's value tag, which PyYAML's safe loader refuses."""
+
+
+KubernetesYaml.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
+
 SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -58,7 +66,7 @@ def read_manifests(paths: Iterable[str]) -> list[Resource]:
     resources: list[Resource] = []
     for source, text in _files(paths):
         try:
-            documents = list(yaml.safe_load_all(text))
+            documents = list(yaml.load_all(text, Loader=KubernetesYaml))
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""
