@@ -26,8 +26,10 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import compat_data, reference_dir, stack_path
+from conftest import ROOT, compat_data, reference_dir, stack_path
 from engine_tier import require_engines, scratch_project
+from triarch.guardrails.check import evaluate, load_policy_config
+from triarch.guardrails.manifests import KubernetesYaml, read_manifests
 from triarch.local import engines
 from triarch.local.lifecycle import down, start_operator, up
 from triarch.local.plane import Plane
@@ -42,13 +44,6 @@ RELEASES = {"nvidia-device-plugin": "nvidia-device-plugin", "kuberay-operator": 
 """Every release the fresh stack installs (each named as its chart) and its namespace."""
 LWS_MUTATING = "lws-mutating-webhook-configuration"
 TIMEOUT = 600.0
-
-
-class _Manifests(yaml.SafeLoader):
-    """YAML as Helm writes it: a bare `=` (in the CRDs' enums) is a string, not YAML 1.1's value tag."""
-
-
-_Manifests.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
 
 
 @dataclass
@@ -162,7 +157,7 @@ def test_every_release_is_deployed_at_its_pinned_chart_from_the_mirror(fresh: Fr
 
 def test_every_object_each_chart_renders_is_in_the_cluster(fresh: Fresh) -> None:
     for name, record in fresh.releases().items():
-        documents = [d for d in yaml.load_all(record["manifest"], Loader=_Manifests) if d]
+        documents = [d for d in yaml.load_all(record["manifest"], Loader=KubernetesYaml) if d]
         assert documents, name
         for document in documents:  # Helm puts what names no namespace in the release's (kubectl ignores it
             document["metadata"].setdefault("namespace", record["namespace"])  # on cluster-wide kinds)
@@ -202,6 +197,46 @@ def test_the_dcgm_exporter_runs_with_no_capability(fresh: Fresh) -> None:
     [container] = daemonset["spec"]["template"]["spec"]["containers"]
     capabilities = container["securityContext"]["capabilities"]
     assert not capabilities.get("add") and capabilities["drop"] == ["ALL"]
+
+
+def test_what_the_charts_render_passes_the_guardrails_with_the_packs_config(fresh: Fresh, tmp_path: Path) -> None:
+    """Each release as Helm rendered it, judged by `triarch check --manifests`' rules with the pack's config: no
+    mandatory finding; the node agents that need a privilege are the exemptions policies/config.json lists, each
+    with its reason."""
+    config = load_policy_config(ROOT / "policies" / "config.json")
+    exempted = {e["name"] for e in config["no-privileged-pods"]["exempt"]}
+    without = {**config, "no-privileged-pods": {**config["no-privileged-pods"], "exempt": []}}
+    flagged = set()
+    for name, record in fresh.releases().items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(record["manifest"])
+        findings = evaluate(read_manifests([str(path)]), config)
+        assert [f.message for f in findings if f.enforcement == "mandatory"] == [], name
+        flagged |= {f.message.split()[1].rstrip(":") for f in evaluate(read_manifests([str(path)]), without)
+                    if f.rule.name == "no-privileged-pods"}
+    assert flagged == exempted  # each exemption is needed, and none is missing
+
+
+def test_every_pod_template_the_charts_render_is_admitted_by_its_namespaces_pod_security(fresh: Fresh) -> None:
+    """Pod Security only warns on a workload; its pods are what `enforce` refuses. Each pod template of every
+    release, dry-run as a Pod in the release's namespace: admitted, and no "would violate" warning."""
+    kinds = {"Deployment", "DaemonSet", "StatefulSet", "Job"}
+    checked = 0
+    for name, record in fresh.releases().items():
+        for document in yaml.load_all(record["manifest"], Loader=KubernetesYaml):
+            if not document or document["kind"] not in kinds:
+                continue
+            template = document["spec"]["template"]
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"generateName": "pod-security-", "namespace": record["namespace"],
+                                "labels": template.get("metadata", {}).get("labels") or {}},
+                   "spec": template["spec"]}
+            done = fresh.plane.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
+            where = f"{name}: {document['kind']} {document['metadata']['name']}"
+            assert done.returncode == 0, f"{where}: {done.stderr.strip()}"
+            assert "PodSecurity" not in done.stderr, f"{where}: {done.stderr.strip()}"
+            checked += 1
+    assert checked >= 12
 
 
 def test_a_second_preview_with_refresh_changes_nothing(fresh: Fresh) -> None:
