@@ -185,6 +185,9 @@ def test_the_charts_webhooks_are_served_by_the_real_operators(fresh: Fresh) -> N
     for pod in pods:
         env = {e["name"] for c in pod["spec"]["containers"] for e in c.get("env") or []}
         assert {"LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX"} <= env, pod["metadata"]["name"]
+    services = {s["metadata"]["name"]: s for s in fresh.get("services", "-n", "llm")["items"]}
+    assert services["wide-0"]["spec"]["clusterIP"] == "None"  # the group's own headless Service, from the controller
+    assert services["wide"]["spec"]["clusterIP"] != "None"  # the model's Service, Triarch's
     hook = fresh.get("mutatingwebhookconfiguration", LWS_MUTATING)
     assert hook["webhooks"][0]["clientConfig"]["service"]["name"] == "lws-webhook-service"
     assert fresh.get("rayclusters", "-n", "llm")["items"], "KubeRay made no RayCluster"
