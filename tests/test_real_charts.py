@@ -28,6 +28,7 @@ import yaml
 
 from conftest import ROOT, compat_data, reference_dir, stack_path
 from engine_tier import require_engines, scratch_project
+from triarch.cli import main
 from triarch.guardrails.check import evaluate, load_policy_config
 from triarch.guardrails.manifests import KubernetesYaml, read_manifests
 from triarch.local import engines
@@ -246,14 +247,21 @@ def test_a_second_preview_with_refresh_changes_nothing(fresh: Fresh) -> None:
     fresh.pulumi("preview", "--refresh", "--expect-no-changes")
 
 
-def test_a_values_edit_is_an_in_place_release_update(fresh: Fresh) -> None:
+def test_a_values_edit_is_an_in_place_release_update(fresh: Fresh, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     stack_file = fresh.project / f"Pulumi.{STACK}.yaml"
+    assert main(["plan", "--stack-file", str(stack_file), "--out", str(tmp_path / "base")]) == 0
     document = yaml.safe_load(stack_file.read_text())
     document["config"]["triarch:observability"]["retention"] = "30d"
     stack_file.write_text(yaml.safe_dump(document, sort_keys=False))
     preview = json.loads(fresh.pulumi("preview", "--json").stdout)
     changed = {step["urn"].rsplit("::", 1)[1]: step["op"] for step in preview["steps"] if step["op"] != "same"}
     assert changed == {"kube-prometheus-stack": "update"}
+    capsys.readouterr()
+    main(["diff", "--base", str(tmp_path / "base"), "--stack-file", str(stack_file), "--format", "json"])
+    diff = json.loads(capsys.readouterr().out)
+    assert [(c["name"], c["cause"]) for c in diff["changed"]] == [("kube-prometheus-stack", "updated in place")]
+    assert diff["replaced"] == [] and diff["removed"] == [] and diff["added"] == []
     fresh.pulumi("up", "--yes", "--skip-preview")
     record = fresh.releases()["kube-prometheus-stack"]
     assert record["version"] == 2 and record["info"]["status"] == "deployed"

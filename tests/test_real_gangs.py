@@ -121,7 +121,11 @@ def test_each_group_is_a_leader_and_a_worker_that_finds_it(gangs: GangStack) -> 
         [container] = worker["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
         # the webhook's environment, which the worker's args name: $(LWS_LEADER_ADDRESS), $(LWS_WORKER_INDEX)
-        assert env["LWS_LEADER_ADDRESS"] == f"{leader['metadata']['name']}.chat.{NAMESPACE}"
+        # the group's own headless Service, named after its leader (UniquePerReplica), not the model's Service
+        leader_name = leader["metadata"]["name"]
+        assert env["LWS_LEADER_ADDRESS"] == f"{leader_name}.{leader_name}.{NAMESPACE}"
+        assert worker["spec"]["subdomain"] == leader_name
+        assert gangs.lab.kubectl_json("get", "service", leader_name, "-n", NAMESPACE)["spec"]["clusterIP"] == "None"
         assert env["LWS_WORKER_INDEX"] == "1" and env["LWS_GROUP_SIZE"] == "2"
         assert "$(LWS_LEADER_ADDRESS)" in container["args"] and "--headless" in container["args"]
         assert worker["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
