@@ -21,7 +21,11 @@ class KubernetesYaml(yaml.SafeLoader):
     YAML 1.1's value tag, which PyYAML's safe loader refuses."""
 
 
-KubernetesYaml.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
+def _string(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    return loader.construct_scalar(node) if isinstance(node, yaml.ScalarNode) else loader.construct_object(node)
+
+
+KubernetesYaml.add_constructor("tag:yaml.org,2002:value", _string)
 
 SUFFIXES = (".yaml", ".yml", ".json")
 
