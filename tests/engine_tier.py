@@ -12,7 +12,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,17 @@ def engines_required() -> None:
     """For a test that starts engines without the lab (`@pytest.mark.usefixtures("engines_required")`): it skips
     (fails under CI=true) as the tier does, and it puts the test in the tier (the `engines` marker, conftest.py)."""
     require_engines()
+
+
+def eventually(check: Callable[[], bool], timeout: float, interval: float = 2.0) -> bool:
+    """Poll `check` until it holds (True) or `timeout` seconds pass (False): a condition awaited, never a fixed
+    sleep. The caller says what did not happen, with what it knows of why."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(interval)
+    return False
 
 
 def scratch_project(directory: Path, program: str | None = None) -> Path:

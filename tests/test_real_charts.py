@@ -17,8 +17,7 @@ import gzip
 import json
 import os
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, compat_data, reference_dir, stack_path
-from engine_tier import require_engines, scratch_project
+from engine_tier import eventually, require_engines, scratch_project
 from triarch.cli import main
 from triarch.guardrails.check import evaluate, load_policy_config
 from triarch.guardrails.manifests import KubernetesYaml, read_manifests
@@ -78,15 +77,6 @@ class Fresh:
         return newest
 
 
-def _wait(what: str, check: Callable[[], bool], timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 @pytest.fixture(scope="session")
 def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fresh]:
     """The fresh stack's first `pulumi up` on a plane of its own, the LWS manager started only once the up waits."""
@@ -124,7 +114,7 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fresh]:
             annotated = "pulumi.com/waitFor" in (hook["metadata"].get("annotations") or {})
             return annotated and not hook["webhooks"][0]["clientConfig"].get("caBundle")
 
-        _wait("the up to wait on the LeaderWorkerSet webhook", waiting_on_webhook)
+        assert eventually(waiting_on_webhook, TIMEOUT, 0.5), "the up never waited on the LeaderWorkerSet webhook"
         made = plane.kubectl("get", "leaderworkersets", "-A", "-o", "name").stdout.strip()
         fresh.waited_for_webhook = running.poll() is None and made == ""
         start_operator(plane, "lws-chart")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from engine_tier import Lab, scratch_project
+from engine_tier import Lab, eventually, scratch_project
 from triarch.local import engines
 from triarch.local.crds import crd_files
 from triarch.local.lifecycle import install_crds, start_operator, stop_operator
@@ -70,11 +69,8 @@ class GangStack:
         return self.items("pods", "-l", f"{NAME_LABEL}=chat")
 
     def wait(self, what: str, check: Callable[[], bool], timeout: float = TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if check():
-                return
-            time.sleep(2)
+        if eventually(check, timeout):
+            return
         states = [(p["metadata"]["name"], p["status"].get("phase"), p["spec"].get("nodeName")) for p in self.pods()]
         log = (self.lab.plane.directory / "logs" / "lws-manager.log").read_text()[-1500:]
         raise AssertionError(f"{what} did not happen within {timeout:.0f}s\npods: {states}\n{log}")

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from conftest import stack_path
-from engine_tier import require_engines
+from engine_tier import eventually, require_engines
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
 from triarch.errors import ConfigError
@@ -74,11 +74,8 @@ class FromZero:
         self.wait("the l4 pool empty", lambda: not self.pool_nodes("l4"), 240)
 
     def wait(self, what: str, check: Callable[[], bool], timeout: float = LAUNCH_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if check():
-                return
-            time.sleep(2)
+        if eventually(check, timeout):
+            return
         claims = self.plane.kubectl("get", "nodeclaims", "-o", "wide", check=False).stdout
         log = (self.plane.directory / "logs" / "karpenter.log").read_text()[-3000:]
         raise AssertionError(f"{what} did not happen within {timeout:.0f}s\n{claims}\n{log}")

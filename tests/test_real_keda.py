@@ -13,7 +13,6 @@ import copy
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from engine_tier import Lab, scratch_project
+from engine_tier import Lab, eventually, scratch_project
 from triarch.local import engines
 from triarch.local.crds import crd_files
 from triarch.local.lifecycle import start_operator, stop_operator
@@ -120,11 +119,8 @@ def keda_stack(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def _wait_for(what: str, check: Any, timeout: float, stack: KedaStack) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(3)
+    if eventually(check, timeout, 3):
+        return
     hpa = stack.lab.plane.kubectl("describe", "hpa", "-n", NAMESPACE, check=False).stdout[-2500:]
     logs = (stack.lab.plane.directory / "logs" / "keda-operator.log").read_text()[-2000:]
     raise AssertionError(f"{what} did not happen within {timeout:.0f}s\n{hpa}\n{logs}")

@@ -13,7 +13,6 @@ import copy
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, write_stack_file
-from engine_tier import Lab, scratch_project
+from engine_tier import Lab, eventually, scratch_project
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
 from triarch.local import engines
@@ -81,11 +80,8 @@ class RayStack:
                     None)
 
     def wait(self, what: str, check: Callable[[], bool], timeout: float = TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if check():
-                return
-            time.sleep(2)
+        if eventually(check, timeout):
+            return
         log = (self.lab.plane.directory / "logs" / "kuberay-operator.log").read_text()[-1500:]
         raise AssertionError(f"{what} did not happen within {timeout:.0f}s\n{self.unplaced()}\n{log}")
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import yaml
 
-from engine_tier import Lab
+from engine_tier import Lab, eventually
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
 from triarch.planners.models import plan_models
@@ -49,11 +48,8 @@ def free_gpus(lab: Lab) -> int:
 
 
 def wait(what: str, check: Callable[[], bool], lab: Lab) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(2)
+    if eventually(check, TIMEOUT):
+        return
     pods = lab.plane.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide", check=False).stdout
     raise AssertionError(f"{what} did not happen within {TIMEOUT}s\n{pods}")
 
