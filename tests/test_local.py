@@ -364,6 +364,37 @@ def test_local_up_names_a_crds_directory_that_does_not_exist(tmp_path: Path,
     assert capsys.readouterr().err == f"error: --crds {tmp_path / 'nowhere'}: no such directory\n"
 
 
+def test_local_up_names_a_charts_directory_that_does_not_exist(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from triarch.cli import main
+
+    assert main(["local", "up", "--stack", "fresh", "--charts", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err == f"error: --charts {tmp_path / 'nowhere'}: no such directory\n"
+
+
+def test_the_fresh_stacks_mirror_serves_every_archive_and_the_crd_files_it_takes_apart(
+        mutated_config: MutatedConfig) -> None:
+    """The plane's mirror for a stack pulling from it: the archives given, and under /files/ each CRD file of
+    KubeRay's and LWS's charts at <chart>/<version>/<file>, as the charts package them in crds/; another stack's
+    plane serves nothing."""
+    from conftest import reference_dir
+    from triarch.config import from_pulumi_config
+    from triarch.local.stack import chart_mirror
+
+    charts = reference_dir("charts")
+    archives, files = chart_mirror(from_pulumi_config(mutated_config("fresh", lambda c: None)), [charts])
+    assert {a.name for a in archives} >= {"lws-v0.10.0.tgz", "kuberay-operator-1.7.0.tgz", "keda-2.20.2.tgz"}
+    assert sorted(files) == sorted(
+        [f"crds/kuberay-operator/1.7.0/ray.io_{kind}.yaml" for kind in
+         ("rayclusters", "raycronjobs", "rayjobs", "rayservices")]
+        + [f"crds/lws/v0.10.0/{name}.yaml" for name in
+           ("disaggregatedset.x-k8s.io_disaggregatedsetrolescalers", "disaggregatedset.x-k8s.io_disaggregatedsets",
+            "leaderworkerset.x-k8s.io_leaderworkersets")])
+    lws_crd = files["crds/lws/v0.10.0/leaderworkerset.x-k8s.io_leaderworkersets.yaml"]
+    assert b"kind: CustomResourceDefinition" in lws_crd
+    assert chart_mirror(from_pulumi_config(mutated_config("lab", lambda c: None)), [charts]) == ((), {})
+
+
 def test_a_crd_set_found_nowhere_says_how_to_supply_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("triarch.local.crds._from_module", lambda crds: None)
     monkeypatch.setenv("TRIARCH_REFERENCE_CACHE", str(tmp_path / "empty"))

@@ -347,9 +347,10 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     from triarch.local.stack import spec_for_stack
     from triarch.report import validate_stack_file
 
-    missing = [d for d in args.crds or [] if not Path(d).is_dir()]
-    if missing:
-        raise TriarchError(f"--crds {missing[0]}: no such directory")
+    for option, given in (("--crds", args.crds), ("--charts", args.charts)):
+        missing = [d for d in given or [] if not Path(d).is_dir()]
+        if missing:
+            raise TriarchError(f"{option} {missing[0]}: no such directory")
     name, path = _stack_source(args)
     validated = validate_stack_file(name, path)
     spec = spec_for_stack(args.name or name, validated.stack, [Path(d) for d in args.crds or []], args.all_crds,
