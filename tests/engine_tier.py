@@ -205,3 +205,38 @@ def resources_by_type(state: dict[str, Any], prefix: str = "kubernetes:") -> dic
 
 def names(items: Sequence[dict[str, Any]]) -> list[str]:
     return sorted(i["metadata"]["name"] for i in items)
+
+
+def pod_templates(document: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each pod template an object holds, with where it sits: a workload's, a LeaderWorkerSet's leader and worker
+    templates, a RayService's (or RayCluster's) head and worker groups'."""
+    kind, spec = document.get("kind"), document.get("spec") or {}
+    if kind in ("Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"):
+        return [("template", spec["template"])]
+    if kind == "CronJob":
+        return [("jobTemplate", spec["jobTemplate"]["spec"]["template"])]
+    if kind == "LeaderWorkerSet":
+        roles = spec["leaderWorkerTemplate"]
+        return [(role, roles[role]) for role in ("leaderTemplate", "workerTemplate") if role in roles]
+    if kind in ("RayService", "RayCluster"):
+        cluster = spec["rayClusterConfig"] if kind == "RayService" else spec
+        return [("head", cluster["headGroupSpec"]["template"]),
+                *((f"worker group {g['groupName']}", g["template"]) for g in cluster.get("workerGroupSpecs") or [])]
+    return []
+
+
+def refused_as_pod(plane: Plane, document: dict[str, Any], namespace: str) -> list[str]:
+    """Each pod template of `document`, created as a Pod in `namespace` in a server-side dry run: what the API server
+    refused, and any Pod Security warning it gave. A workload only draws Pod Security's warnings; its pods are what
+    the `enforce` level refuses."""
+    found = []
+    for where, template in pod_templates(document):
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"generateName": "pod-security-", "namespace": namespace,
+                            "labels": (template.get("metadata") or {}).get("labels") or {}},
+               "spec": template["spec"]}
+        done = plane.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
+        said = f"{document['kind']} {document['metadata']['name']} ({where}): {done.stderr.strip()}"
+        if done.returncode != 0 or "PodSecurity" in done.stderr:
+            found.append(said)
+    return found

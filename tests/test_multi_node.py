@@ -180,6 +180,8 @@ def test_a_groups_pods_share_a_zone_and_the_groups_spread(large: StackPlan) -> N
     spreads = template["leaderTemplate"]["spec"]["topologySpreadConstraints"]
     by_zone = next(c for c in spreads if c["topologyKey"] == "topology.kubernetes.io/zone")
     assert by_zone["labelSelector"]["matchLabels"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    # The leaders of a rolling update's new revision spread among themselves, not against the groups they replace.
+    assert all(c["matchLabelKeys"] == ["leaderworkerset.sigs.k8s.io/template-revision-hash"] for c in spreads)
     assert "topologySpreadConstraints" not in template["workerTemplate"]["spec"]  # workers follow their leader
 
 

@@ -2,10 +2,13 @@
 take from it, each pulled by the provider's own Helm from an OCI mirror on the plane's loopback (the pinned archives
 of the reference data), with the real KubeRay and LeaderWorkerSet operators in place of the charts' controller pods.
 
-What it shows, in order: the up waits for the LeaderWorkerSet webhooks, whose manager is started only once the up is
-seen waiting (a `failurePolicy: Fail` webhook with no server refuses every LeaderWorkerSet); every release is
-deployed at its pinned chart, everything it renders is in the cluster and its workloads are Ready; a second preview
-with --refresh changes nothing; a values edit is an in-place release update; destroy leaves no release behind.
+What it shows, in order: an up whose LeaderWorkerSet manager never starts waits on the LWS webhooks (a
+`failurePolicy: Fail` webhook with no server refuses every LeaderWorkerSet), then fails naming them, every release
+installed; the next up, its manager started once the up is seen waiting, succeeds; every release is deployed at its
+pinned chart, everything it renders is in the cluster and its workloads are Ready; a second preview with --refresh
+changes nothing; a chart bump (an archive repacked one version on and pushed) and a values edit are in-place release
+updates; a chart version whose schema refuses a value, and one the mirror lacks, fail the up naming what and change
+nothing; destroy leaves no release behind.
 Karpenter's charts are not here: they need an EKS cluster (its endpoint, IAM role and interruption queue come from
 the AWS half, which runs under Pulumi's mocks), and test_real_karpenter runs Karpenter's kwok provider instead."""
 
@@ -14,9 +17,13 @@ from __future__ import annotations
 import base64
 import dataclasses
 import gzip
+import io
 import json
 import os
+import shutil
 import subprocess
+import sys
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,15 +32,18 @@ from typing import Any
 import pytest
 import yaml
 
+import triarch.catalog
 from conftest import ROOT, compat_data, reference_dir, stack_path
-from engine_tier import eventually, require_engines, scratch_project
+from engine_tier import eventually, pod_templates, refused_as_pod, require_engines, scratch_project
 from triarch.cli import main
 from triarch.guardrails.check import evaluate, load_policy_config
 from triarch.guardrails.manifests import KubernetesYaml, read_manifests
 from triarch.local import engines
 from triarch.local.lifecycle import down, start_operator, up
-from triarch.local.plane import Plane
+from triarch.local.mirror import read_archive
+from triarch.local.plane import MIRROR_ADDRESS, MIRROR_PATH, Plane
 from triarch.local.stack import spec_for_stack
+from triarch.paths import COMPAT_DIR
 from triarch.report import validate_stack_file
 
 STACK = "fresh"
@@ -46,13 +56,31 @@ LWS_MUTATING = "lws-mutating-webhook-configuration"
 TIMEOUT = 600.0
 
 
+GATE_SECONDS = 30
+"""How long the first up's webhook gates wait (Triarch's own wait is five minutes): the manager never starts."""
+
+
+def use_program(project: Path, what: str = "", patches: str = "") -> None:
+    """Point the scratch project at Triarch's program, or at one that first swaps one of its inputs (`patches`):
+    a test's stand-in for a Triarch whose pins differ, the program otherwise Triarch's own."""
+    if not patches:
+        scratch_project(project)
+        return
+    program = f'"""Triarch\'s program, {what}."""\n\n{patches}\nfrom triarch.program import main\n\nmain()\n'
+    scratch_project(project, program)
+
+
 @dataclass
 class Fresh:
     plane: Plane
     project: Path
+    gateless_up: subprocess.CompletedProcess[str]
+    """The first up, whose LWS webhook server never starts (its gates wait GATE_SECONDS)."""
+    after_gateless_up: dict[str, Any]
+    """What the cluster held right after it: each release's status, the LeaderWorkerSets."""
     first_up: subprocess.CompletedProcess[str]
     waited_for_webhook: bool
-    """Whether the first up was seen waiting on the LWS webhook (annotated, no CA) with no LeaderWorkerSet made."""
+    """Whether the second up was seen waiting on the LWS webhook (annotated, no CA) with no LeaderWorkerSet made."""
 
     def pulumi(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         argv = [str(engines.binary("pulumi")), *args, "--stack", STACK, "--non-interactive"]
@@ -79,7 +107,8 @@ class Fresh:
 
 @pytest.fixture(scope="session")
 def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fresh]:
-    """The fresh stack's first `pulumi up` on a plane of its own, the LWS manager started only once the up waits."""
+    """The fresh stack's `pulumi up` on a plane of its own: first with the LWS manager never started (the up fails on
+    its webhook gates), then again, the manager started once the up waits."""
     require_engines()
     reference_dir("charts")  # the mirror's archives come from the reference cache
     patch = pytest.MonkeyPatch()
@@ -96,9 +125,17 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fresh]:
     late = dataclasses.replace(spec, operators=tuple(o for o in spec.operators if o != "lws-chart"))
     try:
         plane = up(late, log=lambda _: None)
-        fresh = Fresh(plane, project, subprocess.CompletedProcess([], 0), False)
+        nothing = subprocess.CompletedProcess([], 0)
+        fresh = Fresh(plane, project, nothing, {}, nothing, False)
         fresh.pulumi("stack", "init", "--secrets-provider", "passphrase")
         fresh.pulumi("config", "set", "--secret", "triarch:grafanaAdminPassword", "not-a-real-password")
+        use_program(project, f"its webhook gates waiting {GATE_SECONDS} s",
+                    f"import triarch.planners.lws\n\ntriarch.planners.lws.WEBHOOK_WAIT_SECONDS = {GATE_SECONDS}\n")
+        fresh.gateless_up = fresh.pulumi("up", "--yes", "--skip-preview", check=False)
+        fresh.after_gateless_up = {
+            "releases": {name: r["info"]["status"] for name, r in fresh.releases().items()},
+            "leaderworkersets": fresh.get("leaderworkersets", "-A")["items"]}
+        use_program(project)
         argv = [str(engines.binary("pulumi")), "up", "--yes", "--skip-preview", "--stack", STACK,
                 "--non-interactive"]
         running = subprocess.Popen(plane.command(argv), env={**plane.env(), **PASSPHRASE}, cwd=project,
@@ -124,6 +161,18 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fresh]:
     finally:
         down(name, quiet=True)
         patch.undo()
+
+
+def test_a_webhook_that_never_comes_up_fails_the_up_naming_it(fresh: Fresh) -> None:
+    """The LWS manager never started: the up waits for the webhook configurations' CA, then fails naming each; every
+    release is installed and no LeaderWorkerSet was made (the only thing its webhooks would refuse)."""
+    assert fresh.gateless_up.returncode != 0
+    said = [line.strip() for line in fresh.gateless_up.stdout.splitlines() if "error" in line.lower()]
+    for kind, name in (("mutatingwebhookconfiguration", LWS_MUTATING),
+                       ("validatingwebhookconfiguration", "lws-validating-webhook-configuration")):
+        assert any(f"{kind}-{name}-ready" in line for line in said), said
+    assert fresh.after_gateless_up["releases"] == dict.fromkeys(RELEASES, "deployed")
+    assert fresh.after_gateless_up["leaderworkersets"] == []
 
 
 def test_the_up_waits_for_the_webhooks_server_and_succeeds(fresh: Fresh) -> None:
@@ -212,24 +261,15 @@ def test_what_the_charts_render_passes_the_guardrails_with_the_packs_config(fres
 
 
 def test_every_pod_template_the_charts_render_is_admitted_by_its_namespaces_pod_security(fresh: Fresh) -> None:
-    """Pod Security only warns on a workload; its pods are what `enforce` refuses. Each pod template of every
-    release, dry-run as a Pod in the release's namespace: admitted, and no "would violate" warning."""
-    kinds = {"Deployment", "DaemonSet", "StatefulSet", "Job"}
-    checked = 0
-    for name, record in fresh.releases().items():
+    """Each pod template of every release, dry-run as a Pod in the release's namespace: admitted by the level its
+    namespace enforces, and no Pod Security warning."""
+    checked, refused = 0, []
+    for record in fresh.releases().values():
         for document in yaml.load_all(record["manifest"], Loader=KubernetesYaml):
-            if not document or document["kind"] not in kinds:
-                continue
-            template = document["spec"]["template"]
-            pod = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"generateName": "pod-security-", "namespace": record["namespace"],
-                                "labels": template.get("metadata", {}).get("labels") or {}},
-                   "spec": template["spec"]}
-            done = fresh.plane.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
-            where = f"{name}: {document['kind']} {document['metadata']['name']}"
-            assert done.returncode == 0, f"{where}: {done.stderr.strip()}"
-            assert "PodSecurity" not in done.stderr, f"{where}: {done.stderr.strip()}"
-            checked += 1
+            if document and pod_templates(document):
+                refused += refused_as_pod(fresh.plane, document, record["namespace"])
+                checked += len(pod_templates(document))
+    assert refused == []
     assert checked >= 12
 
 
@@ -237,26 +277,134 @@ def test_a_second_preview_with_refresh_changes_nothing(fresh: Fresh) -> None:
     fresh.pulumi("preview", "--refresh", "--expect-no-changes")
 
 
-def test_a_values_edit_is_an_in_place_release_update(fresh: Fresh, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+BUMPED = "dcgm-exporter"
+"""The chart the bump and the failure paths change: a plain chart (one DaemonSet, its Service and ServiceMonitor)."""
+
+
+def repack(archive: Path, version: str, into: Path, schema: dict[str, Any] | None = None) -> Path:
+    """The chart archive as another version of it: its Chart.yaml's version changed (a values.schema.json added,
+    where given), every other file as packaged. What a chart bump brings, short of new templates."""
+    name = read_archive(archive).name
+    out = io.BytesIO()
+    with tarfile.open(archive, "r:gz") as source, tarfile.open(fileobj=out, mode="w:gz") as target:
+        for member in source.getmembers():
+            data = source.extractfile(member).read() if member.isfile() else None  # type: ignore[union-attr]
+            if member.name == f"{name}/Chart.yaml" and data is not None:
+                data = yaml.safe_dump({**yaml.safe_load(data), "version": version}, sort_keys=False).encode()
+                member.size = len(data)
+            target.addfile(member, io.BytesIO(data) if data is not None else None)
+        if schema is not None:
+            extra = tarfile.TarInfo(f"{name}/values.schema.json")
+            body = json.dumps(schema).encode()
+            extra.size = len(body)
+            target.addfile(extra, io.BytesIO(body))
+    path = into / f"{name}-{version}.tgz"
+    path.write_bytes(out.getvalue())
+    return path
+
+
+def push(fresh: Fresh, archive: Path) -> None:
+    """Into the plane's mirror, as a company loads its own (`helm push`)."""
+    fresh.plane.run([sys.executable, "-m", "triarch.local.mirror", f"https://{MIRROR_ADDRESS}", MIRROR_PATH,
+                     str(fresh.plane.trust_bundle), str(archive)])
+
+
+def with_chart_version(fresh: Fresh, compat: Path, version: str) -> None:
+    """Triarch's program with the bumped chart pinned at `version` (its compat data copied into `compat`, as a
+    release of Triarch that bumps the pin would ship it)."""
+    if not compat.is_dir():
+        shutil.copytree(COMPAT_DIR, compat)
+    charts_file = compat / "charts.yaml"
+    document = yaml.safe_load(charts_file.read_text())
+    document["charts"][BUMPED]["version"] = version
+    charts_file.write_text(yaml.safe_dump(document, sort_keys=False))
+    use_program(fresh.project, f"{BUMPED} pinned at {version}",
+                f"from pathlib import Path\n\nimport triarch.catalog\n\n"
+                f"triarch.catalog.COMPAT_DIR = Path({str(compat)!r})\n")
+
+
+def pinned_version(name: str) -> str:
+    return str(compat_data("charts")["charts"][name]["version"])
+
+
+def test_a_chart_bump_and_a_values_edit_are_in_place_release_updates(
+        fresh: Fresh, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DCGM exporter's chart one version on (pushed to the mirror) and the retention edited: each release an
+    in-place update in `pulumi preview` and in `triarch diff`; the up makes a second revision of each."""
     stack_file = fresh.project / f"Pulumi.{STACK}.yaml"
     assert main(["plan", "--stack-file", str(stack_file), "--out", str(tmp_path / "base")]) == 0
+    bumped = "4.8.3"
+    assert pinned_version(BUMPED) == "4.8.2"  # the scenario's archive is the pinned one
+    push(fresh, repack(reference_dir("charts") / f"{BUMPED}-4.8.2.tgz", bumped, tmp_path))
+    with_chart_version(fresh, tmp_path / "compat", bumped)
     document = yaml.safe_load(stack_file.read_text())
     document["config"]["triarch:observability"]["retention"] = "30d"
     stack_file.write_text(yaml.safe_dump(document, sort_keys=False))
-    preview = json.loads(fresh.pulumi("preview", "--json").stdout)
-    changed = {step["urn"].rsplit("::", 1)[1]: step["op"] for step in preview["steps"] if step["op"] != "same"}
-    assert changed == {"kube-prometheus-stack": "update"}
-    capsys.readouterr()
-    main(["diff", "--base", str(tmp_path / "base"), "--stack-file", str(stack_file), "--format", "json"])
-    diff = json.loads(capsys.readouterr().out)
-    assert [(c["name"], c["cause"]) for c in diff["changed"]] == [("kube-prometheus-stack", "updated in place")]
+    # As the workflows preview (refresh: true): after a failed up, a resource whose create failed keeps its error
+    # in the state until an up or a refresh reads it again, and a plain preview lists it as an update.
+    preview = json.loads(fresh.pulumi("preview", "--refresh", "--json").stdout)
+    steps = [step for step in preview["steps"] if step["op"] not in ("same", "refresh")]
+    changed = {step["urn"].rsplit("::", 1)[1]: step["op"] for step in steps}
+    assert changed == {"kube-prometheus-stack": "update", BUMPED: "update"}, [
+        (step["urn"], step.get("diffReasons"), step.get("detailedDiff")) for step in steps]
+    monkeypatch.setattr(triarch.catalog, "COMPAT_DIR", tmp_path / "compat")
+    triarch.catalog.charts.cache_clear()
+    try:
+        capsys.readouterr()
+        main(["diff", "--base", str(tmp_path / "base"), "--stack-file", str(stack_file), "--format", "json"])
+        diff = json.loads(capsys.readouterr().out)
+    finally:
+        monkeypatch.undo()
+        triarch.catalog.charts.cache_clear()
+    causes = sorted((c["name"], c["cause"]) for c in diff["changed"])
+    assert causes == [(BUMPED, "updated in place"), ("kube-prometheus-stack", "updated in place")]
     assert diff["replaced"] == [] and diff["removed"] == [] and diff["added"] == []
     fresh.pulumi("up", "--yes", "--skip-preview")
-    record = fresh.releases()["kube-prometheus-stack"]
-    assert record["version"] == 2 and record["info"]["status"] == "deployed"
+    records = fresh.releases()
+    assert records[BUMPED]["version"] == 2 and records[BUMPED]["info"]["status"] == "deployed"
+    assert records[BUMPED]["chart"]["metadata"]["version"] == bumped
+    assert records["kube-prometheus-stack"]["version"] == 2
     [prometheus] = fresh.get("prometheuses", "-n", "monitoring")["items"]
     assert prometheus["spec"]["retention"] == "30d"
+
+
+def failed_up(fresh: Fresh) -> str:
+    """An up expected to fail: the release's own diagnostic, which Pulumi prints whole after its summary
+    ("Diagnostics:", under the resource's URN); Helm's message runs over several lines."""
+    done = fresh.pulumi("up", "--yes", "--skip-preview", check=False)
+    assert done.returncode != 0, done.stdout[-3000:]
+    return done.stdout + done.stderr
+
+
+def test_a_chart_whose_schema_refuses_a_value_fails_the_up_and_changes_nothing(
+        fresh: Fresh, tmp_path: Path) -> None:
+    """A chart version whose values.schema.json wants a string where Triarch gives a boolean: Helm refuses before
+    it applies anything (atomic has nothing to roll back), naming the chart, the key and both types; the release
+    stays at its last revision, deployed, and no failed revision is recorded."""
+    before = fresh.releases()[BUMPED]
+    strict = {"type": "object", "properties": {"serviceMonitor": {"type": "object", "properties": {
+        "honorLabels": {"type": "string"}}}}}
+    push(fresh, repack(reference_dir("charts") / f"{BUMPED}-4.8.2.tgz", "4.8.4", tmp_path, strict))
+    with_chart_version(fresh, tmp_path / "compat", "4.8.4")
+    said = failed_up(fresh)
+    assert "values don't meet the specifications of the schema(s) in the following chart(s):" in said, said
+    # Helm 3.18's schema validator (santhosh-tekuri/jsonschema v6): the key as a JSON pointer, both types.
+    assert f"{BUMPED}:\n" in said and "at '/serviceMonitor/honorLabels': got boolean, want string" in said, said[-3000:]
+    after = fresh.releases()[BUMPED]
+    assert (after["version"], after["info"]["status"]) == (before["version"], "deployed")
+    assert after["chart"]["metadata"]["version"] == before["chart"]["metadata"]["version"]
+
+
+def test_a_chart_missing_from_the_mirror_fails_the_up_naming_both(fresh: Fresh, tmp_path: Path) -> None:
+    """A pin the mirror does not hold: the up fails naming the chart, its version and the mirror; nothing
+    changes."""
+    before = fresh.releases()[BUMPED]
+    with_chart_version(fresh, tmp_path / "compat", "4.8.9")
+    said = failed_up(fresh)
+    assert f"{MIRROR_ADDRESS}/{MIRROR_PATH}/{BUMPED}" in said and "4.8.9" in said, said
+    after = fresh.releases()[BUMPED]
+    assert (after["version"], after["info"]["status"]) == (before["version"], "deployed")
+    use_program(fresh.project)
 
 
 def test_destroy_leaves_no_release_and_only_the_crds_kept_by_design(fresh: Fresh) -> None:

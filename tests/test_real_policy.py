@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, STACK_NAMES, stack_path, write_stack_file
-from engine_tier import Lab
+from engine_tier import Lab, pod_templates, refused_as_pod
 from triarch.cli import main as triarch
 from triarch.local.plane import Plane
 
@@ -136,25 +136,41 @@ def bare_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
         patch.undo()
 
 
+EXPECTED_WORKLOADS = {"dev": {"Deployment"}, "local": {"Deployment"}, "lab": {"Deployment", "RayService"},
+                      "prod": {"Deployment", "RayService"}, "large": {"LeaderWorkerSet", "RayService"},
+                      "fresh": {"Deployment", "LeaderWorkerSet", "RayService"}}
+"""The kinds of workload whose pod templates each stack holds (its models' engines and stages)."""
+
+
 @pytest.mark.parametrize("stack", STACK_NAMES)
 def test_every_stacks_objects_are_accepted_by_the_api_server(bare_plane: Plane, tmp_path: Path, stack: str) -> None:
-    """CEL rules, defaulting, immutable fields and admission (Pod Security included) in a server-side dry run:
-    each stack's namespaces for real first (the objects in them are judged by their namespace's admission), then
-    everything else."""
+    """CEL rules, defaulting, immutable fields and admission in a server-side dry run: each stack's namespaces for
+    real first (the objects in them are judged by their namespace's admission), then everything else; then each pod
+    template as the Pod it becomes, which is what Pod Security's `enforce` level judges (of a workload, it only
+    warns), with no Pod Security warning anywhere."""
     from triarch.report import plan_stack, validate_stack_file
 
     plan_stack(validate_stack_file(stack, stack_path(stack)), tmp_path)
     manifests = [yaml.safe_load(p.read_text()) for p in sorted((tmp_path / "manifests").glob("*.yaml"))]
-    namespaces = [m for m in manifests if m["kind"] == "Namespace"]
+    # For real first: the namespaces (their admission judges what is in them), and what a Pod's admission looks up
+    # by name (its service account, its priority class).
+    first = [m for m in manifests if m["kind"] in ("Namespace", "ServiceAccount", "PriorityClass")]
     rest = [m for m in manifests if m["kind"] != "Namespace"]
     assert rest
-    if namespaces:
-        bare_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
-                           input=yaml.safe_dump_all(namespaces))
+    for kind in ("Namespace", "ServiceAccount", "PriorityClass"):
+        if documents := [m for m in first if m["kind"] == kind]:
+            bare_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                               input=yaml.safe_dump_all(documents))
     done = bare_plane.kubectl("apply", "--server-side", "--dry-run=server", "--field-manager", f"triarch-{stack}",
                               "-f", "-", input=yaml.safe_dump_all(rest), check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("(server dry run)") == len(rest)
+    assert "PodSecurity" not in done.stderr, done.stderr  # a workload's template only draws a warning
+    # So each pod template goes in as the Pod it becomes, which its namespace's `enforce` level admits or refuses.
+    templates = [m for m in rest if pod_templates(m)]
+    assert {m["kind"] for m in templates} >= EXPECTED_WORKLOADS[stack], stack
+    refused = [r for m in templates for r in refused_as_pod(bare_plane, m, m["metadata"].get("namespace", "default"))]
+    assert refused == []
 
 
 def test_a_missing_crd_of_an_existing_component_stops_the_preview(deployed: Lab) -> None:

@@ -9,6 +9,7 @@ with an autoscaled model (so the head runs Ray's autoscaler) on the L4 pool."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 import subprocess
@@ -31,6 +32,9 @@ from triarch.planners.models import plan_models
 from triarch.planners.objects import plan_kubernetes
 from triarch.planners.observability import gpu_pods
 from triarch.scheduling import POOL_LABEL
+
+GPU = "nvidia.com/gpu"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 STACK = "lab-ray"
 NAMESPACE = "llm-ray"
@@ -88,14 +92,7 @@ class RayStack:
     def unplaced(self) -> str:
         """Each pod of the namespace not Running, with the scheduler's reason: what a timeout most often comes
         down to (a pool without room)."""
-        lines = []
-        for pod in self.items("pods"):
-            status = pod["status"]
-            if status.get("phase") == "Running":
-                continue
-            why = next((c.get("message", "") for c in status.get("conditions", [])
-                        if c["type"] == "PodScheduled" and c["status"] != "True"), "")
-            lines.append(f"{pod['metadata']['name']}: {status.get('phase')} {why}".rstrip())
+        lines = [_phase(pod) for pod in self.items("pods") if pod["status"].get("phase") != "Running"]
         return "pods not Running:\n" + "\n".join(lines) if lines else "every pod Running"
 
     def planned(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -188,27 +185,92 @@ def test_the_gpu_alerts_select_the_worker_pods_kuberay_names(ray_stack: RayStack
     assert not any(re.fullmatch(pattern.group(1), p["metadata"]["name"]) for p in _pods(ray_stack, "head"))
 
 
+def _phase(pod: dict[str, Any]) -> str:
+    """A pod's phase, and the scheduler's reason where it is not placed."""
+    why = next((c.get("message", "") for c in pod["status"].get("conditions", [])
+                if c["type"] == "PodScheduled" and c["status"] != "True"), "")
+    return f"{pod['metadata']['name']} {pod['status'].get('phase')} {why}".rstrip()
+
+
+def _free_gpu_nodes(stack: RayStack, pool: str) -> list[dict[str, Any]]:
+    """The pool's schedulable nodes with a GPU no pod (Pending or Running, any namespace) holds."""
+    nodes = [n for n in stack.lab.kubectl_json("get", "nodes", "-l", f"{POOL_LABEL}={pool}")["items"]
+             if not n["spec"].get("unschedulable")]
+    held: dict[str, int] = {}
+    for pod in stack.lab.kubectl_json("get", "pods", "-A")["items"]:
+        if pod["status"].get("phase") in ("Pending", "Running") and pod["spec"].get("nodeName"):
+            gpus = sum(int(((c.get("resources") or {}).get("requests") or {}).get(GPU, 0))
+                       for c in pod["spec"]["containers"])
+            held[pod["spec"]["nodeName"]] = held.get(pod["spec"]["nodeName"], 0) + gpus
+    return [n for n in nodes if int(n["status"]["allocatable"].get(GPU, 0)) > held.get(n["metadata"]["name"], 0)]
+
+
+@contextlib.contextmanager
+def only_room_beside(stack: RayStack, pod: dict[str, Any]) -> Iterator[str]:
+    """The pool's only free GPU on a node in `pod`'s zone: a kwok node like `pod`'s own added, every other free node
+    of the pool cordoned; undone afterwards (the lab plane is shared). Yields the added node's name."""
+    node = stack.lab.kubectl_json("get", "node", pod["spec"]["nodeName"])
+    name = f"{node['metadata']['name']}-beside"
+    labels = {**node["metadata"]["labels"], HOSTNAME_LABEL: name}
+    added = {"apiVersion": "v1", "kind": "Node",
+             "metadata": {"name": name, "labels": labels, "annotations": node["metadata"].get("annotations", {})},
+             "spec": {"taints": node["spec"].get("taints", [])},
+             # Created with its status, as the plane makes its nodes: kwok keeps the capacity and reports Ready.
+             "status": {k: node["status"][k] for k in ("capacity", "allocatable", "nodeInfo")}}
+    others = [n["metadata"]["name"] for n in _free_gpu_nodes(stack, labels[POOL_LABEL])]
+    plane = stack.lab.plane
+    try:
+        for other in others:
+            plane.kubectl("cordon", other)
+        plane.kubectl("create", "-f", "-", input=yaml.safe_dump(added))
+        stack.wait(f"the added node {name} with a free GPU",
+                   lambda: [n["metadata"]["name"] for n in _free_gpu_nodes(stack, labels[POOL_LABEL])] == [name])
+        yield name
+    finally:
+        for other in others:
+            plane.kubectl("uncordon", other, check=False)
+        plane.kubectl("delete", "node", name, "--wait=false", check=False)
+
+
 def test_a_cluster_changing_upgrade_runs_the_new_cluster_beside_the_old_one(ray_stack: RayStack) -> None:
     """NewCluster: a change of the Ray cluster's spec (here the Ray LLM image) brings a new cluster up beside the
     active one, and the pool holds both at once, as the plan's capacity check claims for this stack; once the new
-    cluster serves, it becomes the active one."""
+    cluster serves, it becomes the active one.
+
+    Made to happen in the one placement where a spread counting both clusters' workers refuses the new one: the
+    pool's only free GPU in the zone of the old worker (in a shared pool, the way a fixed pool often ends up). The
+    new worker would wait there for the old cluster to go, which waits for the new one to serve."""
     [before] = ray_stack.items("rayclusters")
+    [old_worker] = _pods(ray_stack, "worker")
     edited = copy.deepcopy(ray_stack.config)
     edited["triarch:images"] = {"rayLlm": "rayproject/ray-llm:2.58.0-py312-cu130"}
     ray_stack.planned(edited)  # the plan accepts the upgrade on this pool (it refuses one that cannot fit)
-    ray_stack.up(edited)
-    ray_stack.wait("a second RayCluster", lambda: len(ray_stack.items("rayclusters")) == 2)
-    [after] = [c for c in ray_stack.items("rayclusters") if c["metadata"]["name"] != before["metadata"]["name"]]
-    new_name, old_name = after["metadata"]["name"], before["metadata"]["name"]
-    # Generous: on a busy two-core machine KubeRay and kwok take their time; the old cluster stays at least a minute
-    # after the switch (KubeRay's deletion delay), so the moment both run is not missed.
-    ray_stack.wait("the new cluster's head and worker Running beside the old one's", lambda: all(
-        pods and all(p["status"].get("phase") == "Running" for p in pods)
-        for pods in (_pods(ray_stack, kind, name) for kind in ("head", "worker") for name in (new_name, old_name))),
-        timeout=2 * TIMEOUT)
-    pending = [p["metadata"]["name"] for p in ray_stack.items("pods") if p["status"].get("phase") == "Pending"]
-    assert pending == []  # both clusters' workers placed: the pool holds the upgrade
-    images = {c["image"] for p in _pods(ray_stack, "worker", new_name) for c in p["spec"]["containers"]}
-    assert images == {"rayproject/ray-llm:2.58.0-py312-cu130"}
-    ray_stack.wait("the new cluster active", lambda: ray_stack.items("rayservices")[0]["status"].get(
-        "activeServiceStatus", {}).get("rayClusterName") == new_name)
+    with only_room_beside(ray_stack, old_worker) as beside:
+        ray_stack.up(edited)
+        ray_stack.wait("a second RayCluster", lambda: len(ray_stack.items("rayclusters")) == 2)
+        [after] = [c for c in ray_stack.items("rayclusters") if c["metadata"]["name"] != before["metadata"]["name"]]
+        new_name, old_name = after["metadata"]["name"], before["metadata"]["name"]
+        seen: list[str] = []
+
+        def both_running() -> bool:
+            found = {(kind, name): _pods(ray_stack, kind, name) for kind in ("head", "worker")
+                     for name in (new_name, old_name)}
+            seen[:] = [f"{kind} of {name}: {[_phase(p) for p in pods] or 'none'}"
+                       for (kind, name), pods in found.items()]
+            return all(pods and all(p["status"].get("phase") == "Running" for p in pods) for pods in found.values())
+
+        # Generous: on a busy two-core machine KubeRay and kwok take their time; the old cluster stays at least a
+        # minute after the switch (KubeRay's deletion delay), so the moment both run is not missed.
+        try:
+            ray_stack.wait("the new cluster's head and worker Running beside the old one's", both_running,
+                           timeout=2 * TIMEOUT)
+        except AssertionError as error:
+            raise AssertionError("last seen while waiting:\n" + "\n".join(seen) + f"\n{error}") from None
+        pending = [p["metadata"]["name"] for p in ray_stack.items("pods") if p["status"].get("phase") == "Pending"]
+        assert pending == []  # both clusters' workers placed: the pool holds the upgrade
+        [new_worker] = _pods(ray_stack, "worker", new_name)
+        assert new_worker["spec"]["nodeName"] == beside  # in the old worker's zone
+        images = {c["image"] for c in new_worker["spec"]["containers"]}
+        assert images == {"rayproject/ray-llm:2.58.0-py312-cu130"}
+        ray_stack.wait("the new cluster active", lambda: ray_stack.items("rayservices")[0]["status"].get(
+            "activeServiceStatus", {}).get("rayClusterName") == new_name)

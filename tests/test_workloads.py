@@ -381,6 +381,26 @@ def test_placement_on_the_model_pool_spread_over_zones(planned: dict[str, Planne
     assert all(c["maxSkew"] <= 1 and subset(c["labelSelector"]["matchLabels"], case.labels) for c in zone)
 
 
+REVISION_LABELS = {"Deployment": ["pod-template-hash"], "RayService": ["ray.io/cluster"]}
+"""The label each controller gives the pods of one revision: a ReplicaSet's hash, a RayCluster's name."""
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_each_spread_counts_one_revisions_pods(planned: dict[str, Planned], stack: str) -> None:
+    """A rollout's new pods, and the new Ray cluster of a RayService upgrade, spread among themselves: counted with
+    the pods they replace, they would be refused every zone those fill (the upgrade then waits forever on a full
+    pool; tests/test_real_ray.py shows it on the real scheduler)."""
+    run = planned[stack]
+    templates = [("Deployment", d["spec"]["template"]["spec"]) for d in run.of_kind("Deployment")
+                 if d["spec"]["template"]["spec"].get("nodeSelector", {}).get(POOL_LABEL)]
+    templates += [("RayService", g["template"]["spec"]) for s in run.of_kind("RayService")
+                  for g in s["spec"]["rayClusterConfig"].get("workerGroupSpecs", [])]
+    assert {kind for kind, _ in templates} == set(REVISION_LABELS) or stack != "prod", templates  # both kinds
+    for kind, spec in templates:
+        spreads = spec["topologySpreadConstraints"]
+        assert spreads and all(c["matchLabelKeys"] == REVISION_LABELS[kind] for c in spreads), (kind, spreads)
+
+
 @pytest.mark.parametrize(("stack", "name"), VLLM_CASES)
 def test_model_cache_is_a_claim_that_exists(planned: dict[str, Planned], stack: str, name: str) -> None:
     case = served(planned, stack, name)

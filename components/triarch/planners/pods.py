@@ -90,13 +90,23 @@ def zone_spread(pool: PoolPlan, max_replicas: int) -> dict[str, Any]:
     return spread
 
 
-def placement(pool: PoolPlan, selector: dict[str, str], max_replicas: int) -> dict[str, Any]:
+DEPLOYMENT_REVISION_KEY = "pod-template-hash"
+"""The label the Deployment controller gives each revision's pods (its ReplicaSet's)."""
+
+
+def placement(pool: PoolPlan, selector: dict[str, str], max_replicas: int, revision_key: str) -> dict[str, Any]:
     """Only the pool's nodes, tolerating their GPU taint; replicas spread over zones (see `zone_spread`), then
-    softly over hosts (packing two replicas on one node is better than leaving one Pending)."""
+    softly over hosts (packing two replicas on one node is better than leaving one Pending).
+
+    Each spread counts one revision's pods only (`matchLabelKeys` with the label its controller gives a revision:
+    a ReplicaSet's hash, a Ray cluster's name, a LeaderWorkerSet's template hash; Kubernetes 1.27 beta, on by
+    default). Counted with the pods they replace, the new ones of a rollout or of a RayService upgrade are refused
+    every zone the old ones fill: on a pool whose one free node is in such a zone, the new Ray cluster waits for the
+    old one to go, which waits for the new one to serve (shown on the real scheduler)."""
     by_zone = {"maxSkew": 1, "topologyKey": ZONE_KEY, **zone_spread(pool, max_replicas),
-               "labelSelector": {"matchLabels": selector}}
+               "labelSelector": {"matchLabels": selector}, "matchLabelKeys": [revision_key]}
     by_host = {"maxSkew": 1, "topologyKey": HOSTNAME_KEY, "whenUnsatisfiable": "ScheduleAnyway",
-               "labelSelector": {"matchLabels": selector}}
+               "labelSelector": {"matchLabels": selector}, "matchLabelKeys": [revision_key]}
     return {
         "nodeSelector": {POOL_LABEL: pool.name},
         "tolerations": [gpu_toleration()],

@@ -25,6 +25,8 @@ from triarch.planners.vllm import STREAMER_LOAD_FORMAT
 from triarch.scheduling import GPU_PRESENT_LABEL
 
 RAY_SERVICE = "llm"
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+"""KubeRay labels each pod with its RayCluster's name: a RayService upgrade's new cluster has its own."""
 SERVE_PORT = 8000
 DRAIN_SECONDS = 30
 """preStop: the worker asks Ray to drain its node (Serve stops routing to it and starts replacements) and waits
@@ -209,7 +211,7 @@ def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim:
             # model is added or renamed.
             "metadata": {"labels": dict(pods.MANAGED_BY), "annotations": dict(READ_ONLY_ROOT_EXCEPTION)},
             "spec": {
-                **pods.placement(plans[0].pool, selector, high),
+                **pods.placement(plans[0].pool, selector, high, RAY_CLUSTER_LABEL),
                 "terminationGracePeriodSeconds": worker_grace_seconds(),
                 "automountServiceAccountToken": False,
                 # S3 weights: the account the group's role trusts.

@@ -115,6 +115,7 @@ def replica_count(plan: ModelPlan) -> dict[str, int]:
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
+LWS_REVISION_KEY = "leaderworkerset.sigs.k8s.io/template-revision-hash"
 """Labels LeaderWorkerSet v0.10.0 puts on a group's pods (its controller and pod webhook): the set's name, the
 pod's index in its group (0: the leader), and a key shared by one group's pods."""
 
@@ -211,7 +212,8 @@ def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict
             "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(plan)},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": _pod_spec(plan, settings, container, pods.placement(plan.pool, selector, most)),
+                "spec": _pod_spec(plan, settings, container,
+                                  pods.placement(plan.pool, selector, most, pods.DEPLOYMENT_REVISION_KEY)),
             },
         },
     }
@@ -230,7 +232,7 @@ def leader_worker_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> 
     _, most = replica_bounds(plan)
     together = pods.gang_affinity({LWS_NAME_LABEL: plan.name}, LWS_GROUP_KEY)
     leader_spec = _pod_spec(plan, settings, _server_container(plan, settings),
-                            {**pods.placement(plan.pool, leaders, most), "affinity": together})
+                            {**pods.placement(plan.pool, leaders, most, LWS_REVISION_KEY), "affinity": together})
     leader_env = leader_spec["containers"][0]["env"]
     worker_env = server_env(plan, settings)
     if uses_efa(plan):
