@@ -20,8 +20,8 @@ from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
 from triarch.cost import capacity_change, capacity_report
 from triarch.errors import ConfigError
-from triarch.planners.coldstart import ColdStart
-from triarch.planners.models import ModelPlan, plan_models
+from triarch.planners.model_plan import ColdStart, ModelPlan
+from triarch.planners.models import plan_models
 from triarch.planners.objects import plan_kubernetes
 from triarch.report import cold_start_table
 from triarch.tuner import GIB

@@ -15,7 +15,8 @@ from typing import Any
 from triarch.catalog import Catalog, _read, catalog
 from triarch.config import StackConfig
 from triarch.paths import COMPAT_DIR
-from triarch.planners.models import ModelPlan, replica_bounds
+from triarch.planners.model_plan import ModelPlan
+from triarch.planners.models import replica_bounds
 from triarch.planners.nodegroups import BASELINE_PULL, image_pull, plan_pool
 from triarch.tuner import GIB
 

@@ -16,7 +16,8 @@ from triarch.existing import check_cluster
 from triarch.matrix import require_compatible
 from triarch.offline import PLAIN_TEXT_REFUSED
 from triarch.planners.efa import efa_image_warnings
-from triarch.planners.models import ModelPlan, gated_model_warnings, plan_models
+from triarch.planners.model_plan import ModelPlan
+from triarch.planners.models import gated_model_warnings, plan_models
 from triarch.planners.objects import KubernetesPlan, plan_kubernetes
 from triarch.planners.registry import crd_sources, verify_crds
 

@@ -20,7 +20,8 @@ from triarch.matrix import Verdict, require_compatible
 from triarch.offline import PlanRun, Registered, plan_document, read_stack_config, run_program, write_plan
 from triarch.planners.coldstart import duration, span
 from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
-from triarch.planners.models import ModelPlan, in_stack_words, plan_models, replica_bounds
+from triarch.planners.model_plan import ModelPlan
+from triarch.planners.models import in_stack_words, plan_models, replica_bounds
 from triarch.planners.nodegroups import plan_eks_pool, plan_pool
 from triarch.planners.objects import KubernetesPlan, plan_kubernetes
 from triarch.planners.registry import MIRROR_FILE, mirror_list

@@ -30,7 +30,8 @@ from triarch.config import StackConfig
 from triarch.matrix import Node, check_image_on_node, images_by_engine
 from triarch.planners import device_plugin, karpenter, monitoring
 from triarch.planners.coldstart import duration, span
-from triarch.planners.models import ModelPlan, uses_efa
+from triarch.planners.model_plan import ModelPlan
+from triarch.planners.models import uses_efa
 from triarch.planners.nodegroups import PoolPlan
 from triarch.planners.observability import observability_manifests
 from triarch.planners.queries import selectors

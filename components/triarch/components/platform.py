@@ -26,7 +26,7 @@ from triarch.planners import pods
 from triarch.planners.device_plugin import device_plugin_values
 from triarch.planners.efa import EFA_CHART, EFA_RELEASE, efa_values
 from triarch.planners.lws import LWS_CHART, LWS_RELEASE, lws_values, webhook_gates
-from triarch.planners.models import ModelPlan
+from triarch.planners.model_plan import ModelPlan
 from triarch.planners.monitoring import (
     DCGM_RELEASE,
     KEDA_RELEASE,

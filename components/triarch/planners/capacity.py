@@ -10,7 +10,8 @@ from collections import defaultdict
 from triarch.catalog import Catalog
 from triarch.config import StackConfig
 from triarch.errors import ConfigError
-from triarch.planners.models import ModelPlan, largest_gpu_use, replica_bounds
+from triarch.planners.model_plan import ModelPlan
+from triarch.planners.models import largest_gpu_use, replica_bounds
 from triarch.planners.ray import HEAD_CPUS, HEAD_MEMORY_GIB, worker_grace_seconds
 from triarch.planners.vllm import grace_period_seconds
 

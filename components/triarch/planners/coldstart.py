@@ -10,18 +10,14 @@ and compared between plans in review.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from triarch.catalog import Catalog
 from triarch.coldfacts import ColdStartFacts, Range, cold_start_facts
 from triarch.config import StackConfig, pool_provisioner
 from triarch.errors import ConfigError
+from triarch.planners.model_plan import CONTAINER_PARTS, ColdStart, ModelPlan, Part
 from triarch.planners.nodegroups import image_pull
 from triarch.tuner import GIB
-
-if TYPE_CHECKING:  # models.py predicts each model's cold start as it plans it
-    from triarch.planners.models import ModelPlan
 
 MB = 1_000_000
 MIB = 1024 * 1024
@@ -29,80 +25,6 @@ HUB_FIRST_START_MINUTES = 30
 """The startup budget a model whose weights come from the hub keeps at least: its first start downloads them into
 the cache at a rate no plan knows, and a budget shorter than the download restarts the container mid-way. Triarch's
 earlier fixed default, kept as the floor for that case only; weightsUri (S3) or startupMinutes replaces it."""
-CONTAINER_PARTS = ("weights", "engine")
-"""The parts after the container starts: what the startup probe waits for."""
-
-
-@dataclass(frozen=True)
-class Part:
-    key: str
-    """node | image | ray | weights | engine."""
-    seconds: Range | None
-    """None: no published figure covers it."""
-    how: str
-    """What was counted, in one line."""
-    sources: tuple[str, ...]
-    """Keys of cold-start.yaml's sources behind the figure."""
-
-
-@dataclass(frozen=True)
-class ColdStart:
-    model: str
-    parts: tuple[Part, ...]
-    first_start: str
-    """What a model's very first start adds (the hub download, a cold compile)."""
-    budget_seconds: int
-    """The startup probe's budget (engine vllm)."""
-    budget_reason: str
-    warm_skips: tuple[str, ...] = ()
-    """Parts a start onto the model's warm capacity skips."""
-    margin: float = 1.0
-    """The factor on the slow end that budgets allow (cold-start.yaml's startupMargin)."""
-    first_container: Range | None = None
-    """Weights and a cold engine start: what the first replica's container takes (the startup probe lets it
-    through too)."""
-
-    def total(self, skip: tuple[str, ...] = ()) -> Range:
-        """The known parts added up (see `unknown` for what is missing)."""
-        found = Range(0, 0)
-        for part in self.parts:
-            if part.seconds is not None and part.key not in skip:
-                found = found + part.seconds
-        return found
-
-    def unknown(self, skip: tuple[str, ...] = ()) -> list[str]:
-        return [part.key for part in self.parts if part.seconds is None and part.key not in skip]
-
-    def part(self, key: str) -> Part | None:
-        return next((p for p in self.parts if p.key == key), None)
-
-    @property
-    def container(self) -> Range | None:
-        """Weights and engine: from the container's start to Ready (None where either is unknown)."""
-        found = [self.part(key) for key in CONTAINER_PARTS]
-        if any(p is None or p.seconds is None for p in found):
-            return None
-        return self.total(skip=tuple(p.key for p in self.parts if p.key not in CONTAINER_PARTS))
-
-    @property
-    def before_container(self) -> Range | None:
-        """Node and image: before the container starts (None where either is unknown)."""
-        before = [p for p in self.parts if p.key not in CONTAINER_PARTS]
-        if any(p.seconds is None for p in before):
-            return None
-        return self.total(skip=CONTAINER_PARTS)
-
-    def document(self) -> dict[str, object]:
-        """The prediction as capacity.json carries it, for review to compare two plans."""
-        total = self.total()
-        warm = self.total(skip=self.warm_skips)
-        return {
-            "secondsLow": round(total.low), "secondsHigh": round(total.high), "unknown": self.unknown(),
-            "parts": {p.key: (None if p.seconds is None else [round(p.seconds.low), round(p.seconds.high)])
-                      for p in self.parts},
-            "startupBudgetSeconds": self.budget_seconds,
-            "ontoWarmCapacity": [round(warm.low), round(warm.high)] if self.warm_skips else None,
-        }
 
 
 def duration(seconds: float) -> str:

@@ -18,7 +18,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from triarch.config import StackConfig
 from triarch.planners import pods
-from triarch.planners.models import ModelPlan
+from triarch.planners.model_plan import ModelPlan
 from triarch.planners.observability import (
     DCGM_NAMESPACE_LABEL,
     DCGM_POD_LABEL,

@@ -13,7 +13,8 @@ import yaml
 from triarch.config import StackConfig
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
-from triarch.planners.models import ModelPlan, uses_efa
+from triarch.planners.model_plan import ModelPlan
+from triarch.planners.models import uses_efa
 from triarch.planners.nodegroups import PoolPlan
 from triarch.scheduling import POOL_LABEL, gpu_toleration
 

@@ -9,7 +9,7 @@ from triarch.catalog import charts
 from triarch.config import StackConfig
 from triarch.images import parse
 from triarch.planners import pods
-from triarch.planners.models import ModelPlan
+from triarch.planners.model_plan import ModelPlan
 from triarch.scheduling import POOL_LABEL, SYSTEM_POOL
 
 LWS_CHART = "lws"

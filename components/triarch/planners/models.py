@@ -7,67 +7,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from triarch.catalog import Catalog, InstanceType, gated_repos
-from triarch.config import ModelConfig, StackConfig, gpus_per_node
+from triarch.catalog import Catalog, gated_repos
+from triarch.config import StackConfig, gpus_per_node
 from triarch.errors import ConfigError
 from triarch.matrix import deployed_images, images_by_engine
 from triarch.paths import PROJECT_ROOT
-from triarch.planners.coldstart import ColdStart, check_budget, predict
-from triarch.planners.nodegroups import PoolPlan, plan_pool
-from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, load_arch, tune
+from triarch.planners.coldstart import check_budget, predict
+from triarch.planners.model_plan import ModelPlan
+from triarch.planners.nodegroups import plan_pool
+from triarch.tuner import GIB, LengthRefused, TuneError, load_arch, tune
 from triarch.tuner.nodes import NodesRefused, tune_nodes
 from triarch.tuner.search import LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT
 
 MIN_CACHE_GIB = 20
-
-
-@dataclass(frozen=True)
-class ModelPlan:
-    config: ModelConfig
-    pool: PoolPlan
-    instance: InstanceType | None
-    """The node's instance type, when Triarch knows it (EKS node groups); sizes CPU and memory requests."""
-    sizing: Sizing
-    image: str
-    cache_gib: int
-    surge_fits: bool = True
-    """Whether the pool has GPUs for one more replica while every other model on it runs at its largest: a
-    rolling update can then add before it removes (it would wait forever otherwise)."""
-    release: str = ""
-    """The upstream release `image` is (a key of templates/compat/images.yaml): the same string unless the image
-    comes from a mirror or by digest."""
-    cold_start: ColdStart | None = None
-    """From no node to Ready, predicted (planners/coldstart.py); the startup probe's budget comes from it."""
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def gpus_per_replica(self) -> int:
-        """What one replica reserves: tensor-parallel x pipeline-parallel GPUs."""
-        return self.sizing.tensor_parallel_size * self.sizing.pipeline_parallel_size
-
-    @property
-    def nodes_per_replica(self) -> int:
-        """Nodes one replica spans: 1, or the whole nodes its GPUs fill (a gang: all start, or none serves)."""
-        return self.sizing.nodes
-
-    @property
-    def gpus_per_pod(self) -> int:
-        """What one pod of a replica requests: the replica's GPUs, or a whole node's when it spans nodes."""
-        return self.gpus_per_replica // self.nodes_per_replica
-
-    @property
-    def multi_node(self) -> bool:
-        return self.nodes_per_replica > 1
-
-    @property
-    def route_prefix(self) -> str:
-        return self.config.route_prefix or f"/{self.config.name}"
 
 
 def replica_bounds(plan: ModelPlan) -> tuple[int, int]:

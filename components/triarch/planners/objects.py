@@ -22,7 +22,7 @@ from triarch.planners.dashboard import dashboard, dashboard_config_map
 from triarch.planners.device_plugin import NAMESPACE as DEVICE_PLUGIN_NAMESPACE
 from triarch.planners.efa import efa_namespace
 from triarch.planners.lws import lws_namespace, needs_lws
-from triarch.planners.models import ModelPlan
+from triarch.planners.model_plan import ModelPlan
 from triarch.planners.nodegroups import plan_eks_pool
 from triarch.planners.observability import observability_manifests, scrape_policy
 from triarch.planners.queries import check_queries, shipped_queries

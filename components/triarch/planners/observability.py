@@ -18,7 +18,7 @@ import yaml
 from triarch.config import StackConfig
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
-from triarch.planners.models import ModelPlan
+from triarch.planners.model_plan import ModelPlan
 from triarch.planners.nodegroups import PoolPlan
 from triarch.planners.ray import HEAD_PORTS, RAY_SERVICE, WorkerGroupKey
 from triarch.planners.serving import RAY_NODE_LABEL

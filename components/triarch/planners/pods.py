@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from triarch.images import IMAGE_RELEASE
-from triarch.planners.models import ModelPlan
+from triarch.planners.model_plan import ModelPlan
 from triarch.planners.nodegroups import PoolPlan
 from triarch.scheduling import POOL_LABEL, gpu_toleration
 

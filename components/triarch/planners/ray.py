@@ -20,7 +20,8 @@ from triarch.catalog import catalog
 from triarch.coldfacts import cold_start_facts
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
-from triarch.planners.models import EFA_RESOURCE, ModelPlan, pod_resources, replica_bounds, uses_efa
+from triarch.planners.model_plan import ModelPlan
+from triarch.planners.models import EFA_RESOURCE, pod_resources, replica_bounds, uses_efa
 from triarch.planners.vllm import STREAMER_LOAD_FORMAT
 from triarch.scheduling import GPU_PRESENT_LABEL
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from triarch.coldfacts import cold_start_facts
 from triarch.planners import pods
-from triarch.planners.models import ModelPlan, pod_resources, replica_bounds, uses_efa
+from triarch.planners.model_plan import ModelPlan
+from triarch.planners.models import pod_resources, replica_bounds, uses_efa
 from triarch.scheduling import POOL_LABEL, gpu_toleration
 
 PORT = 8000

@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from triarch.config import StackConfig, pool_provisioner
 from triarch.planners import pods
-from triarch.planners.models import ModelPlan, pod_resources
+from triarch.planners.model_plan import ModelPlan
+from triarch.planners.models import pod_resources
 from triarch.scheduling import POOL_LABEL, gpu_toleration
 
 PRIORITY_CLASS = "triarch-warm-capacity"

@@ -1,0 +1,136 @@
+"""What a model's plan is: its pool, tuned sizing and image (ModelPlan), and its predicted cold start (ColdStart,
+part by part). The model planner (models) fills them and the cold-start planner (coldstart) reads a ModelPlan and
+makes a ColdStart, so the types live here, below both, and neither planner imports the other's types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from triarch.catalog import InstanceType
+from triarch.coldfacts import Range
+from triarch.config import ModelConfig
+from triarch.planners.nodegroups import PoolPlan
+from triarch.tuner import Sizing
+
+CONTAINER_PARTS = ("weights", "engine")
+"""The parts after the container starts: what the startup probe waits for."""
+
+
+@dataclass(frozen=True)
+class Part:
+    key: str
+    """node | image | ray | weights | engine."""
+    seconds: Range | None
+    """None: no published figure covers it."""
+    how: str
+    """What was counted, in one line."""
+    sources: tuple[str, ...]
+    """Keys of cold-start.yaml's sources behind the figure."""
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    model: str
+    parts: tuple[Part, ...]
+    first_start: str
+    """What a model's very first start adds (the hub download, a cold compile)."""
+    budget_seconds: int
+    """The startup probe's budget (engine vllm)."""
+    budget_reason: str
+    warm_skips: tuple[str, ...] = ()
+    """Parts a start onto the model's warm capacity skips."""
+    margin: float = 1.0
+    """The factor on the slow end that budgets allow (cold-start.yaml's startupMargin)."""
+    first_container: Range | None = None
+    """Weights and a cold engine start: what the first replica's container takes (the startup probe lets it
+    through too)."""
+
+    def total(self, skip: tuple[str, ...] = ()) -> Range:
+        """The known parts added up (see `unknown` for what is missing)."""
+        found = Range(0, 0)
+        for part in self.parts:
+            if part.seconds is not None and part.key not in skip:
+                found = found + part.seconds
+        return found
+
+    def unknown(self, skip: tuple[str, ...] = ()) -> list[str]:
+        return [part.key for part in self.parts if part.seconds is None and part.key not in skip]
+
+    def part(self, key: str) -> Part | None:
+        return next((p for p in self.parts if p.key == key), None)
+
+    @property
+    def container(self) -> Range | None:
+        """Weights and engine: from the container's start to Ready (None where either is unknown)."""
+        found = [self.part(key) for key in CONTAINER_PARTS]
+        if any(p is None or p.seconds is None for p in found):
+            return None
+        return self.total(skip=tuple(p.key for p in self.parts if p.key not in CONTAINER_PARTS))
+
+    @property
+    def before_container(self) -> Range | None:
+        """Node and image: before the container starts (None where either is unknown)."""
+        before = [p for p in self.parts if p.key not in CONTAINER_PARTS]
+        if any(p.seconds is None for p in before):
+            return None
+        return self.total(skip=CONTAINER_PARTS)
+
+    def document(self) -> dict[str, object]:
+        """The prediction as capacity.json carries it, for review to compare two plans."""
+        total = self.total()
+        warm = self.total(skip=self.warm_skips)
+        return {
+            "secondsLow": round(total.low), "secondsHigh": round(total.high), "unknown": self.unknown(),
+            "parts": {p.key: (None if p.seconds is None else [round(p.seconds.low), round(p.seconds.high)])
+                      for p in self.parts},
+            "startupBudgetSeconds": self.budget_seconds,
+            "ontoWarmCapacity": [round(warm.low), round(warm.high)] if self.warm_skips else None,
+        }
+
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    config: ModelConfig
+    pool: PoolPlan
+    instance: InstanceType | None
+    """The node's instance type, when Triarch knows it (EKS node groups); sizes CPU and memory requests."""
+    sizing: Sizing
+    image: str
+    cache_gib: int
+    surge_fits: bool = True
+    """Whether the pool has GPUs for one more replica while every other model on it runs at its largest: a
+    rolling update can then add before it removes (it would wait forever otherwise)."""
+    release: str = ""
+    """The upstream release `image` is (a key of templates/compat/images.yaml): the same string unless the image
+    comes from a mirror or by digest."""
+    cold_start: ColdStart | None = None
+    """From no node to Ready, predicted (planners/coldstart.py); the startup probe's budget comes from it."""
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """What one replica reserves: tensor-parallel x pipeline-parallel GPUs."""
+        return self.sizing.tensor_parallel_size * self.sizing.pipeline_parallel_size
+
+    @property
+    def nodes_per_replica(self) -> int:
+        """Nodes one replica spans: 1, or the whole nodes its GPUs fill (a gang: all start, or none serves)."""
+        return self.sizing.nodes
+
+    @property
+    def gpus_per_pod(self) -> int:
+        """What one pod of a replica requests: the replica's GPUs, or a whole node's when it spans nodes."""
+        return self.gpus_per_replica // self.nodes_per_replica
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes_per_replica > 1
+
+    @property
+    def route_prefix(self) -> str:
+        return self.config.route_prefix or f"/{self.config.name}"
