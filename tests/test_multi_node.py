@@ -401,7 +401,7 @@ def test_efa_and_placement_groups_where_they_cannot_work_are_refused(
     ("INFO: Started server process", None),
 ])
 def test_verify_reads_the_transport_nccl_chose(log: str, transport: str | None) -> None:
-    from triarch.verify import check_nccl, nccl_transport
+    from triarch.verify.when import check_nccl, nccl_transport
     assert nccl_transport(log) == transport
     stack = from_pulumi_config(read_stack_config(stack_path("large"))[0])
     [plan] = [m for m in plan_models(stack, catalog()) if m.name == "deepseek"]

@@ -96,7 +96,7 @@ def test_vllm_replicas_run_on_their_pools_gpu_nodes_in_distinct_zones(deployed: 
 def test_verify_reads_each_replicas_start_from_the_api_servers_pods(deployed: Lab) -> None:
     """The start times `triarch verify` reports, read from pods as the real API server and kubelet (kwok's) wrote
     them: created, scheduled, the container running and Ready follow one another and add up."""
-    from triarch.verify import start_times
+    from triarch.verify.when import start_times
     pods = deployed.kubectl_json("get", "pods", "-n", SERVING, "-l", "app.kubernetes.io/instance=chat")["items"]
     assert pods
     for pod in pods:

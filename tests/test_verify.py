@@ -27,16 +27,10 @@ from triarch.config import from_pulumi_config
 from triarch.offline import read_stack_config
 from triarch.planners.models import plan_models
 from triarch.planners.nodegroups import plan_pool
-from triarch.verify import (
-    check_drivers,
-    check_nodes,
-    check_ray_service,
-    check_ready,
-    check_start,
-    check_vllm,
-    exposition_names,
-    start_times,
-)
+from triarch.verify.base import check_ready
+from triarch.verify.how import check_ray_service
+from triarch.verify.when import check_start, check_vllm, exposition_names, start_times
+from triarch.verify.where import check_drivers, check_nodes
 
 HERE = Path(__file__).resolve().parent
 RECORDED = HERE / "verify"
@@ -281,7 +275,7 @@ DCGM_EXPOSITION = "\n".join([
 def test_the_exporter_must_name_the_pod_holding_each_serving_gpu() -> None:
     """A non-root exporter cannot read the kubelet's pod-resources socket: its GPUs carry no pod, and the GPU alerts
     and panels select nothing."""
-    from triarch.verify import check_gpu_pods, gpu_pod_labels
+    from triarch.verify.where import check_gpu_pods, gpu_pod_labels
 
     assert gpu_pod_labels(DCGM_EXPOSITION) == {("llm", "embed-7d9c6b5f48-x2x9z")}  # GPU_UTIL only, pods only
     seen = check_gpu_pods(DCGM_EXPOSITION, "llm", ["embed-7d9c6b5f48-x2x9z"])
@@ -302,7 +296,7 @@ def prod_plan() -> tuple[Any, Any]:
 
 
 def test_verify_reads_the_series_the_alerts_read() -> None:
-    from triarch.verify import alert_series, check_alert_series
+    from triarch.verify.where import alert_series, check_alert_series
 
     _, objects = prod_plan()
     series = alert_series(objects.observability)
@@ -324,7 +318,7 @@ def test_verify_reads_the_series_the_alerts_read() -> None:
 
 
 def test_the_prometheus_url_names_the_service_to_forward() -> None:
-    from triarch.verify import prometheus_service
+    from triarch.verify.where import prometheus_service
 
     assert prometheus_service("http://kube-prometheus-stack-prometheus.monitoring.svc:9090") == (
         "monitoring", "kube-prometheus-stack-prometheus", 9090)
@@ -333,7 +327,7 @@ def test_the_prometheus_url_names_the_service_to_forward() -> None:
 
 
 def test_prometheus_is_asked_how_many_series_it_holds(serve: Any) -> None:
-    from triarch.verify import prometheus_count
+    from triarch.verify.where import prometheus_count
 
     asked: list[str] = []
 

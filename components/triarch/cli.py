@@ -303,7 +303,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from triarch.catalog import catalog
     from triarch.planners.nodegroups import plan_pool
     from triarch.report import validate_stack_file
-    from triarch.verify import Cluster, KubectlFailed, Unreachable, report, verify
+    from triarch.verify.base import report
+    from triarch.verify.cluster import Cluster, KubectlFailed, Unreachable
+    from triarch.verify.run import verify
 
     name, path = _stack_source(args)
     validated = validate_stack_file(name, path)
