@@ -28,7 +28,7 @@ from triarch.local.lifecycle import down, up
 from triarch.local.netns import Namespace
 from triarch.local.plane import Plane
 from triarch.local.stack import spec_for_stack
-from triarch.report import validate_stack_file
+from triarch.report.validation import validate_stack_file
 
 STACK = "lab"
 """The Pulumi stack name the tier deploys (its config: stacks/Pulumi.lab.yaml, kubeconfig pointed at the plane)."""

@@ -23,7 +23,7 @@ from triarch.errors import ConfigError
 from triarch.planners.model_plan import ColdStart, ModelPlan
 from triarch.planners.models import plan_models
 from triarch.planners.objects import plan_kubernetes
-from triarch.report import cold_start_table
+from triarch.report.changes import cold_start_table
 from triarch.tuner import GIB
 
 MIB = 1024 * 1024

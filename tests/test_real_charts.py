@@ -44,7 +44,7 @@ from triarch.local.mirror import read_archive
 from triarch.local.plane import MIRROR_ADDRESS, MIRROR_PATH, Plane
 from triarch.local.stack import spec_for_stack
 from triarch.paths import COMPAT_DIR
-from triarch.report import validate_stack_file
+from triarch.report.validation import validate_stack_file
 
 STACK = "fresh"
 PASSPHRASE = {"PULUMI_CONFIG_PASSPHRASE": "triarch-local"}

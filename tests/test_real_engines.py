@@ -42,7 +42,8 @@ def _state(lab: Lab) -> dict[str, Any]:
 
 def test_every_object_triarch_owns_exists_as_planned(deployed: Lab, tmp_path_factory: pytest.TempPathFactory
                                                      ) -> None:
-    from triarch.report import plan_stack, validate_stack_file
+    from triarch.report.planning import plan_stack
+    from triarch.report.validation import validate_stack_file
 
     out = tmp_path_factory.mktemp("plan")
     plan_stack(validate_stack_file("lab", deployed.stack_file), out)

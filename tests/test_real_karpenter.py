@@ -35,7 +35,8 @@ from triarch.local.stack import spec_for_stack
 from triarch.offline import read_stack_config
 from triarch.planners.models import plan_models
 from triarch.planners.objects import plan_kubernetes
-from triarch.report import plan_stack, validate_stack_file
+from triarch.report.planning import plan_stack
+from triarch.report.validation import validate_stack_file
 from triarch.scheduling import POOL_LABEL
 
 STACK = "prod"

@@ -148,7 +148,8 @@ def test_every_stacks_objects_are_accepted_by_the_api_server(bare_plane: Plane, 
     real first (the objects in them are judged by their namespace's admission), then everything else; then each pod
     template as the Pod it becomes, which is what Pod Security's `enforce` level judges (of a workload, it only
     warns), with no Pod Security warning anywhere."""
-    from triarch.report import plan_stack, validate_stack_file
+    from triarch.report.planning import plan_stack
+    from triarch.report.validation import validate_stack_file
 
     plan_stack(validate_stack_file(stack, stack_path(stack)), tmp_path)
     manifests = [yaml.safe_load(p.read_text()) for p in sorted((tmp_path / "manifests").glob("*.yaml"))]

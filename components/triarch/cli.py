@@ -61,7 +61,9 @@ def _stack_source(args: argparse.Namespace) -> tuple[str, Path]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from triarch.report import plan_stack, summary, validate_stack_file
+    from triarch.report.planning import plan_stack
+    from triarch.report.summary import summary
+    from triarch.report.validation import validate_stack_file
 
     name, path = _stack_source(args)
     out = Path(args.out) if args.out else Path("out") / name
@@ -95,7 +97,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         resources_of_plan,
     )
     from triarch.guardrails.placement import headroom, prove
-    from triarch.report import plan_stack, validate_stack_file
+    from triarch.report.planning import plan_stack
+    from triarch.report.validation import validate_stack_file
 
     policy_config = load_policy_config(Path(args.policy_config) if args.policy_config else None)
     if args.manifests:
@@ -152,7 +155,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from triarch.cost import capacity_change
     from triarch.diff import diff_plans, load_capacity, load_plan
     from triarch.effects import traffic_effects
-    from triarch.report import diff_markdown, diff_text, plan_stack, validate_stack_file
+    from triarch.report.changes import diff_markdown, diff_text
+    from triarch.report.planning import plan_stack
+    from triarch.report.validation import validate_stack_file
     from triarch.service_rules import refusals
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -302,7 +307,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from triarch.catalog import catalog
     from triarch.planners.nodegroups import plan_pool
-    from triarch.report import validate_stack_file
+    from triarch.report.validation import validate_stack_file
     from triarch.verify.base import report
     from triarch.verify.cluster import Cluster, KubectlFailed, Unreachable
     from triarch.verify.run import verify
@@ -347,7 +352,7 @@ def cmd_local_build(args: argparse.Namespace) -> int:
 def cmd_local_up(args: argparse.Namespace) -> int:
     from triarch.local.lifecycle import up
     from triarch.local.stack import spec_for_stack
-    from triarch.report import validate_stack_file
+    from triarch.report.validation import validate_stack_file
 
     for option, given in (("--crds", args.crds), ("--charts", args.charts)):
         missing = [d for d in given or [] if not Path(d).is_dir()]

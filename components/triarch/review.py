@@ -15,7 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from triarch.report import capacity_change_table, cold_start_table, usage_line, usd
+from triarch.report.changes import capacity_change_table, cold_start_table
+from triarch.report.summary import usage_line, usd
 
 MARKER = "<!-- triarch-review -->"
 """The first line of the comment: the workflow updates the comment that starts with it instead of adding one."""
