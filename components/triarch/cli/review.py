@@ -1,10 +1,12 @@
 """`triarch review`: what the pull-request workflow builds, built here, so a reviewer reads the comment before
 pushing. Every stack is planned at the head (the working tree, uncommitted changes included) and at the base
 commit (its own code and stack file, in a temporary worktree), checked against the guardrails, diffed, and the
-comment written; the workflow runs this same command, so the two cannot drift."""
+comment written, each step by the command that does it alone (plan, check, diff, comment); the workflow runs this
+same command, so the two cannot drift."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import subprocess
@@ -12,6 +14,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from triarch.cli.check import cmd_check
+from triarch.cli.comment import cmd_comment
+from triarch.cli.common import Commands, Handler, run
+from triarch.cli.diff import cmd_diff
+from triarch.cli.plan import cmd_plan
 from triarch.errors import TriarchError
 from triarch.paths import PROJECT_ROOT, STACKS_DIR
 
@@ -56,13 +63,11 @@ def policy_config(stack: str) -> Path:
     return own if own.is_file() else POLICY_DIR / "config.json"
 
 
-def _run(argv: list[str], output: Path, log: Path) -> int:
-    """One `triarch` command in this process: what it prints into `output`, what it tells into `log`."""
-    from triarch.cli import main
-
+def _run(handler: Handler, args: argparse.Namespace, output: Path, log: Path) -> int:
+    """One command in this process: what it prints into `output`, what it tells into `log`."""
     with output.open("w", encoding="utf-8") as printed, log.open("w", encoding="utf-8") as told, \
             contextlib.redirect_stdout(printed), contextlib.redirect_stderr(told):
-        return main(argv)
+        return run(handler, args)
 
 
 def _annotate(level: str, message: str) -> None:
@@ -83,20 +88,60 @@ def review(out: Path, refs: Refs, only: list[str] | None = None) -> Path:
         errors = out / "errors" / f"{stack}.txt"
         print(f"review: {stack}: planning the head, checking, planning the base {refs.base[:12]}, diffing",
               file=sys.stderr, flush=True)
-        if _run(["plan", "--stack", stack, "--out", str(head)], logs / f"{stack}-head.txt", errors) != 0:
+        planned = argparse.Namespace(stack=stack, stack_file=None, out=str(head), at=None)
+        if _run(cmd_plan, planned, logs / f"{stack}-head.txt", errors) != 0:
             lines = errors.read_text(encoding="utf-8").strip().splitlines()
             _annotate("error", f"{stack} does not plan: {lines[-1] if lines else '(no message)'}")
             continue
         errors.unlink()
-        _run(["check", "--plan", str(head), "--policy-config", str(policy_config(stack)), "--format", "json"],
-             out / "check" / f"{stack}.json", logs / f"{stack}-check.txt")
-        if _run(["plan", "--stack", stack, "--at", refs.base, "--out", str(base)], logs / f"{stack}-base.txt",
-                logs / f"{stack}-base-errors.txt") == 0:
-            _run(["diff", "--base", str(base), "--plan", str(head), "--format", "json"],
-                 out / "diff" / f"{stack}.json", logs / f"{stack}-diff.txt")
+        checked = argparse.Namespace(stack=None, stack_file=None, plan=str(head), manifests=None, out=None,
+                                     policy_config=str(policy_config(stack)), format="json")
+        _run(cmd_check, checked, out / "check" / f"{stack}.json", logs / f"{stack}-check.txt")
+        at_base = argparse.Namespace(stack=stack, stack_file=None, out=str(base), at=refs.base)
+        if _run(cmd_plan, at_base, logs / f"{stack}-base.txt", logs / f"{stack}-base-errors.txt") == 0:
+            compared = argparse.Namespace(base=str(base), stack=None, stack_file=None, plan=str(head), format="json",
+                                          across_stacks=False, intended=None)
+            _run(cmd_diff, compared, out / "diff" / f"{stack}.json", logs / f"{stack}-diff.txt")
         else:
             _annotate("notice", f"{stack} has no plan at the base commit (a new stack, or the base does not plan it)")
     comment = out / "comment.md"
-    _run(["comment", str(out), "--base-ref", refs.base, "--head-ref", refs.head, "--out", str(comment)],
-         logs / "comment.txt", logs / "comment-verdict.txt")
+    commented = argparse.Namespace(directory=str(out), base_ref=refs.base, head_ref=refs.head, out=str(comment),
+                                   strict=False)
+    _run(cmd_comment, commented, logs / "comment.txt", logs / "comment-verdict.txt")
     return comment
+
+
+def cmd_review(args: argparse.Namespace) -> int:
+    known = stacks()
+    for stack in args.stack or []:
+        if stack not in known:
+            raise TriarchError(f"--stack: {stack!r} is not a stack of this project; allowed: {', '.join(known)}")
+    refs = resolve_refs(args.base)
+    if args.head_ref:
+        refs = Refs(refs.base, args.head_ref)
+    out = Path(args.out)
+    comment = review(out, refs, args.stack)
+    print(f"wrote {comment} (and head/, base/, check/, diff/ beside it; logs/ holds what each step printed)")
+    if args.strict:
+        from triarch.review import failures
+
+        failing = failures(out)
+        for failure in failing:
+            print(f"review: {failure}", file=sys.stderr)
+        return 1 if failing else 0
+    return 0
+
+
+def add_parser(commands: Commands) -> None:
+    rev = commands.add_parser("review", help="build what the pull-request workflow builds (every stack planned at "
+                                             "the head and at the base, checked, diffed; the comment) into a "
+                                             "directory, to read the comment before pushing")
+    rev.add_argument("--base", default="main", help="the branch or commit the change goes into (default: main); "
+                                                     "its merge base with HEAD is planned")
+    rev.add_argument("--out", default="review", help="where to write it (default: review/, which git ignores)")
+    rev.add_argument("--stack", action="append", help="only this stack (repeatable; default: every stack)")
+    rev.add_argument("--head-ref", help="the head's name in the comment's heading (default: HEAD's commit, marked "
+                                        "'+ working tree' where files changed)")
+    rev.add_argument("--strict", action="store_true",
+                     help="exit 1 on a mandatory violation or an unintended stateful replacement or removal")
+    rev.set_defaults(handler=cmd_review)

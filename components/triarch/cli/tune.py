@@ -1,0 +1,124 @@
+"""`triarch tune`: vLLM's KV cache and engine args sized for a model on a GPU (or across nodes), said in the
+command's flags."""
+
+from __future__ import annotations
+
+import argparse
+
+from triarch.cli.common import Commands
+from triarch.errors import TriarchError
+
+TUNE_FLAGS = (
+    ("try more GPUs (gpus_available), a quantized checkpoint, kv_cache_dtype='fp8' or a smaller max_model_len",
+     "try more GPUs (--gpus, or more nodes with --nodes), a quantized checkpoint, --kv-cache-dtype fp8 or a smaller "
+     "--max-model-len"),
+    ("fp8 KV or more GPUs", "--kv-cache-dtype fp8 or more GPUs (--gpus)"),
+    ("more memory per replica (a larger gpu_memory_utilization or GPU) keeps the defaults",
+     "more memory per replica (a larger --gpu-memory-utilization or --gpu) keeps the defaults; --no-enforce-eager "
+     "and --max-num-batched-tokens set them yourself"),
+)
+"""The tuner's refusal and note hints as `triarch tune`'s flags (a stack says them in stack keys)."""
+
+
+def in_flags(message: str) -> str:
+    for tuner, flags in TUNE_FLAGS:
+        message = message.replace(tuner, flags)
+    return message
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from triarch.catalog import Gpu, catalog
+    from triarch.tuner import GIB, Task, TuneError, load_arch, tune
+    from triarch.tuner.nodes import NodesRefused, tune_nodes
+    from triarch.tuner.releases import default_image
+
+    arch = load_arch(args.model or args.model_config)
+    if args.gpu is not None:
+        gpus = catalog().gpus
+        if args.gpu not in gpus:
+            from triarch.config.pools import unknown
+
+            raise unknown("--gpu", args.gpu, "GPU", sorted(gpus), "templates/compat/gpus.yaml")
+        gpu = gpus[args.gpu]
+    elif args.kv_cache_memory_bytes is not None:
+        # The KV budget is given: the GPU only has to be large enough to hold it next to the weights.
+        gpu = Gpu("unspecified", "unspecified GPU (KV budget given)", "unknown", "0.0", 1 << 30, "0.0", True, None)
+    else:
+        raise TriarchError("--gpu: missing; allowed: a GPU from templates/compat/gpus.yaml, or pass "
+                           "--kv-cache-memory-bytes to size the KV cache without one")
+    task: Task = args.task or ("embed" if "embedding" in arch.label.lower() else "generate")
+    if args.nodes < 1:
+        raise TriarchError(f"--nodes: {args.nodes} is not allowed; allowed: 1 or more (nodes of --gpus GPUs)")
+    options = {"vllm_version": args.vllm_version, "gpu_memory_utilization": args.gpu_memory_utilization,
+               "max_model_len": args.max_model_len, "kv_cache_dtype": args.kv_cache_dtype,
+               "kv_cache_memory_bytes": args.kv_cache_memory_bytes, "task": task, "max_num_seqs": args.max_num_seqs,
+               "max_num_batched_tokens": args.max_num_batched_tokens, "enforce_eager": args.enforce_eager}
+    try:
+        if args.nodes == 1 and args.pipeline_parallel_size is None:
+            sizing = tune(arch, gpu, tensor_parallel_size=args.tensor_parallel_size, gpus_available=args.gpus,
+                          **options)
+        else:
+            sizing = tune_nodes(arch, gpu, gpus_per_node=args.gpus, max_nodes=args.nodes,
+                                tensor_parallel_size=args.tensor_parallel_size,
+                                pipeline_parallel_size=args.pipeline_parallel_size, **options)
+    except NodesRefused as error:
+        raise TriarchError(in_flags(f"{arch.label} on {args.nodes} node(s) of {args.gpus} {gpu.product}: one node: "
+                                    f"{error.one_node}; {error}")) from None
+    except TuneError as error:
+        raise type(error)(in_flags(str(error))) from None
+    if args.json:
+        document = {k: v for k, v in dataclasses.asdict(sizing).items() if k != "memory"}
+        document["memory"] = dataclasses.asdict(sizing.memory)
+        print(json.dumps(document, indent=2, sort_keys=True))
+        return 0
+    pinned = "" if args.vllm_version else f", the version in {default_image()}"
+    print(f"{sizing.model} on {gpu.product} ({task}): {sizing.num_parameters / 1e9:.2f}B parameters, "
+          f"tensor_parallel_size={sizing.tensor_parallel_size}; as vLLM {sizing.vllm_version} sizes it{pinned}")
+    if sizing.context_limit is not None:
+        print(f"  longest context vLLM {sizing.vllm_version} derives: {sizing.context_limit:,} tokens "
+              f"({sizing.context_derivation})")
+    for line in sizing.stage_lines():
+        print(f"  {line}")
+    for line in sizing.log_lines():
+        print(f"  {line}")
+    if sizing.kv_cache_tokens_low < sizing.kv_cache_tokens:
+        print(f"  at the pessimistic end of the estimate (every component at its worst calibrated underestimate): "
+              f"{sizing.available_kv_bytes_low / GIB:.2f} GiB, {sizing.kv_cache_tokens_low:,} tokens; the engine "
+              "args start there too")
+    for note in sizing.notes:
+        print(f"  note: {in_flags(note)}")
+    print("engine args: " + " ".join(f"--{k.replace('_', '-')}={v}" for k, v in sizing.engine_args.items()))
+    return 0
+
+
+def add_parser(commands: Commands) -> None:
+    tune = commands.add_parser("tune", help="size vLLM's KV cache and engine args for a model on a GPU")
+    model = tune.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="a model of templates/models (e.g. Qwen/Qwen3-8B)")
+    model.add_argument("--model-config", help="path to any Hugging Face config.json")
+    tune.add_argument("--gpu", help="a GPU of templates/compat/gpus.yaml (e.g. l4, a100-80gb)")
+    tune.add_argument("--gpus", type=int, default=8, help="GPUs per node the tensor-parallel search may use")
+    tune.add_argument("--tensor-parallel-size", type=int,
+                      help="GPUs each layer is split over, within a node (default: the fewest that fit)")
+    tune.add_argument("--pipeline-parallel-size", type=int, help="stages; beyond one node, whole nodes each")
+    tune.add_argument("--nodes", type=int, default=1,
+                      help="most nodes of --gpus GPUs one replica may span (TP within a node, PP across)")
+    tune.add_argument("--gpu-memory-utilization", type=float, help="default: the vLLM release's own default")
+    tune.add_argument("--vllm-version", help="size as this vLLM release does (templates/compat/vllm-releases.yaml; "
+                                             "default: the vLLM of the pinned vllm/vllm-openai image)")
+    tune.add_argument("--max-model-len", type=int,
+                      help="the longest request in tokens (default: the longest the KV cache holds at a useful "
+                           "batch, capped by the model's own)")
+    tune.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
+                      help="fp8 halves the KV cache's memory (default: auto, the model's dtype)")
+    tune.add_argument("--max-num-seqs", type=int, help="fix vLLM's batch size (default: sized from the KV cache)")
+    tune.add_argument("--max-num-batched-tokens", type=int, help="fix the tokens per step (sizes the activation)")
+    tune.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction,
+                      help="fix eager mode on or off (default: CUDA graphs, eager only where they leave no KV cache)")
+    tune.add_argument("--kv-cache-memory-bytes", type=int, help="the KV budget per GPU, as vLLM's flag of that name")
+    tune.add_argument("--task", choices=["generate", "embed"], help="default: embed for embedding models")
+    tune.add_argument("--json", action="store_true", help="one JSON object instead of the start-up log")
+    tune.set_defaults(handler=cmd_tune)
