@@ -29,8 +29,10 @@ from triarch.local.netns import Namespace
 from triarch.local.plane import Plane
 from triarch.local.stack import spec_for_stack
 from triarch.report.validation import validate_stack_file
+from triarch.scheduling import POOL_LABEL
 
 STACK = "lab"
+GPU = "nvidia.com/gpu"
 """The Pulumi stack name the tier deploys (its config: stacks/Pulumi.lab.yaml, kubeconfig pointed at the plane)."""
 
 
@@ -125,6 +127,21 @@ class Lab:
     def kubectl_json(self, *args: str) -> dict[str, Any]:
         loaded: dict[str, Any] = json.loads(self.plane.kubectl(*args, "-o", "json").stdout)
         return loaded
+
+    def free_gpus(self, pool: str) -> dict[str, int]:
+        """Each of the pool's nodes (cordoned ones left out) with its GPUs that no pod holds: a Pending pod already
+        bound to the node, or a Running one, in any namespace."""
+        nodes = [n for n in self.kubectl_json("get", "nodes", "-l", f"{POOL_LABEL}={pool}")["items"]
+                 if not n["spec"].get("unschedulable")]
+        held: dict[str, int] = {}
+        for pod in self.kubectl_json("get", "pods", "-A")["items"]:
+            node = pod["spec"].get("nodeName")
+            if node and pod["status"].get("phase") in ("Pending", "Running"):
+                held[node] = held.get(node, 0) + sum(
+                    int(((c.get("resources") or {}).get("requests") or {}).get(GPU, 0))
+                    for c in pod["spec"]["containers"])
+        return {n["metadata"]["name"]: int(n["status"]["allocatable"].get(GPU, 0)) - held.get(n["metadata"]["name"], 0)
+                for n in nodes}
 
     def write_config(self, config: dict[str, Any]) -> None:
         """Replace the stack's Triarch config (keeps the passphrase salt Pulumi wrote into the file)."""

@@ -33,7 +33,6 @@ from triarch.planners.objects import plan_kubernetes
 from triarch.planners.observability import gpu_pods
 from triarch.scheduling import POOL_LABEL
 
-GPU = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 STACK = "lab-ray"
@@ -192,19 +191,6 @@ def _phase(pod: dict[str, Any]) -> str:
     return f"{pod['metadata']['name']} {pod['status'].get('phase')} {why}".rstrip()
 
 
-def _free_gpu_nodes(stack: RayStack, pool: str) -> list[dict[str, Any]]:
-    """The pool's schedulable nodes with a GPU no pod (Pending or Running, any namespace) holds."""
-    nodes = [n for n in stack.lab.kubectl_json("get", "nodes", "-l", f"{POOL_LABEL}={pool}")["items"]
-             if not n["spec"].get("unschedulable")]
-    held: dict[str, int] = {}
-    for pod in stack.lab.kubectl_json("get", "pods", "-A")["items"]:
-        if pod["status"].get("phase") in ("Pending", "Running") and pod["spec"].get("nodeName"):
-            gpus = sum(int(((c.get("resources") or {}).get("requests") or {}).get(GPU, 0))
-                       for c in pod["spec"]["containers"])
-            held[pod["spec"]["nodeName"]] = held.get(pod["spec"]["nodeName"], 0) + gpus
-    return [n for n in nodes if int(n["status"]["allocatable"].get(GPU, 0)) > held.get(n["metadata"]["name"], 0)]
-
-
 @contextlib.contextmanager
 def only_room_beside(stack: RayStack, pod: dict[str, Any]) -> Iterator[str]:
     """The pool's only free GPU on a node in `pod`'s zone: a kwok node like `pod`'s own added, every other free node
@@ -217,14 +203,14 @@ def only_room_beside(stack: RayStack, pod: dict[str, Any]) -> Iterator[str]:
              "spec": {"taints": node["spec"].get("taints", [])},
              # Created with its status, as the plane makes its nodes: kwok keeps the capacity and reports Ready.
              "status": {k: node["status"][k] for k in ("capacity", "allocatable", "nodeInfo")}}
-    others = [n["metadata"]["name"] for n in _free_gpu_nodes(stack, labels[POOL_LABEL])]
+    others = [node for node, free in stack.lab.free_gpus(labels[POOL_LABEL]).items() if free > 0]
     plane = stack.lab.plane
     try:
         for other in others:
             plane.kubectl("cordon", other)
         plane.kubectl("create", "-f", "-", input=yaml.safe_dump(added))
         stack.wait(f"the added node {name} with a free GPU",
-                   lambda: [n["metadata"]["name"] for n in _free_gpu_nodes(stack, labels[POOL_LABEL])] == [name])
+                   lambda: [n for n, free in stack.lab.free_gpus(labels[POOL_LABEL]).items() if free > 0] == [name])
         yield name
     finally:
         for other in others:

@@ -34,19 +34,6 @@ def leaving(lab: Lab) -> int:
                if p["spec"].get("nodeName") in nodes and p["metadata"].get("deletionTimestamp"))
 
 
-def free_gpus(lab: Lab) -> int:
-    """GPUs of the pool's nodes that no running or pending-bound pod holds."""
-    nodes = lab.kubectl_json("get", "nodes", "-l", f"{POOL_LABEL}={POOL}")["items"]
-    names = {n["metadata"]["name"] for n in nodes}
-    total = sum(int(n["status"]["allocatable"].get("nvidia.com/gpu", 0)) for n in nodes)
-    held = 0
-    for pod in lab.kubectl_json("get", "pods", "-A")["items"]:
-        if pod["spec"].get("nodeName") in names and pod["status"].get("phase") in ("Pending", "Running"):
-            for container in pod["spec"]["containers"]:
-                held += int(((container.get("resources") or {}).get("requests") or {}).get("nvidia.com/gpu", 0))
-    return total - held
-
-
 def wait(what: str, check: Callable[[], bool], lab: Lab) -> None:
     if eventually(check, TIMEOUT):
         return
@@ -63,7 +50,7 @@ def placeholders(lab: Lab) -> list[dict[str, Any]]:
 def warm_pool(lab: Lab) -> Iterator[int]:
     """The pool's free GPUs filled with the plan's placeholders; the namespace gone afterwards."""
     wait("no pod leaving the pool", lambda: leaving(lab) == 0, lab)
-    free = free_gpus(lab)
+    free = sum(lab.free_gpus(POOL).values())
     assert free >= 1, "the A10G pool has no free GPU for the scenario"
     config = copy.deepcopy(lab.config)
     config["triarch:cluster"]["nodeProvisioner"] = "cluster-autoscaler"  # something scales it: warm has meaning
@@ -88,7 +75,7 @@ def warm_pool(lab: Lab) -> Iterator[int]:
 
 
 def test_a_serving_pod_preempts_a_placeholder_which_then_waits(lab: Lab, warm_pool: int) -> None:
-    assert free_gpus(lab) == 0  # the placeholders hold every free GPU of the pool
+    assert sum(lab.free_gpus(POOL).values()) == 0  # the placeholders hold every free GPU of the pool
     server = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "server", "namespace": NAMESPACE},
