@@ -577,3 +577,36 @@ def test_a_failed_engine_is_told_by_its_own_error_line(tmp_path: Path, log: str,
     path = tmp_path / "component.log"
     path.write_text(log)
     assert failure_cause(path) == cause
+
+
+def test_a_stack_that_installs_the_charts_runs_the_real_operators_in_place_of_their_pods() -> None:
+    """The fresh stack installs KubeRay, KEDA and LeaderWorkerSet from the plane's mirror: each chart's controller
+    pod has the real operator in its place, and nothing runs as `existing`."""
+    from triarch.local.stack import spec_for_stack
+    from triarch.report.validation import validate_stack_file
+
+    reference_dir("charts")  # the mirror's archives come from the reference cache
+    stack = validate_stack_file("fresh", ROOT / "stacks" / "Pulumi.fresh.yaml").stack
+    assert spec_for_stack("x", stack, []).operators == ("kuberay-chart", "keda-chart", "lws-chart")
+
+
+def test_a_container_that_exits_is_started_again_until_its_kubelet_is_stopped(tmp_path: Path) -> None:
+    """`restart-always`: an operator that exits once it wrote its own certificate runs again, as its pod's
+    container would; stopping the stand-in kubelet stops the container too."""
+    import signal
+    import sys
+    import time
+
+    runs = tmp_path / "runs"
+    script = f"echo run >> {runs}; exec sleep 0.2"
+    kubelet = subprocess.Popen([sys.executable, "-m", "triarch.local.kubelet", "restart-always", "--",
+                                "sh", "-c", script], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not runs.exists() or len(runs.read_text().split()) < 3):
+        time.sleep(0.1)
+    assert len(runs.read_text().split()) >= 3
+    kubelet.send_signal(signal.SIGTERM)
+    assert kubelet.wait(timeout=10) == 0
+    seen = runs.read_text()
+    time.sleep(1.5)  # longer than the restart pause: no run after the stop
+    assert runs.read_text() == seen

@@ -209,6 +209,48 @@ def lws_chart(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
         env={"TRIARCH_KUBECTL": str(binary("kubectl"))})
 
 
+def _restarting(argv: list[str]) -> list[str]:
+    """argv, started again whenever it exits (triarch.local.kubelet), as a kubelet restarts a pod's container."""
+    return [sys.executable, "-m", "triarch.local.kubelet", "restart-always", "--", *argv]
+
+
+KEDA_CHART_SECRET = "kedaorg-certs"
+KEDA_CHART_ADAPTER_PORT = 6443
+"""The chart's `service.portHttpsTarget`: where its APIService's Service sends the API server."""
+
+
+def keda_chart(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
+    """KEDA's operator and metrics adapter in place of the pods of Triarch's keda release, as the chart configures
+    them: the operator makes the chart's certificate Secret, generates its CA and certificate into it, injects the CA
+    into the chart's APIService and validating webhook, and exits once to start again with it (as its pod would);
+    the adapter serves external.metrics.k8s.io on the chart's target port on every address of the plane, so the
+    Service's endpoint (its pod's address) reaches it. Both start once the chart's Deployment exists. Addresses a
+    pod finds through cluster DNS are loopback here (the gRPC metrics service, named by its Service for TLS). The
+    chart's admission webhook server is not run: its webhook fails open (`failurePolicy: Ignore`)."""
+    certs = plane.directory / "keda-chart-certs"
+    certs.mkdir(exist_ok=True)
+    kube = str(plane.kubeconfig)
+    operator = [str(binary("keda-operator")), f"--kubeconfig={kube}", "--leader-elect=false",
+                "--metrics-bind-address=127.0.0.1:18080", "--health-probe-bind-address=127.0.0.1:18081",
+                f"--metrics-service-bind-address={KEDA_GRPC}", f"--cert-dir={certs}", "--enable-cert-rotation=true",
+                f"--cert-secret-name={KEDA_CHART_SECRET}", "--operator-service-name=keda-operator",
+                "--metrics-server-service-name=keda-operator-metrics-apiserver",
+                "--webhooks-service-name=keda-admission-webhooks", "--enable-webhook-patching=true",
+                "--enable-apiservice-patching=true", "--k8s-cluster-domain=cluster.local", "--zap-log-level=info"]
+    adapter = [str(binary("keda-adapter")), f"--lister-kubeconfig={kube}", f"--authentication-kubeconfig={kube}",
+               f"--authorization-kubeconfig={kube}", f"--secure-port={KEDA_CHART_ADAPTER_PORT}",
+               f"--cert-dir={certs}", f"--tls-cert-file={certs / 'tls.crt'}",
+               f"--tls-private-key-file={certs / 'tls.key'}", f"--metrics-service-address={KEDA_GRPC}",
+               f"--metrics-service-grpc-authority=keda-operator.{KEDA_NAMESPACE}.svc.cluster.local",
+               "--port=18082", "--v=1"]
+    return Operator("keda-chart", {
+        "keda-cert-volume": _secret_volume(KEDA_CHART_SECRET, KEDA_NAMESPACE, certs),
+        "keda-operator": _when("deployment/keda-operator", KEDA_NAMESPACE, _restarting(operator)),
+        "keda-adapter": _when(f"secret/{KEDA_CHART_SECRET}", KEDA_NAMESPACE, _restarting(adapter))},
+        env={"TRIARCH_KUBECTL": str(binary("kubectl")), "WATCH_NAMESPACE": "",
+             "KEDA_CLUSTER_OBJECT_NAMESPACE": KEDA_NAMESPACE, "POD_NAMESPACE": KEDA_NAMESPACE})
+
+
 def kuberay_chart(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
     """The KubeRay operator in place of the pod Triarch's kuberay-operator release runs; starts once the RayService
     CRD Triarch applies beside the chart is there."""
@@ -220,5 +262,5 @@ def kuberay_chart(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
 
 OPERATORS: dict[str, Callable[[Plane, Pki, PlaneSpec], Operator]] = {
     "keda": keda, "karpenter": karpenter, "kuberay": kuberay, "lws": lws, "lws-chart": lws_chart,
-    "kuberay-chart": kuberay_chart}
+    "kuberay-chart": kuberay_chart, "keda-chart": keda_chart}
 """Every operator a plane can run, by the name a PlaneSpec uses."""

@@ -198,6 +198,7 @@ def spec_for_stack(name: str, stack: StackConfig, references: list[Path], all_cr
         # In place of the pods of the charts the stack installs from the plane's mirror, once Helm installed them:
         ("kuberay-chart", bool(archives) and stack.kuberay.mode == "install"
          and any(m.engine == "ray-serve" for m in stack.models)),
+        ("keda-chart", bool(archives) and stack.observability.keda == "install"),
         ("lws-chart", bool(archives) and stack.leader_worker_set.mode == "install" and any(
             m.engine == "vllm" and (m.pipeline_parallel_size or 1) > 1 for m in stack.models))) if runs)
     return PlaneSpec(
