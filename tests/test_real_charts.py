@@ -1,6 +1,7 @@
 """A whole `pulumi up` on a local plane: the fresh stack, in which Triarch installs every chart an adopted cluster can
 take from it, each pulled by the provider's own Helm from an OCI mirror on the plane's loopback (the pinned archives
-of the reference data), with the real KubeRay and LeaderWorkerSet operators in place of the charts' controller pods.
+of the reference data), with the real KubeRay, KEDA and LeaderWorkerSet operators in place of the charts'
+controller pods.
 
 What it shows, in order: an up whose LeaderWorkerSet manager never starts waits on the LWS webhooks (a
 `failurePolicy: Fail` webhook with no server refuses every LeaderWorkerSet), then fails naming them, every release
@@ -24,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,9 @@ RELEASES = {"nvidia-device-plugin": "nvidia-device-plugin", "kuberay-operator": 
             "dcgm-exporter": "gpu-monitoring", "keda": "keda"}
 """Every release the fresh stack installs (each named as its chart) and its namespace."""
 LWS_MUTATING = "lws-mutating-webhook-configuration"
+KEDA_API = "v1beta1.external.metrics.k8s.io"
+GATE = f"mutatingwebhookconfiguration-{LWS_MUTATING}-ready"
+"""The up's gate on the LWS mutating webhook: its CA injected (so its server is up) before any LeaderWorkerSet."""
 TIMEOUT = 600.0
 
 
@@ -79,8 +84,9 @@ class Fresh:
     after_gateless_up: dict[str, Any]
     """What the cluster held right after it: each release's status, the LeaderWorkerSets."""
     first_up: subprocess.CompletedProcess[str]
-    waited_for_webhook: bool
-    """Whether the second up was seen waiting on the LWS webhook (annotated, no CA) with no LeaderWorkerSet made."""
+    reached_gate: bool
+    """Whether the second up said it was at the LWS webhook's gate before any LeaderWorkerSet was made (the manager
+    starts only then)."""
 
     def pulumi(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         argv = [str(engines.binary("pulumi")), *args, "--stack", STACK, "--non-interactive"]
@@ -139,24 +145,16 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fresh]:
         argv = [str(engines.binary("pulumi")), "up", "--yes", "--skip-preview", "--stack", STACK,
                 "--non-interactive"]
         running = subprocess.Popen(plane.command(argv), env={**plane.env(), **PASSPHRASE}, cwd=project,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-        def waiting_on_webhook() -> bool:
-            if running.poll() is not None:
-                return True
-            done = plane.kubectl("get", "mutatingwebhookconfiguration", LWS_MUTATING, "-o", "json", check=False)
-            if done.returncode != 0:
-                return False
-            hook = json.loads(done.stdout)
-            annotated = "pulumi.com/waitFor" in (hook["metadata"].get("annotations") or {})
-            return annotated and not hook["webhooks"][0]["clientConfig"].get("caBundle")
-
-        assert eventually(waiting_on_webhook, TIMEOUT, 0.5), "the up never waited on the LeaderWorkerSet webhook"
-        made = plane.kubectl("get", "leaderworkersets", "-A", "-o", "name").stdout.strip()
-        fresh.waited_for_webhook = running.poll() is None and made == ""
-        start_operator(plane, "lws-chart")
-        stdout, stderr = running.communicate(timeout=TIMEOUT)
-        fresh.first_up = subprocess.CompletedProcess(argv, running.returncode, stdout, stderr)
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert running.stdout is not None
+        printed = []
+        for line in running.stdout:  # the manager starts once the up says it is at the LWS webhook's gate
+            printed.append(line)
+            if not fresh.reached_gate and GATE in line:
+                fresh.reached_gate = plane.kubectl("get", "leaderworkersets", "-A", "-o", "name").stdout.strip() == ""
+                start_operator(plane, "lws-chart")
+        running.wait(timeout=TIMEOUT)
+        fresh.first_up = subprocess.CompletedProcess(argv, running.returncode, "".join(printed), "")
         yield fresh
     finally:
         down(name, quiet=True)
@@ -176,9 +174,9 @@ def test_a_webhook_that_never_comes_up_fails_the_up_naming_it(fresh: Fresh) -> N
 
 
 def test_the_up_waits_for_the_webhooks_server_and_succeeds(fresh: Fresh) -> None:
-    assert fresh.waited_for_webhook, "the up did not wait for the LWS webhook (or made a LeaderWorkerSet first)"
+    assert fresh.reached_gate, f"the up never said it was at {GATE} (or made a LeaderWorkerSet first)"
     errors = [line.strip() for line in fresh.first_up.stdout.splitlines() if "error:" in line]
-    assert fresh.first_up.returncode == 0, "\n".join(errors[-6:]) or fresh.first_up.stderr[-2000:]
+    assert fresh.first_up.returncode == 0, "\n".join(errors[-6:]) or fresh.first_up.stdout[-2000:]
 
 
 def test_every_release_is_deployed_at_its_pinned_chart_from_the_mirror(fresh: Fresh) -> None:
@@ -231,6 +229,30 @@ def test_the_charts_webhooks_are_served_by_the_real_operators(fresh: Fresh) -> N
     hook = fresh.get("mutatingwebhookconfiguration", LWS_MUTATING)
     assert hook["webhooks"][0]["clientConfig"]["service"]["name"] == "lws-webhook-service"
     assert fresh.get("rayclusters", "-n", "llm")["items"], "KubeRay made no RayCluster"
+
+
+def test_kedas_metrics_api_and_webhook_are_the_charts_served_by_the_real_operator(fresh: Fresh) -> None:
+    """KEDA's operator made the chart's certificate Secret and injected its CA into the chart's APIService and
+    validating webhook; the metrics adapter answers external.metrics.k8s.io through the chart's Service (an
+    APIService with no server would fail every client's discovery, and a namespace's deletion); the operator turned
+    the model's ScaledObject into its HPA."""
+    def available() -> bool:
+        service = fresh.get("apiservice", KEDA_API)
+        return any(c["type"] == "Available" and c["status"] == "True" for c in service["status"].get("conditions", []))
+
+    assert eventually(available, 120, 1.0), fresh.get("apiservice", KEDA_API)["status"]
+    service = fresh.get("apiservice", KEDA_API)
+    assert service["spec"]["service"] == {"name": "keda-operator-metrics-apiserver", "namespace": "keda", "port": 443}
+    assert service["spec"].get("caBundle")
+    served = json.loads(fresh.plane.kubectl("get", "--raw", f"/apis/{KEDA_API.split('.', 1)[1]}/v1beta1").stdout)
+    assert served["groupVersion"] == "external.metrics.k8s.io/v1beta1"
+    webhook = fresh.get("validatingwebhookconfiguration", "keda-admission")
+    assert all(hook["clientConfig"].get("caBundle") for hook in webhook["webhooks"])
+    scaled = fresh.get("scaledobjects", "-n", "llm")["items"]
+    assert scaled, "the fresh stack has a ScaledObject"
+    wanted = {f"keda-hpa-{each['metadata']['name']}" for each in scaled}
+    assert eventually(lambda: wanted <= {h["metadata"]["name"] for h in fresh.get("hpa", "-n", "llm")["items"]},
+                      60, 1.0), wanted
 
 
 def test_the_dcgm_exporter_runs_with_no_capability(fresh: Fresh) -> None:
@@ -407,8 +429,29 @@ def test_a_chart_missing_from_the_mirror_fails_the_up_naming_both(fresh: Fresh, 
     use_program(fresh.project)
 
 
+def ended_at_once(fresh: Fresh, stop: threading.Event) -> None:
+    """Each pod being deleted, ended as soon as it is seen: kwok ends one at a random moment within its grace period
+    (a vLLM pod's is its drain, minutes), which the namespace's deletion would wait out; these servers hold no
+    request, and what the destroy shows is its order, not the drain."""
+    while not stop.wait(2.0):
+        done = fresh.plane.kubectl("get", "pods", "-A", "-o", "json", check=False)
+        if done.returncode != 0:
+            continue
+        for pod in json.loads(done.stdout)["items"]:
+            if pod["metadata"].get("deletionTimestamp"):
+                fresh.plane.kubectl("delete", "pod", pod["metadata"]["name"], "-n", pod["metadata"]["namespace"],
+                                    "--grace-period=0", "--force", "--wait=false", check=False)
+
+
 def test_destroy_leaves_no_release_and_only_the_crds_kept_by_design(fresh: Fresh) -> None:
-    fresh.pulumi("destroy", "--yes", "--skip-preview")
+    stop = threading.Event()
+    ender = threading.Thread(target=ended_at_once, args=(fresh, stop), daemon=True)
+    ender.start()
+    try:
+        fresh.pulumi("destroy", "--yes", "--skip-preview")
+    finally:
+        stop.set()
+        ender.join()
     assert fresh.get("secrets", "-A", "-l", "owner=helm")["items"] == []
     namespaces = {n["metadata"]["name"] for n in fresh.get("namespaces")["items"]}
     assert not namespaces & {*RELEASES.values(), "llm"}
