@@ -157,13 +157,15 @@ def test_the_service_sends_to_the_leaders_only(gangs: GangStack) -> None:
 
 
 def test_a_lost_worker_restarts_its_whole_group(gangs: GangStack) -> None:
-    """RecreateGroupOnPodRestart: one stage gone stops the replica, so the controller deletes its leader too (the
-    leader then takes its grace period under kwok: its deletion, not its end, is what shows).
+    """RecreateGroupOnPodRestart: one stage gone stops the replica, so the controller deletes its leader too, and
+    the group comes back whole: a new leader and a new worker, both Running (under the other policy, `None`, the
+    leader would stay and only the worker would come back).
 
     The LWS controller acts on a pod that is being deleted (it has a deletionTimestamp), not on one already gone.
     kwok removes a deleted pod at once, so the controller's cache may never hold it in between (a force delete lost
     that race in CI). A finalizer holds the worker in its deletion, as a kubelet's grace period would, until the
-    leader has gone."""
+    leader is being deleted; both are then ended at once (kwok would end each at a random moment within its grace
+    period, holding its GPU until then)."""
     [worker] = [p for p in gangs.pods() if p["metadata"]["labels"][INDEX_LABEL] == "1"][:1]
     name = worker["metadata"]["name"]
     group = worker["metadata"]["labels"][GROUP_LABEL]
@@ -184,3 +186,17 @@ def test_a_lost_worker_restarts_its_whole_group(gangs: GangStack) -> None:
     finally:
         kubectl("patch", "pod", "-n", NAMESPACE, name, "--type=merge", "-p",
                 json.dumps({"metadata": {"finalizers": None}}), check=False)
+    for pod in (name, leader["metadata"]["name"]):  # both GPUs back at once, for the group's new pods
+        kubectl("delete", "pod", "-n", NAMESPACE, pod, "--grace-period=0", "--force", "--ignore-not-found",
+                check=False)
+    old = {leader["metadata"]["uid"], worker["metadata"]["uid"]}
+
+    def whole_again() -> bool:
+        members = [p for p in gangs.pods() if p["metadata"]["labels"].get(GROUP_LABEL) == group
+                   or p["metadata"]["name"] in (name, leader["metadata"]["name"])]
+        indexes = sorted(p["metadata"]["labels"][INDEX_LABEL] for p in members)
+        return (indexes == ["0", "1"] and not {p["metadata"]["uid"] for p in members} & old
+                and all(p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+                        for p in members))
+
+    gangs.wait("the group back whole: a new leader and a new worker, Running", whole_again)
