@@ -1,12 +1,16 @@
 """The reference data as a pinned input (triarch.refdata, tools/reference/sources.yaml): every file's sha256 held
 against ../shared/reference, the cache filled from a directory or from upstream, a changed byte refused, a missing
-file named in one line with the command that brings it, and `triarch refdata` exit codes."""
+file named in one line with the command that brings it, derived files made from upstream by their recipes, and
+`triarch refdata` exit codes."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import re
+import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -68,11 +72,14 @@ def test_every_reference_file_is_pinned_with_the_sha256_of_shared_reference() ->
 def test_every_entry_has_a_digest_and_a_source_or_says_how_it_was_made() -> None:
     raw = yaml.safe_load(refdata.SOURCES.read_text(encoding="utf-8"))["files"]
     for rel, spec in raw.items():
-        assert set(spec) <= {"sha256", "source", "derived"}, rel
+        assert set(spec) <= {"sha256", "source", "derived", "derive"}, rel
         assert re.fullmatch(r"[0-9a-f]{64}", spec["sha256"]), rel
         assert spec["source"] or spec.get("derived"), rel
         if spec["source"]:
             assert re.match(r"https://(raw\.githubusercontent\.com|github\.com|pypi\.org)/", spec["source"]), rel
+        if "derive" in spec:  # a recipe says how the bytes were made in words too, and pins its input
+            assert spec.get("derived"), rel
+            assert re.fullmatch(r"[0-9a-f]{64}", spec["derive"]["from_sha256"]), rel
     assert refdata.SOURCES.read_text(encoding="utf-8").startswith("# ")  # the header says what it is
 
 
@@ -156,6 +163,161 @@ def test_a_failed_download_is_one_line(cache: Path, mirror: Path, monkeypatch: p
     problems = refdata.fill(None)
     url = (mirror / "chart" / "crds" / "a.yaml").as_uri()
     assert problems[0] == f"chart/crds/a.yaml: download of {url} failed: timed out"
+
+
+# --- derivation recipes: pure transforms -----------------------------------------------------------------------
+
+def _targz(members: dict[str, bytes]) -> bytes:
+    """A small .tar.gz (an sdist, say) holding `members`."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+TEMPLATE = (b"{{- if .Values.crds.install }}\napiVersion: v1\nmetadata:\n  labels:\n    app: {{ .Values.name }}\n"
+            b"  name: x\n{{- end -}}\n")
+PLAIN = b"# plain\napiVersion: v1\nmetadata:\n  labels:\n  name: x\n"
+ARGS_PY = b"""import dataclasses
+TOP: int = 1
+@dataclasses.dataclass
+class Base:
+    port: int = 8000
+    host: str | None = None
+    def method(self) -> None:
+        local: int = 2
+class Args(Base):
+    model: str = "m"
+    api_key: str = ""
+    port: int = 9000
+    note = "not annotated"
+"""
+METRICS_PY = b"""NAMES = ["vllm:b_total", "vllm:a_seconds", "vllm:b_total"]
+def build(name: str = "vllm:c_info") -> str:
+    return f"vllm:{name}"  # not a whole literal
+OTHER = "vllm:Not-Matching", "prefix vllm:d"
+"""
+SDIST = _targz({"pkg-1.0/pkg/args.py": ARGS_PY, "pkg-1.0/pkg/v1/metrics/m.py": METRICS_PY,
+                "pkg-1.0/pkg/v1/spec/s.py": b'X = "vllm:spec_drafts"\n', "pkg-1.0/pkg/v2/n.py": b'Y = "vllm:later"\n',
+                "pkg-1.0/README.md": b"vllm:readme\n"})
+
+
+def test_strip_helm_lines_drops_every_line_with_an_action_and_puts_the_header_on_top() -> None:
+    assert refdata.strip_helm_lines(TEMPLATE, "# plain") == PLAIN
+
+
+def test_stamp_chart_version_sets_the_two_top_level_lines_and_keeps_every_other_byte() -> None:
+    chart = b"apiVersion: v2\nversion: 1.13.0  \nappVersion: 1.13.0\ndependencies:\n  - version: 9.9.9\n"
+    assert refdata.stamp_chart_version(chart, "1.14.1", "1.14.2") == (
+        b"apiVersion: v2\nversion: 1.14.1\nappVersion: 1.14.2\ndependencies:\n  - version: 9.9.9\n")
+    with pytest.raises(ValueError, match=r"^0 top-level `appVersion:` lines, not one$"):
+        refdata.stamp_chart_version(b"version: 1\n", "2", "2")
+
+
+def test_class_fields_in_declaration_order_or_sorted_each_name_once() -> None:
+    assert refdata.class_fields(SDIST, "pkg-1.0/pkg/args.py", ["Args"], sort=False) == b"model\napi_key\nport\n"
+    assert refdata.class_fields(SDIST, "pkg-1.0/pkg/args.py", ["Base", "Args"], sort=True) == (
+        b"api_key\nhost\nmodel\nport\n")
+    with pytest.raises(ValueError, match=r"^no class Gone in pkg-1\.0/pkg/args\.py$"):
+        refdata.class_fields(SDIST, "pkg-1.0/pkg/args.py", ["Gone"], sort=True)
+    with pytest.raises(ValueError, match=r"^no Python file under pkg-1\.0/pkg/gone\.py in the archive$"):
+        refdata.class_fields(SDIST, "pkg-1.0/pkg/gone.py", ["Args"], sort=True)
+
+
+def test_literal_names_are_the_whole_matching_literals_under_a_folder_sorted_once() -> None:
+    assert refdata.literal_names(SDIST, "pkg-1.0/pkg/v1/metrics/", "vllm:[a-z0-9_]+") == (
+        b"vllm:a_seconds\nvllm:b_total\nvllm:c_info\n")
+    assert refdata.literal_names(SDIST, "pkg-1.0/pkg/v1/", "vllm:[a-z0-9_]+") == (
+        b"vllm:a_seconds\nvllm:b_total\nvllm:c_info\nvllm:spec_drafts\n")
+    with pytest.raises(ValueError, match=r"^not a readable \.tar\.gz"):
+        refdata.literal_names(b"not gzip", "pkg-1.0/", "vllm:.*")
+
+
+def test_sources_yaml_refuses_an_unknown_recipe_or_wrong_parameters(tmp_path: Path) -> None:
+    def load(derive: dict[str, Any]) -> dict[str, refdata.Source]:
+        path = tmp_path / f"sources-{len(list(tmp_path.iterdir()))}.yaml"
+        path.write_text(yaml.safe_dump({"files": {"a.yaml": {"sha256": "0" * 64, "source": "https://x/a.yaml",
+                                                              "derived": "made", "derive": derive}}}))
+        return refdata.load_sources(path)
+
+    entry = load({"recipe": "strip-helm-lines", "header": "# h"})["a.yaml"]
+    assert entry.derive == refdata.Derive("strip-helm-lines", "https://x/a.yaml", None, {"header": "# h"})
+    assert entry.bring == ("`uv run triarch refdata fill --from ../shared/reference` "
+                           "(or `uv run triarch refdata fill` from upstream)")
+    with pytest.raises(ValueError, match=r"^a\.yaml: unknown recipe 'sed' \(known: class-fields, "):
+        load({"recipe": "sed"})
+    with pytest.raises(ValueError, match=r"^a\.yaml: recipe strip-helm-lines takes header, not heading$"):
+        load({"recipe": "strip-helm-lines", "heading": "# h"})
+
+
+# --- fill from upstream with recipes ---------------------------------------------------------------------------
+
+SDIST_URL = "https://files.example/pkg-1.0.tar.gz"
+TEMPLATE_URL = "https://raw.example/chart/templates/crd.yaml"
+
+
+@pytest.fixture
+def upstream(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Sources pinning three derived files made by recipes from two upstream inputs, served by a stubbed download
+    (tests never touch the network); the URLs asked come back in order."""
+    pinned = {
+        "crds/a.yaml": refdata.Source("crds/a.yaml", _sha(PLAIN), TEMPLATE_URL, "the template stripped",
+                                      refdata.Derive("strip-helm-lines", TEMPLATE_URL, _sha(TEMPLATE),
+                                                     {"header": "# plain"})),
+        "args.txt": refdata.Source("args.txt", _sha(b"model\napi_key\nport\n"), "https://pypi.example/pkg",
+                                   "fields", refdata.Derive("class-fields", SDIST_URL, _sha(SDIST),
+                                                            {"member": "pkg-1.0/pkg/args.py", "classes": ["Args"],
+                                                             "sort": False})),
+        "metrics.txt": refdata.Source("metrics.txt", _sha(b"vllm:spec_drafts\n"), "https://pypi.example/pkg",
+                                      "names", refdata.Derive("literal-names", SDIST_URL, _sha(SDIST),
+                                                              {"under": "pkg-1.0/pkg/v1/spec/",
+                                                               "pattern": "vllm:[a-z_]+"})),
+    }
+    served = {TEMPLATE_URL: TEMPLATE, SDIST_URL: SDIST}
+    asked: list[str] = []
+    monkeypatch.setattr(refdata, "load_sources", lambda: pinned)
+    monkeypatch.setattr(refdata, "_download", lambda url: asked.append(url) or served[url])
+    return asked
+
+
+def test_fill_from_upstream_makes_derived_files_by_their_recipes_each_input_downloaded_once(
+        cache: Path, upstream: list[str]) -> None:
+    lines: list[str] = []
+    assert refdata.fill(None, log=lines.append) == []
+    assert upstream == [TEMPLATE_URL, SDIST_URL]
+    assert refdata.path("crds/a.yaml").read_bytes() == PLAIN
+    assert refdata.path("args.txt").read_bytes() == b"model\napi_key\nport\n"
+    assert refdata.path("metrics.txt").read_bytes() == b"vllm:spec_drafts\n"
+    assert lines[0] == f"crds/a.yaml: cached from strip-helm-lines of {TEMPLATE_URL}"
+
+
+def test_a_broken_recipe_is_refused_by_the_pinned_sha256(cache: Path, upstream: list[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(refdata.RECIPES, "strip-helm-lines", lambda data, header: data)  # forgets to strip
+    [problem] = refdata.fill(None)
+    assert problem == (f"crds/a.yaml: sha256 {_sha(TEMPLATE)} from strip-helm-lines of {TEMPLATE_URL}, but "
+                       f"sources.yaml pins {_sha(PLAIN)} (source: {TEMPLATE_URL}); not cached")
+    assert not (cache / "crds" / "a.yaml").exists()
+    assert (cache / "args.txt").is_file()
+
+
+def test_an_input_that_is_not_the_pinned_one_is_refused_before_its_recipe_runs(
+        cache: Path, upstream: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    changed = SDIST + b"\0"
+    monkeypatch.setattr(refdata, "_download", lambda url: changed)
+    problems = refdata.fill(None)
+    assert problems[1] == (f"args.txt: class-fields of {SDIST_URL} failed: its input has sha256 "
+                           f"{_sha(changed)}, but sources.yaml pins {_sha(SDIST)}")
+    assert len(problems) == 3 and not cache.exists()
+
+
+def test_a_file_with_a_recipe_is_brought_from_upstream_in_its_missing_line(cache: Path, upstream: list[str]) -> None:
+    with pytest.raises(refdata.ReferenceMissing, match=r"crds/a\.yaml .*\(or `uv run triarch refdata fill` from "
+                                                       r"upstream\)$"):
+        refdata.path("crds/a.yaml")
 
 
 # --- the command line -----------------------------------------------------------------------------------------

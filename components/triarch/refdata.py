@@ -5,17 +5,27 @@ tools/reference/sources.yaml names every file's sha256 and upstream source. The 
 outside the work tree (a clone has no ../shared): `triarch refdata fill` copies them from a directory laid out
 like ../shared/reference (or a mirror) or downloads them, and readers ask `path()` for a file whose sha256 was
 checked, or get one line saying how to bring it.
+
+A file whose bytes are not upstream's as-is may carry a derivation recipe (`derive:` in sources.yaml): `fill`
+from upstream downloads the recipe's input (held to its own sha256 where one is pinned), applies the recipe, and
+holds the result to the file's sha256 like any download. Each recipe is a pure function of the input's bytes.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import inspect
+import io
 import os
+import re
+import tarfile
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -34,6 +44,107 @@ class ReferenceMissing(TriarchError):
     """A reference file that is not in the cache, or not with the pinned sha256: one line saying how to bring it."""
 
 
+# --- derivation recipes: pure functions of the input's bytes (and the recipe's parameters in sources.yaml) -------
+
+def strip_helm_lines(data: bytes, header: str) -> bytes:
+    """A chart template made plain YAML: every line holding a Helm action (`{{`) removed, `header` (one comment
+    line) put on top."""
+    kept = [line for line in data.decode("utf-8").splitlines(keepends=True) if "{{" not in line]
+    return (header + "\n" + "".join(kept)).encode("utf-8")
+
+
+def stamp_chart_version(data: bytes, version: str, app_version: str) -> bytes:
+    """A Chart.yaml with its top-level `version:` and `appVersion:` lines set, as a release script stamps them;
+    every other byte kept."""
+    text = data.decode("utf-8")
+    for key, value in (("version", version), ("appVersion", app_version)):
+        text, count = re.subn(rf"^{key}: .*$", f"{key}: {value}", text, flags=re.MULTILINE)
+        if count != 1:
+            raise ValueError(f"{count} top-level `{key}:` lines, not one")
+    return text.encode("utf-8")
+
+
+def _tar_sources(data: bytes, prefix: str) -> dict[str, str]:
+    """The Python files of a .tar.gz (an sdist) whose member names start with `prefix`, by member name."""
+    found: dict[str, str] = {}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+            for member in archive:
+                if member.isfile() and member.name.startswith(prefix) and member.name.endswith(".py"):
+                    handle = archive.extractfile(member)
+                    if handle is not None:
+                        found[member.name] = handle.read().decode("utf-8")
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise ValueError(f"not a readable .tar.gz: {error}") from error
+    if not found:
+        raise ValueError(f"no Python file under {prefix} in the archive")
+    return found
+
+
+def class_fields(data: bytes, member: str, classes: list[str], sort: bool) -> bytes:
+    """The annotated field names of top-level `classes` in one Python file of a .tar.gz, one per line: in the
+    order they are declared (class by class, a repeated name once), or sorted."""
+    tree = ast.parse(_tar_sources(data, member).get(member, ""), member)
+    bodies = {node.name: node.body for node in tree.body if isinstance(node, ast.ClassDef)}
+    names: list[str] = []
+    for name in classes:
+        if name not in bodies:
+            raise ValueError(f"no class {name} in {member}")
+        names += [st.target.id for st in bodies[name] if isinstance(st, ast.AnnAssign)
+                  and isinstance(st.target, ast.Name) and st.target.id not in names]
+    return "".join(f"{name}\n" for name in (sorted(names) if sort else names)).encode("utf-8")
+
+
+def literal_names(data: bytes, under: str, pattern: str) -> bytes:
+    """Every string literal that matches `pattern` whole, in the Python files under `under` in a .tar.gz, sorted
+    and one per line (vLLM's Prometheus metric names, say)."""
+    matcher = re.compile(pattern)
+    names = {node.value for name, text in _tar_sources(data, under).items() for node in ast.walk(ast.parse(text, name))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and matcher.fullmatch(node.value)}
+    if not names:
+        raise ValueError(f"no string literal matching {pattern} under {under}")
+    return "".join(f"{name}\n" for name in sorted(names)).encode("utf-8")
+
+
+RECIPES: dict[str, Callable[..., bytes]] = {
+    "strip-helm-lines": strip_helm_lines,
+    "stamp-chart-version": stamp_chart_version,
+    "class-fields": class_fields,
+    "literal-names": literal_names,
+}
+"""Each recipe by its name in sources.yaml; its keyword parameters are the `derive:` keys besides recipe, from and
+from_sha256."""
+
+
+@dataclass(frozen=True)
+class Derive:
+    """How `fill` makes a file from upstream where upstream does not serve its bytes as-is."""
+
+    recipe: str
+    source: str
+    """The input's URL (sources.yaml's `from`; the file's own `source` where it is left out)."""
+    sha256: str | None = None
+    """The input's pinned sha256 (`from_sha256`), checked before the recipe runs."""
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, data: bytes) -> bytes:
+        return RECIPES[self.recipe](data, **self.params)
+
+
+def _derive(rel: str, spec: dict[str, Any], source: str | None) -> Derive:
+    params = {key: value for key, value in spec.items() if key not in {"recipe", "from", "from_sha256"}}
+    recipe = RECIPES.get(spec.get("recipe", ""))
+    if recipe is None:
+        raise ValueError(f"{rel}: unknown recipe {spec.get('recipe')!r} (known: {', '.join(sorted(RECIPES))})")
+    wanted = list(inspect.signature(recipe).parameters)[1:]
+    if sorted(params) != sorted(wanted):
+        raise ValueError(f"{rel}: recipe {spec['recipe']} takes {', '.join(wanted)}, not {', '.join(params)}")
+    origin = spec.get("from", source)
+    if not origin:
+        raise ValueError(f"{rel}: a recipe needs `from` or the file's `source`")
+    return Derive(spec["recipe"], origin, spec.get("from_sha256"), params)
+
+
 @dataclass(frozen=True)
 class Source:
     """One reference file: where it sits (relative to the reference root), its pinned digest and origin."""
@@ -42,12 +153,19 @@ class Source:
     sha256: str
     source: str | None
     derived: str | None = None
-    """How the bytes were made where they are not upstream's as-is (then `source` cannot reproduce them)."""
+    """How the bytes were made where they are not upstream's as-is (then `source` alone cannot reproduce them)."""
+    derive: Derive | None = None
+    """The recipe that makes those bytes from upstream, where there is one."""
+
+    @property
+    def from_upstream(self) -> bool:
+        """Whether `fill` without --from can bring this file (as-is from `source`, or by its recipe)."""
+        return self.derive is not None or (bool(self.source) and not self.derived)
 
     @property
     def bring(self) -> str:
         """The command that brings this file into the cache."""
-        if self.derived or not self.source:
+        if not self.from_upstream:
             return f"`{FILL_FROM_SHARED}`"
         return f"`{FILL_FROM_SHARED}` (or `{FILL_FROM_UPSTREAM}` from upstream)"
 
@@ -56,7 +174,9 @@ class Source:
 def load_sources(path: Path = SOURCES) -> dict[str, Source]:
     """Every pinned reference file by its relative path (read once per process)."""
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))["files"]
-    return {rel: Source(rel, spec["sha256"], spec.get("source"), spec.get("derived")) for rel, spec in raw.items()}
+    return {rel: Source(rel, spec["sha256"], spec.get("source"), spec.get("derived"),
+                        _derive(rel, spec["derive"], spec.get("source")) if "derive" in spec else None)
+            for rel, spec in raw.items()}
 
 
 def cache_root() -> Path:
@@ -132,6 +252,17 @@ def is_mirror_url(source: str) -> bool:
     return source.startswith(("https://", "http://"))
 
 
+def _recipe_input(derive: Derive, inputs: dict[str, bytes]) -> bytes:
+    """A recipe's input, downloaded once per fill and held to its pinned sha256 where one is pinned."""
+    if derive.source not in inputs:
+        data = _download(derive.source)
+        digest = hashlib.sha256(data).hexdigest()
+        if derive.sha256 is not None and digest != derive.sha256:
+            raise ValueError(f"its input has sha256 {digest}, but sources.yaml pins {derive.sha256}")
+        inputs[derive.source] = data
+    return inputs[derive.source]
+
+
 def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: None) -> list[str]:
     """Bring every listed file into the cache: copied from `from_dir` (a directory laid out like
     ../shared/reference, or the URL of a mirror laid out the same way) or, with None, downloaded from its source.
@@ -144,6 +275,7 @@ def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: Non
             raise TriarchError(f"--from {from_dir}: no such directory")
     root = cache_root()
     problems: list[str] = []
+    inputs: dict[str, bytes] = {}  # a recipe input shared by several files (an sdist) is downloaded once
     for rel, entry in load_sources().items():
         target = root / rel
         if target.is_file() and _digest(target) == entry.sha256:
@@ -162,7 +294,14 @@ def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: Non
                 problems.append(f"{rel}: not in {from_dir}")
                 continue
             data = (from_dir / rel).read_bytes()
-        elif entry.derived or not entry.source:
+        elif entry.derive is not None:
+            origin = f"{entry.derive.recipe} of {entry.derive.source}"
+            try:
+                data = entry.derive.apply(_recipe_input(entry.derive, inputs))
+            except (OSError, ValueError, SyntaxError) as error:
+                problems.append(f"{rel}: {origin} failed: {error}")
+                continue
+        elif entry.derived or not entry.source:  # no recipe (above): upstream cannot bring it
             problems.append(f"{rel}: cannot be downloaded, upstream does not hold these bytes ({entry.derived}); "
                             f"copy it with `{FILL_FROM_SHARED}` or from a mirror")
             continue
