@@ -80,6 +80,8 @@ def test_every_entry_has_a_digest_and_a_source_or_says_how_it_was_made() -> None
         if "derive" in spec:  # a recipe says how the bytes were made in words too, and pins its input
             assert spec.get("derived"), rel
             assert re.fullmatch(r"[0-9a-f]{64}", spec["derive"]["from_sha256"]), rel
+    # every recipe names a known function with exactly its parameters (load_sources refuses anything else)
+    assert {entry.derive.recipe for entry in refdata.load_sources().values() if entry.derive} == set(refdata.RECIPES)
     assert refdata.SOURCES.read_text(encoding="utf-8").startswith("# ")  # the header says what it is
 
 
@@ -251,6 +253,48 @@ def test_sources_yaml_refuses_an_unknown_recipe_or_wrong_parameters(tmp_path: Pa
         load({"recipe": "sed"})
     with pytest.raises(ValueError, match=r"^a\.yaml: recipe strip-helm-lines takes header, not heading$"):
         load({"recipe": "strip-helm-lines", "heading": "# h"})
+
+
+# --- the recipes against the real reference data -------------------------------------------------------------
+
+def _member(archive: Path, name: str) -> bytes:
+    with tarfile.open(archive, "r:gz") as tar:
+        handle = tar.extractfile(name)
+        assert handle is not None
+        return handle.read()
+
+
+def test_the_keda_recipes_make_the_pinned_crds_from_the_templates_of_the_pinned_chart_archive() -> None:
+    """The archive was packaged from the commit `source` names, so its templates are the recipe's input."""
+    archive = conftest.reference_file("charts", "keda-2.20.2.tgz")
+    made = [rel for rel, entry in refdata.load_sources().items() if entry.derive and rel.startswith("keda-")]
+    assert made == ["keda-2.20.2/crds/crd-scaledobjects.yaml", "keda-2.20.2/crds/crd-triggerauthentications.yaml"]
+    for rel in made:
+        derive = refdata.load_sources()[rel].derive
+        assert derive is not None
+        template = _member(archive, "keda/templates/crds/" + rel.rsplit("/", 1)[1])
+        assert _sha(template) == derive.sha256, rel
+        assert _sha(derive.apply(template)) == refdata.load_sources()[rel].sha256, rel
+
+
+def test_the_karpenter_chart_yaml_is_the_tags_file_stamped() -> None:
+    """The tag's file is not in the reference set: un-stamping the pinned file gives bytes with the input's pinned
+    sha256 (checked by hand against the Go module zip of the tag), and the recipe gives them back."""
+    entry = refdata.load_sources()["karpenter-v1.14.1/Chart.yaml"]
+    pinned = conftest.reference_file("karpenter-v1.14.1", "Chart.yaml").read_bytes()
+    assert entry.derive is not None
+    tag = refdata.stamp_chart_version(pinned, "1.13.0", "1.13.0")
+    assert _sha(tag) == entry.derive.sha256
+    assert _sha(entry.derive.apply(tag)) == entry.sha256
+
+
+def test_the_prometheus_operator_crds_are_kube_prometheus_stacks_copies_as_is() -> None:
+    archive = conftest.reference_file("charts", "kube-prometheus-stack-88.5.3.tgz")
+    for kind in ("podmonitors", "prometheusrules", "servicemonitors"):
+        entry = refdata.load_sources()[f"prometheus-operator-v0.93.1/crds/crd-{kind}.yaml"]
+        assert entry.derive is None and entry.derived is None
+        assert entry.source is not None and entry.source.endswith(f"/charts/crds/crds/crd-{kind}.yaml")
+        assert _sha(_member(archive, f"kube-prometheus-stack/charts/crds/crds/crd-{kind}.yaml")) == entry.sha256
 
 
 # --- fill from upstream with recipes ---------------------------------------------------------------------------
