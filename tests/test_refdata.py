@@ -9,6 +9,7 @@ import hashlib
 import io
 import re
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ def test_nothing_but_this_module_reads_shared_directly() -> None:
 # --- fill, path, directory ------------------------------------------------------------------------------------
 
 def test_fill_from_a_directory_caches_every_file_verified(cache: Path, mirror: Path) -> None:
-    assert refdata.fill(mirror) == []
+    assert refdata.fill(mirror) == refdata.Filled()
     assert refdata.path("chart/crds/a.yaml") == cache / "chart" / "crds" / "a.yaml"
     assert refdata.path("chart/crds/a.yaml").read_bytes() == b"kind: A\n"
     assert refdata.directory("chart/crds") == cache / "chart" / "crds"
@@ -105,7 +106,7 @@ def test_fill_from_a_directory_caches_every_file_verified(cache: Path, mirror: P
 
 def test_a_changed_byte_is_refused_naming_both_digests(cache: Path, mirror: Path) -> None:
     (mirror / "chart" / "crds" / "a.yaml").write_bytes(b"kind: B\n")
-    [problem] = refdata.fill(mirror)
+    [problem] = refdata.fill(mirror).problems
     assert problem == (f"chart/crds/a.yaml: sha256 {_sha(B)} from "
                        f"{mirror / 'chart' / 'crds' / 'a.yaml'}, but sources.yaml pins {_sha(A)} "
                        f"(source: {(mirror / 'chart' / 'crds' / 'a.yaml').as_uri()}); not cached")
@@ -114,7 +115,7 @@ def test_a_changed_byte_is_refused_naming_both_digests(cache: Path, mirror: Path
 
 
 def test_a_cached_file_changed_since_is_refused_in_one_line(cache: Path, mirror: Path) -> None:
-    assert refdata.fill(mirror) == []
+    assert refdata.fill(mirror) == refdata.Filled()
     refdata._verified.clear()  # a new process: nothing checked yet
     (cache / "cases.yaml").write_bytes(b"- case: 2\n")
     with pytest.raises(refdata.ReferenceMissing) as info:
@@ -140,7 +141,7 @@ def test_a_missing_file_is_named_in_one_line_with_its_source_and_the_command(cac
 
 def test_each_file_is_hashed_at_most_once_per_process(cache: Path, mirror: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    assert refdata.fill(mirror) == []
+    assert refdata.fill(mirror) == refdata.Filled()
     refdata._verified.clear()
     hashed: list[Path] = []
     digest = refdata._digest
@@ -150,10 +151,13 @@ def test_each_file_is_hashed_at_most_once_per_process(cache: Path, mirror: Path,
     assert hashed == [cache / "cases.yaml"]
 
 
-def test_fill_from_upstream_downloads_and_says_which_files_it_cannot(cache: Path, mirror: Path) -> None:
-    [problem] = refdata.fill(None)
-    assert problem.startswith("cases.yaml: cannot be downloaded, upstream does not hold these bytes (a curated "
-                              "compilation); copy it with `uv run triarch refdata fill --from ../shared/reference`")
+def test_fill_from_upstream_downloads_and_says_which_files_need_a_mirror(cache: Path, mirror: Path) -> None:
+    filled = refdata.fill(None)
+    assert filled.problems == []
+    assert filled.need_mirror == ["cases.yaml: needs a mirror, upstream does not hold these bytes (a curated "
+                                  "compilation); bring it with `uv run triarch refdata fill --from DIR|URL` "
+                                  "(../shared/reference or a mirror), in CI the repository variable "
+                                  "TRIARCH_REFERENCE_MIRROR"]
     assert (cache / "chart" / "crds" / "a.yaml").read_bytes() == b"kind: A\n"  # through urllib (a file: URL here)
 
 
@@ -162,7 +166,7 @@ def test_a_failed_download_is_one_line(cache: Path, mirror: Path, monkeypatch: p
         raise OSError("timed out")
 
     monkeypatch.setattr(refdata, "_download", refuse)
-    problems = refdata.fill(None)
+    problems = refdata.fill(None).problems
     url = (mirror / "chart" / "crds" / "a.yaml").as_uri()
     assert problems[0] == f"chart/crds/a.yaml: download of {url} failed: timed out"
 
@@ -330,7 +334,7 @@ def upstream(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_fill_from_upstream_makes_derived_files_by_their_recipes_each_input_downloaded_once(
         cache: Path, upstream: list[str]) -> None:
     lines: list[str] = []
-    assert refdata.fill(None, log=lines.append) == []
+    assert refdata.fill(None, log=lines.append) == refdata.Filled()
     assert upstream == [TEMPLATE_URL, SDIST_URL]
     assert refdata.path("crds/a.yaml").read_bytes() == PLAIN
     assert refdata.path("args.txt").read_bytes() == b"model\napi_key\nport\n"
@@ -341,7 +345,7 @@ def test_fill_from_upstream_makes_derived_files_by_their_recipes_each_input_down
 def test_a_broken_recipe_is_refused_by_the_pinned_sha256(cache: Path, upstream: list[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(refdata.RECIPES, "strip-helm-lines", lambda data, header: data)  # forgets to strip
-    [problem] = refdata.fill(None)
+    [problem] = refdata.fill(None).problems
     assert problem == (f"crds/a.yaml: sha256 {_sha(TEMPLATE)} from strip-helm-lines of {TEMPLATE_URL}, but "
                        f"sources.yaml pins {_sha(PLAIN)} (source: {TEMPLATE_URL}); not cached")
     assert not (cache / "crds" / "a.yaml").exists()
@@ -352,7 +356,7 @@ def test_an_input_that_is_not_the_pinned_one_is_refused_before_its_recipe_runs(
         cache: Path, upstream: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     changed = SDIST + b"\0"
     monkeypatch.setattr(refdata, "_download", lambda url: changed)
-    problems = refdata.fill(None)
+    problems = refdata.fill(None).problems
     assert problems[1] == (f"args.txt: class-fields of {SDIST_URL} failed: its input has sha256 "
                            f"{_sha(changed)}, but sources.yaml pins {_sha(SDIST)}")
     assert len(problems) == 3 and not cache.exists()
@@ -392,15 +396,25 @@ def test_a_from_directory_that_does_not_exist_is_one_line_and_exit_2(cache: Path
 
 # --- how tests meet a missing file ----------------------------------------------------------------------------
 
+def _outcome(read: Callable[..., Path], *parts: str) -> tuple[str, str]:
+    """What a test reading a reference file through conftest does: ("skip" | "fail", its line). Both are caught
+    here, so a skip where a failure is due fails this test instead of skipping it."""
+    with pytest.raises((pytest.skip.Exception, pytest.fail.Exception)) as info:
+        read(*parts)
+    if isinstance(info.value, pytest.fail.Exception):
+        assert info.value.pytrace is False
+        return "fail", info.value.msg
+    return "skip", info.value.msg
+
+
 def test_a_missing_reference_skips_outside_ci_and_fails_under_ci(cache: Path, mirror: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CI", "false")
-    with pytest.raises(pytest.skip.Exception, match=r"^reference file cases\.yaml is not in"):
-        conftest.reference_file("cases.yaml")
+    decided, line = _outcome(conftest.reference_file, "cases.yaml")
+    assert decided == "skip" and line.startswith("reference file cases.yaml is not in")
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match=r"^reference file chart/crds/a\.yaml is not in") as failed:
-        conftest.reference_dir("chart", "crds")
-    assert failed.value.pytrace is False
+    decided, line = _outcome(conftest.reference_dir, "chart", "crds")
+    assert decided == "fail" and line.startswith("reference file chart/crds/a.yaml is not in")
 
 
 def test_a_mirror_url_is_read_as_url_slash_file_and_held_to_the_same_sha256(
@@ -422,3 +436,141 @@ def test_a_mirror_url_is_read_as_url_slash_file_and_held_to_the_same_sha256(
         f"error: chart/crds/a.yaml: sha256 {_sha(B)} from https://mirror.example/reference/chart/crds/a.yaml, but "
         f"sources.yaml pins {_sha(A)} (source: {(mirror / 'chart' / 'crds' / 'a.yaml').as_uri()}); not cached\n")
     assert refdata.status() == {"chart/crds/a.yaml": "missing", "cases.yaml": "ok"}
+
+
+# --- a fork without a mirror: files only a mirror holds are recorded, not failures ----------------------------
+
+def _marker(cache: Path) -> str | None:
+    marker = cache / refdata.NEEDS_MIRROR
+    return marker.read_text(encoding="utf-8") if marker.exists() else None
+
+
+NEEDS_MIRROR_LINE = ("cases.yaml: needs a mirror, upstream does not hold these bytes (a curated compilation); bring it "
+                     "with `uv run triarch refdata fill --from DIR|URL` (../shared/reference or a mirror), in CI the "
+                     "repository variable TRIARCH_REFERENCE_MIRROR")
+
+
+def test_fill_from_upstream_missing_only_mirror_files_exits_0_and_records_them(
+        cache: Path, mirror: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["refdata", "status"]) == 1  # no fill yet: missing, whatever sources.yaml says of it
+    assert "missing: cases.yaml\n" in capsys.readouterr().out
+    assert cli.main(["refdata", "fill"]) == 0
+    out, err = capsys.readouterr()
+    assert err == f"warning: {NEEDS_MIRROR_LINE}\n"
+    assert out.splitlines()[-1] == (f"1 of 2 reference files cached and verified in {cache}; 1 need a mirror "
+                                    f"(recorded in .needs-mirror: under CI their tests skip)")
+    assert _marker(cache) == ("# left out by the last `triarch refdata fill` from upstream: only a mirror holds them\n"
+                              "cases.yaml\n")
+    assert refdata.needs_mirror() == {"cases.yaml"}
+    assert cli.main(["refdata", "status"]) == 0  # status says the same
+    out = capsys.readouterr().out
+    assert out.splitlines() == [
+        "needs a mirror: cases.yaml",
+        f"1 of 2 reference files cached and verified in {cache}; 1 need a mirror, as the last fill from upstream "
+        "recorded: bring them with `uv run triarch refdata fill --from DIR|URL` (../shared/reference or a mirror), "
+        "in CI the repository variable TRIARCH_REFERENCE_MIRROR"]
+
+
+def test_fill_from_upstream_still_exits_1_on_any_other_problem(cache: Path, mirror: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    def refuse(url: str) -> bytes:
+        raise OSError("timed out")
+
+    monkeypatch.setattr(refdata, "_download", refuse)
+    assert cli.main(["refdata", "fill"]) == 1  # a download failed for a file upstream does serve
+    url = (mirror / "chart" / "crds" / "a.yaml").as_uri()
+    assert capsys.readouterr().err == (f"warning: {NEEDS_MIRROR_LINE}\n"
+                                       f"error: chart/crds/a.yaml: download of {url} failed: timed out\n")
+    assert refdata.needs_mirror() == {"cases.yaml"}  # recorded all the same
+    assert cli.main(["refdata", "status"]) == 1
+    assert "missing: chart/crds/a.yaml\nneeds a mirror: cases.yaml\n" in capsys.readouterr().out
+
+
+def test_fill_from_upstream_exits_1_on_a_changed_byte(cache: Path, mirror: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    (mirror / "chart" / "crds" / "a.yaml").write_bytes(B)  # what upstream serves changed
+    assert cli.main(["refdata", "fill"]) == 1
+    assert f"error: chart/crds/a.yaml: sha256 {_sha(B)} from " in capsys.readouterr().err
+
+
+def test_a_mirror_only_file_cached_with_other_bytes_is_a_failure_not_left_out(
+        cache: Path, mirror: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache.mkdir()
+    (cache / "cases.yaml").write_bytes(CASE_2)
+    filled = refdata.fill(None)
+    assert filled.need_mirror == [] and _marker(cache) is None
+    assert filled.problems == [f"cases.yaml: sha256 {_sha(CASE_2)} in {cache}, not the pinned {_sha(CASE_1)}, and "
+                               "upstream does not hold these bytes (a curated compilation); bring it with `uv run "
+                               "triarch refdata fill --from DIR|URL` (../shared/reference or a mirror), in CI the "
+                               "repository variable TRIARCH_REFERENCE_MIRROR"]
+
+
+def test_a_fill_from_a_directory_or_mirror_clears_the_marker(cache: Path, mirror: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    assert refdata.fill(None).need_mirror != []
+    assert refdata.fill(mirror) == refdata.Filled()  # brings cases.yaml
+    assert _marker(cache) is None and refdata.needs_mirror() == frozenset()
+    assert refdata.fill(None) == refdata.Filled()  # from upstream with everything cached: nothing left out
+    assert _marker(cache) is None
+    # a directory without the file: a failure (exit 1), and no marker to skip it by
+    (cache / "cases.yaml").unlink()
+    assert refdata.fill(None).need_mirror != []
+    (mirror / "cases.yaml").unlink()
+    assert refdata.fill(mirror).problems == [f"cases.yaml: not in {mirror}"]
+    assert _marker(cache) is None
+    # a mirror by URL that serves nothing: the same
+    assert refdata.fill(None).need_mirror != []
+    monkeypatch.setattr(refdata, "_download", lambda url: (_ for _ in ()).throw(OSError("404")))
+    assert refdata.fill("https://mirror.example/reference").problems == [
+        "cases.yaml: download of https://mirror.example/reference/cases.yaml failed: 404"]
+    assert _marker(cache) is None
+
+
+def _missing(relpath: str) -> refdata.ReferenceMissing:
+    with pytest.raises(refdata.ReferenceMissing) as info:
+        refdata.path(relpath)
+    return info.value
+
+
+def test_the_verdict_under_ci_skips_only_an_absent_mirror_only_file_the_last_fill_recorded(
+        cache: Path, mirror: Path) -> None:
+    cases, crd = _missing("cases.yaml"), _missing("chart/crds/a.yaml")
+    assert (cases.relpath, cases.absent) == ("cases.yaml", True)
+    skipped = ("skip", "reference file cases.yaml needs a mirror: upstream does not hold it, and the last fill was "
+                       "from upstream; set TRIARCH_REFERENCE_MIRROR (or fill --from DIR|URL) to run this")
+    assert refdata.verdict(cases, ci=True, marked={"cases.yaml"}) == skipped
+    assert refdata.verdict(cases, ci=True, marked=set()) == ("fail", str(cases))  # no marker: .ci/run's case
+    assert refdata.verdict(cases, ci=True, marked={"other.yaml"}) == ("fail", str(cases))  # not marked
+    assert refdata.verdict(cases, ci=False, marked=set()) == ("skip", str(cases))
+    # a marker cannot excuse a file upstream serves, nor bytes that differ
+    assert refdata.verdict(crd, ci=True, marked={"chart/crds/a.yaml"}) == ("fail", str(crd))
+    cache.mkdir()
+    (cache / "cases.yaml").write_bytes(CASE_2)
+    changed = _missing("cases.yaml")
+    assert not changed.absent
+    assert refdata.verdict(changed, ci=True, marked={"cases.yaml"}) == ("fail", str(changed))
+
+
+def test_a_test_needing_a_recorded_file_skips_under_ci_and_any_other_still_fails(
+        cache: Path, mirror: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CI", "true")
+    decided, line = _outcome(conftest.reference_file, "cases.yaml")  # no marker yet: .ci/run's case
+    assert decided == "fail" and line.startswith("reference file cases.yaml is not in")
+    (mirror / "chart" / "crds" / "a.yaml").write_bytes(B)  # upstream's file fails its sha256
+    assert refdata.fill(None).problems != []
+    assert _outcome(conftest.reference_file, "cases.yaml") == (
+        "skip", "reference file cases.yaml needs a mirror: upstream does not hold it, and the last fill was from "
+                "upstream; set TRIARCH_REFERENCE_MIRROR (or fill --from DIR|URL) to run this")
+    decided, line = _outcome(conftest.reference_dir, "chart", "crds")
+    assert decided == "fail" and line.startswith("reference file chart/crds/a.yaml is not in")
+
+
+def test_a_directory_names_a_file_upstream_serves_before_one_only_a_mirror_holds(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pinned = {"d/m.txt": refdata.Source("d/m.txt", _sha(A), None, "curated"),
+              "d/u.txt": refdata.Source("d/u.txt", _sha(B), "https://example.com/u.txt")}
+    monkeypatch.setattr(refdata, "load_sources", lambda: pinned)
+    with pytest.raises(refdata.ReferenceMissing) as info:
+        refdata.directory("d")
+    assert info.value.relpath == "d/u.txt"  # so a marker for d/m.txt cannot skip the missing d/u.txt
