@@ -218,10 +218,39 @@ def _cache_problems(where: str, steps: list[dict[str, Any]], cache: str, key: st
     return problems
 
 
+MIRROR_VARIABLE = "${{ vars.TRIARCH_REFERENCE_MIRROR }}"
+
+
+def _fill_step_problems(where: str, step: dict[str, Any]) -> list[str]:
+    """Why a `triarch refdata fill` step would not do what its exit code promises: fill exits 0 where it left out
+    only files that need a mirror (recording them, so their tests skip under CI) and 1 on any other problem, so the
+    step must fail with it, fill from the TRIARCH_REFERENCE_MIRROR variable where it is set and from upstream
+    (which writes that record) where it is not."""
+    run = str(step.get("run", ""))
+    fills = [argv for argv in triarch_commands(run) if argv[:2] == ["refdata", "fill"]]
+    problems = []
+    if step.get("continue-on-error"):
+        problems.append(f"{where}: the `triarch refdata fill` step has continue-on-error, so a failed fill (a sha256 "
+                        f"that differs, a failed download) passes")
+    if any("||" in line for line in run.splitlines() if "refdata fill" in line):
+        problems.append(f"{where}: `triarch refdata fill ... ||` swallows the fill's exit code")
+    if ["refdata", "fill"] not in fills:
+        problems.append(f"{where}: no plain `triarch refdata fill` (from upstream) where TRIARCH_REFERENCE_MIRROR is "
+                        f"unset: nothing records the files that need a mirror, and their tests fail under CI")
+    given = (step.get("env") or {}).get("MIRROR")
+    if given != MIRROR_VARIABLE or ["refdata", "fill", "--from", "$MIRROR"] not in fills:
+        problems.append(f"{where}: the fill step does not run `triarch refdata fill --from \"$MIRROR\"` with MIRROR: "
+                        f"{MIRROR_VARIABLE}")
+    return problems
+
+
 def _fill_problems(where: str, steps: list[dict[str, Any]], before: int) -> list[str]:
     problems = _cache_problems(where, steps, REFERENCE_CACHE, REFERENCE_KEY)
-    if not any(_runs(s, "refdata", "fill") for s in steps[:before]):
+    fills = [s for s in steps[:before] if _runs(s, "refdata", "fill")]
+    if not fills:
         problems.append(f"{where}: no `triarch refdata fill` step before pytest (the reference data on a cache miss)")
+    for step in fills:
+        problems += _fill_step_problems(where, step)
     return problems
 
 
@@ -382,6 +411,21 @@ MUTANTS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
         f"{REFERENCE_CACHE}"),
     "no fill": (_drop("engines", lambda s: not _runs(s, "refdata", "fill")),
                 "job engines (pytest -m engines): no `triarch refdata fill` step before pytest"),
+    "fill swallows its failure": (
+        _edit("engines", lambda s: _runs(s, "refdata", "fill"),
+              lambda s: s.update(run=s["run"].replace('--from "$MIRROR"', '--from "$MIRROR" || true'))),
+        "job engines (pytest -m engines): `triarch refdata fill ... ||` swallows the fill's exit code"),
+    "fill continues on error": (
+        _edit("test", lambda s: _runs(s, "refdata", "fill"), lambda s: s.update({"continue-on-error": True})),
+        "job test (pytest -m \"not engines\"): the `triarch refdata fill` step has continue-on-error"),
+    "fill never from upstream": (
+        _edit("test", lambda s: _runs(s, "refdata", "fill"),
+              lambda s: s.update(run='uv run triarch refdata fill --from "$MIRROR"\n')),
+        "job test (pytest -m \"not engines\"): no plain `triarch refdata fill` (from upstream)"),
+    "fill ignores the mirror": (
+        _edit("engines", lambda s: _runs(s, "refdata", "fill"),
+              lambda s: s.update(run="uv run triarch refdata fill\n")),
+        "job engines (pytest -m engines): the fill step does not run `triarch refdata fill --from \"$MIRROR\"`"),
     "tier timeout short": (_set_timeout("engines", 30),
                            "job engines (pytest -m engines): timeout-minutes 30 < 86 = ceil((engine_build_cold 42 + "
                            "real_tier_warm 15) * margin 1.5)"),
@@ -438,8 +482,9 @@ def test_main_fills_the_caches_pull_requests_restore() -> None:
     assert set(caches(flows["pull-request.yml"], "test").items()) <= set(warm.items())
     job = flows["caches.yml"]["jobs"]["caches"]
     assert [a for s in job["steps"] if (a := _action(s)) == "actions/setup-go"] == ["actions/setup-go"]
-    assert any(_runs(s, "local", "build") for s in job["steps"]) and any(_runs(s, "refdata", "fill")
-                                                                          for s in job["steps"])
+    assert any(_runs(s, "local", "build") for s in job["steps"])
+    [fill] = [s for s in job["steps"] if _runs(s, "refdata", "fill")]
+    assert _fill_step_problems("caches.yml", fill) == []
     t = timings()
     assert job["timeout-minutes"] >= math.ceil(t["engine_build_cold"]["minutes"] * t["margin"])
     assert flows["caches.yml"][True]["push"]["branches"] == ["main"]

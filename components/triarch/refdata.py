@@ -5,17 +5,32 @@ tools/reference/sources.yaml names every file's sha256 and upstream source. The 
 outside the work tree (a clone has no ../shared): `triarch refdata fill` copies them from a directory laid out
 like ../shared/reference (or a mirror) or downloads them, and readers ask `path()` for a file whose sha256 was
 checked, or get one line saying how to bring it.
+
+A file whose bytes are not upstream's as-is may carry a derivation recipe (`derive:` in sources.yaml): `fill`
+from upstream downloads the recipe's input (held to its own sha256 where one is pinned), applies the recipe, and
+holds the result to the file's sha256 like any download. Each recipe is a pure function of the input's bytes.
+
+A file with neither an upstream copy nor a recipe needs a mirror (`--from DIR|URL`; in CI the repository variable
+TRIARCH_REFERENCE_MIRROR). A fill from upstream that misses only such files succeeds, and records them in the cache
+(NEEDS_MIRROR): under CI=true a test needing one of them skips saying so (`verdict`), while any other missing file
+still fails there.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import inspect
+import io
 import os
+import re
+import tarfile
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any, Literal
 
 import yaml
 
@@ -26,12 +41,127 @@ from triarch.paths import PROJECT_ROOT
 SOURCES = PROJECT_ROOT / "tools" / "reference" / "sources.yaml"
 FILL_FROM_SHARED = "uv run triarch refdata fill --from ../shared/reference"
 FILL_FROM_UPSTREAM = "uv run triarch refdata fill"
+FILL_FROM_MIRROR = ("`uv run triarch refdata fill --from DIR|URL` (../shared/reference or a mirror), in CI the "
+                    "repository variable TRIARCH_REFERENCE_MIRROR")
+"""How a file that only a mirror holds is brought."""
+NEEDS_MIRROR = ".needs-mirror"
+"""The marker in the cache root: the files the last fill from upstream left out because only a mirror holds them,
+one per line. Each fill writes it again (a fill from upstream that left none out, or any fill from a directory or
+mirror, removes it)."""
 TIMEOUT = 20.0
 """Seconds a download may wait for upstream: a blocked network fails fast instead of hanging a test run."""
 
 
 class ReferenceMissing(TriarchError):
     """A reference file that is not in the cache, or not with the pinned sha256: one line saying how to bring it."""
+
+    def __init__(self, message: str, relpath: str = "", absent: bool = False) -> None:
+        super().__init__(message)
+        self.relpath = relpath
+        """The file (relative to the reference root)."""
+        self.absent = absent
+        """True where the file is not in the cache at all (False where its bytes differ)."""
+
+
+# --- derivation recipes: pure functions of the input's bytes (and the recipe's parameters in sources.yaml) -------
+
+def strip_helm_lines(data: bytes, header: str) -> bytes:
+    """A chart template made plain YAML: every line holding a Helm action (`{{`) removed, `header` (one comment
+    line) put on top."""
+    kept = [line for line in data.decode("utf-8").splitlines(keepends=True) if "{{" not in line]
+    return (header + "\n" + "".join(kept)).encode("utf-8")
+
+
+def stamp_chart_version(data: bytes, version: str, app_version: str) -> bytes:
+    """A Chart.yaml with its top-level `version:` and `appVersion:` lines set, as a release script stamps them;
+    every other byte kept."""
+    text = data.decode("utf-8")
+    for key, value in (("version", version), ("appVersion", app_version)):
+        text, count = re.subn(rf"^{key}: .*$", f"{key}: {value}", text, flags=re.MULTILINE)
+        if count != 1:
+            raise ValueError(f"{count} top-level `{key}:` lines, not one")
+    return text.encode("utf-8")
+
+
+def _tar_sources(data: bytes, prefix: str) -> dict[str, str]:
+    """The Python files of a .tar.gz (an sdist) whose member names start with `prefix`, by member name."""
+    found: dict[str, str] = {}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+            for member in archive:
+                if member.isfile() and member.name.startswith(prefix) and member.name.endswith(".py"):
+                    handle = archive.extractfile(member)
+                    if handle is not None:
+                        found[member.name] = handle.read().decode("utf-8")
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise ValueError(f"not a readable .tar.gz: {error}") from error
+    if not found:
+        raise ValueError(f"no Python file under {prefix} in the archive")
+    return found
+
+
+def class_fields(data: bytes, member: str, classes: list[str], sort: bool) -> bytes:
+    """The annotated field names of top-level `classes` in one Python file of a .tar.gz, one per line: in the
+    order they are declared (class by class, a repeated name once), or sorted."""
+    tree = ast.parse(_tar_sources(data, member).get(member, ""), member)
+    bodies = {node.name: node.body for node in tree.body if isinstance(node, ast.ClassDef)}
+    names: list[str] = []
+    for name in classes:
+        if name not in bodies:
+            raise ValueError(f"no class {name} in {member}")
+        names += [st.target.id for st in bodies[name] if isinstance(st, ast.AnnAssign)
+                  and isinstance(st.target, ast.Name) and st.target.id not in names]
+    return "".join(f"{name}\n" for name in (sorted(names) if sort else names)).encode("utf-8")
+
+
+def literal_names(data: bytes, under: str, pattern: str) -> bytes:
+    """Every string literal that matches `pattern` whole, in the Python files under `under` in a .tar.gz, sorted
+    and one per line (vLLM's Prometheus metric names, say)."""
+    matcher = re.compile(pattern)
+    names = {node.value for name, text in _tar_sources(data, under).items() for node in ast.walk(ast.parse(text, name))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and matcher.fullmatch(node.value)}
+    if not names:
+        raise ValueError(f"no string literal matching {pattern} under {under}")
+    return "".join(f"{name}\n" for name in sorted(names)).encode("utf-8")
+
+
+RECIPES: dict[str, Callable[..., bytes]] = {
+    "strip-helm-lines": strip_helm_lines,
+    "stamp-chart-version": stamp_chart_version,
+    "class-fields": class_fields,
+    "literal-names": literal_names,
+}
+"""Each recipe by its name in sources.yaml; its keyword parameters are the `derive:` keys besides recipe, from and
+from_sha256."""
+
+
+@dataclass(frozen=True)
+class Derive:
+    """How `fill` makes a file from upstream where upstream does not serve its bytes as-is."""
+
+    recipe: str
+    source: str
+    """The input's URL (sources.yaml's `from`; the file's own `source` where it is left out)."""
+    sha256: str | None = None
+    """The input's pinned sha256 (`from_sha256`), checked before the recipe runs."""
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, data: bytes) -> bytes:
+        return RECIPES[self.recipe](data, **self.params)
+
+
+def _derive(rel: str, spec: dict[str, Any], source: str | None) -> Derive:
+    params = {key: value for key, value in spec.items() if key not in {"recipe", "from", "from_sha256"}}
+    recipe = RECIPES.get(spec.get("recipe", ""))
+    if recipe is None:
+        raise ValueError(f"{rel}: unknown recipe {spec.get('recipe')!r} (known: {', '.join(sorted(RECIPES))})")
+    wanted = list(inspect.signature(recipe).parameters)[1:]
+    if sorted(params) != sorted(wanted):
+        raise ValueError(f"{rel}: recipe {spec['recipe']} takes {', '.join(wanted)}, not {', '.join(params)}")
+    origin = spec.get("from", source)
+    if not origin:
+        raise ValueError(f"{rel}: a recipe needs `from` or the file's `source`")
+    return Derive(spec["recipe"], origin, spec.get("from_sha256"), params)
 
 
 @dataclass(frozen=True)
@@ -42,12 +172,24 @@ class Source:
     sha256: str
     source: str | None
     derived: str | None = None
-    """How the bytes were made where they are not upstream's as-is (then `source` cannot reproduce them)."""
+    """How the bytes were made where they are not upstream's as-is (then `source` alone cannot reproduce them)."""
+    derive: Derive | None = None
+    """The recipe that makes those bytes from upstream, where there is one."""
+
+    @property
+    def from_upstream(self) -> bool:
+        """Whether `fill` without --from can bring this file (as-is from `source`, or by its recipe)."""
+        return self.derive is not None or (bool(self.source) and not self.derived)
+
+    @property
+    def mirror_only(self) -> bool:
+        """Whether only a mirror (or ../shared) holds these bytes: no upstream copy and no recipe."""
+        return not self.from_upstream
 
     @property
     def bring(self) -> str:
         """The command that brings this file into the cache."""
-        if self.derived or not self.source:
+        if not self.from_upstream:
             return f"`{FILL_FROM_SHARED}`"
         return f"`{FILL_FROM_SHARED}` (or `{FILL_FROM_UPSTREAM}` from upstream)"
 
@@ -56,7 +198,9 @@ class Source:
 def load_sources(path: Path = SOURCES) -> dict[str, Source]:
     """Every pinned reference file by its relative path (read once per process)."""
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))["files"]
-    return {rel: Source(rel, spec["sha256"], spec.get("source"), spec.get("derived")) for rel, spec in raw.items()}
+    return {rel: Source(rel, spec["sha256"], spec.get("source"), spec.get("derived"),
+                        _derive(rel, spec["derive"], spec.get("source")) if "derive" in spec else None)
+            for rel, spec in raw.items()}
 
 
 def cache_root() -> Path:
@@ -88,11 +232,12 @@ def path(relpath: str) -> Path:
         return target
     if not target.is_file():
         raise ReferenceMissing(f"reference file {relpath} is not in {cache_root()} (source: {entry.source}); "
-                               f"bring it with {entry.bring}")
+                               f"bring it with {entry.bring}", relpath, absent=True)
     digest = _digest(target)
     if digest != entry.sha256:
         raise ReferenceMissing(f"reference file {relpath} in {cache_root()} has sha256 {digest}, not the pinned "
-                               f"{entry.sha256} (source: {entry.source}); bring it again with {entry.bring}")
+                               f"{entry.sha256} (source: {entry.source}); bring it again with {entry.bring}",
+                               relpath)
     _verified.add((target, entry.sha256))
     return target
 
@@ -103,18 +248,68 @@ def directory(reldir: str) -> Path:
     listed = [rel for rel in load_sources() if rel.startswith(prefix)]
     if not listed:
         raise ValueError(f"no file under {reldir}/ is listed in {SOURCES.relative_to(PROJECT_ROOT)}")
+    unavailable: list[ReferenceMissing] = []
     for rel in listed:
-        path(rel)
+        try:
+            path(rel)
+        except ReferenceMissing as missing:
+            unavailable.append(missing)
+    if unavailable:  # a file upstream serves first: a mirror-only one must not stand for (and skip) it
+        raise min(unavailable, key=lambda missing: _entry(missing.relpath).mirror_only)
     return cache_root() / reldir
 
 
+def needs_mirror() -> frozenset[str]:
+    """The files the last fill from upstream recorded as left out because only a mirror holds them (NEEDS_MIRROR);
+    empty where there is no marker."""
+    marker = cache_root() / NEEDS_MIRROR
+    if not marker.is_file():
+        return frozenset()
+    lines = marker.read_text(encoding="utf-8").splitlines()
+    return frozenset(line for line in lines if line and not line.startswith("#"))
+
+
+def _record_needs_mirror(relpaths: list[str]) -> None:
+    marker = cache_root() / NEEDS_MIRROR
+    if not relpaths:
+        marker.unlink(missing_ok=True)
+        return
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    partial = marker.with_name(f"{NEEDS_MIRROR}.{os.getpid()}.partial")
+    partial.write_text("# left out by the last `triarch refdata fill` from upstream: only a mirror holds them\n"
+                       + "".join(f"{rel}\n" for rel in relpaths), encoding="utf-8")
+    partial.replace(marker)
+
+
+Verdict = Literal["skip", "fail"]
+
+
+def verdict(missing: ReferenceMissing, ci: bool, marked: Collection[str]) -> tuple[Verdict, str]:
+    """What a test does about a reference file it cannot read, and the one line it says: outside CI it skips with
+    the line of `missing`. Under CI it fails with that line (CI fills first; a skip would hide a check that never
+    ran), except for a file `marked` (needs_mirror()) that only a mirror holds and that is absent: there it skips,
+    saying so."""
+    entry = _entry(missing.relpath) if missing.relpath else None
+    if not ci:
+        return "skip", str(missing)
+    if entry is not None and entry.mirror_only and missing.absent and missing.relpath in marked:
+        return "skip", (f"reference file {missing.relpath} needs a mirror: upstream does not hold it, and the last "
+                        f"fill was from upstream; set TRIARCH_REFERENCE_MIRROR (or fill --from DIR|URL) to run this")
+    return "fail", str(missing)
+
+
+NEEDS_A_MIRROR = "needs a mirror"
+
+
 def status() -> dict[str, str]:
-    """Each listed file's state in the cache: "ok", "missing", or "sha256 <digest>" where it differs."""
+    """Each listed file's state in the cache: "ok", "missing", "sha256 <digest>" where it differs, or NEEDS_A_MIRROR
+    where it is missing as the last fill from upstream recorded (only a mirror holds it)."""
     found: dict[str, str] = {}
+    marked = needs_mirror()
     for rel, entry in load_sources().items():
         target = cache_root() / rel
         if not target.is_file():
-            found[rel] = "missing"
+            found[rel] = NEEDS_A_MIRROR if rel in marked and entry.mirror_only else "missing"
             continue
         digest = _digest(target)
         found[rel] = "ok" if digest == entry.sha256 else f"sha256 {digest}"
@@ -132,11 +327,34 @@ def is_mirror_url(source: str) -> bool:
     return source.startswith(("https://", "http://"))
 
 
-def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: None) -> list[str]:
+def _recipe_input(derive: Derive, inputs: dict[str, bytes]) -> bytes:
+    """A recipe's input, downloaded once per fill and held to its pinned sha256 where one is pinned."""
+    if derive.source not in inputs:
+        data = _download(derive.source)
+        digest = hashlib.sha256(data).hexdigest()
+        if derive.sha256 is not None and digest != derive.sha256:
+            raise ValueError(f"its input has sha256 {digest}, but sources.yaml pins {derive.sha256}")
+        inputs[derive.source] = data
+    return inputs[derive.source]
+
+
+@dataclass
+class Filled:
+    """What a fill could not do, one line per file."""
+
+    problems: list[str] = field(default_factory=list)
+    """Failures: a sha256 that differs, a download or recipe that failed, a file missing from --from."""
+    need_mirror: list[str] = field(default_factory=list)
+    """Files a fill from upstream left out because only a mirror holds them (not a failure), recorded in the cache
+    (NEEDS_MIRROR)."""
+
+
+def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: None) -> Filled:
     """Bring every listed file into the cache: copied from `from_dir` (a directory laid out like
     ../shared/reference, or the URL of a mirror laid out the same way) or, with None, downloaded from its source.
     Every file is held to its sha256 before it is written; the problems come back one line each (a file already
-    cached with the right digest is left alone)."""
+    cached with the right digest is left alone), the files that only a mirror holds apart (from upstream only),
+    and those are recorded in the cache's NEEDS_MIRROR marker (removed by any other fill)."""
     mirror = from_dir.rstrip("/") if isinstance(from_dir, str) and is_mirror_url(from_dir) else None
     if mirror is None and from_dir is not None:
         from_dir = Path(from_dir)
@@ -144,6 +362,9 @@ def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: Non
             raise TriarchError(f"--from {from_dir}: no such directory")
     root = cache_root()
     problems: list[str] = []
+    need_mirror: list[str] = []
+    left_out: list[str] = []
+    inputs: dict[str, bytes] = {}  # a recipe input shared by several files (an sdist) is downloaded once
     for rel, entry in load_sources().items():
         target = root / rel
         if target.is_file() and _digest(target) == entry.sha256:
@@ -162,9 +383,22 @@ def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: Non
                 problems.append(f"{rel}: not in {from_dir}")
                 continue
             data = (from_dir / rel).read_bytes()
-        elif entry.derived or not entry.source:
-            problems.append(f"{rel}: cannot be downloaded, upstream does not hold these bytes ({entry.derived}); "
-                            f"copy it with `{FILL_FROM_SHARED}` or from a mirror")
+        elif entry.derive is not None:
+            origin = f"{entry.derive.recipe} of {entry.derive.source}"
+            try:
+                data = entry.derive.apply(_recipe_input(entry.derive, inputs))
+            except (OSError, ValueError, SyntaxError) as error:
+                problems.append(f"{rel}: {origin} failed: {error}")
+                continue
+        elif entry.derived or not entry.source:  # mirror_only (no recipe, above): upstream cannot bring it
+            if target.is_file():  # bytes that are not the pinned ones: a failure, not a file left out
+                problems.append(f"{rel}: sha256 {_digest(target)} in {root}, not the pinned {entry.sha256}, and "
+                                f"upstream does not hold these bytes ({entry.derived}); bring it with "
+                                f"{FILL_FROM_MIRROR}")
+                continue
+            need_mirror.append(f"{rel}: needs a mirror, upstream does not hold these bytes ({entry.derived}); "
+                               f"bring it with {FILL_FROM_MIRROR}")
+            left_out.append(rel)
             continue
         else:
             origin = entry.source
@@ -184,4 +418,5 @@ def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: Non
         partial.replace(target)  # a reader never sees half a file
         _verified.add((target, entry.sha256))
         log(f"{rel}: cached from {origin}")
-    return problems
+    _record_needs_mirror(left_out)
+    return Filled(problems, need_mirror)
