@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,8 @@ from triarch.config import from_pulumi_config
 from triarch.errors import ConfigError
 from triarch.guardrails.check import resources_of_plan
 from triarch.guardrails.placement import prove
-from triarch.local.lifecycle import down, up
-from triarch.local.plane import Plane
+from triarch.local.lifecycle import down, start_operator, stop_operator, up
+from triarch.local.plane import Plane, PlaneSpec
 from triarch.local.stack import spec_for_stack
 from triarch.offline import read_stack_config
 from triarch.planners.models import plan_models
@@ -45,6 +45,7 @@ SKIPPED = {"StorageClass", "RayService", "PodMonitor", "ServiceMonitor", "Promet
 """Kinds not applied from the plan: the plane stands in for the storage class, installs the NodePools itself (on
 kwok node classes), and runs no KubeRay or Prometheus Operator for this stack."""
 LAUNCH_TIMEOUT = 180
+ZONE = "topology.kubernetes.io/zone"
 
 
 @dataclass
@@ -54,6 +55,8 @@ class FromZero:
     manifests: list[dict[str, Any]]
     before: list[dict[str, Any]]
     """The nodes as the plane came up, before any workload was applied."""
+    instance_types: list[dict[str, Any]]
+    """What Karpenter's kwok provider was started with."""
 
     def get(self, *args: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = json.loads(self.plane.kubectl("get", *args, "-o", "json").stdout)["items"]
@@ -73,6 +76,28 @@ class FromZero:
         self.plane.kubectl("patch", "nodepool", "l4", "--type=merge",
                            "-p", json.dumps({"spec": {"disruption": {"consolidateAfter": "5s"}}}))
         self.wait("the l4 pool empty", lambda: not self.pool_nodes("l4"), 240)
+
+    def karpenter_refused(self, pod: dict[str, Any]) -> str | None:
+        """Karpenter's own word that it cannot place the pod (its FailedScheduling event on it, not the
+        scheduler's): the message, once there is one."""
+        for event in self.get("events", "-n", "llm", "--field-selector",
+                              f"involvedObject.uid={pod['metadata']['uid']},reason=FailedScheduling"):
+            if "karpenter" in (event.get("reportingComponent"), (event.get("source") or {}).get("component")):
+                return str(event["message"])
+        return None
+
+    def offer_only_in(self, instance_type: str, zone: str | None) -> None:
+        """Karpenter restarted with the instance types it may launch, `instance_type` offered in `zone` only (None:
+        as the plane started): a zone out of capacity as Karpenter sees one, no offering there."""
+        offered = self.instance_types
+        if zone is not None:
+            offered = json.loads(json.dumps(offered))
+            for each in offered:
+                if each["name"] == instance_type:
+                    each["offerings"] = [o for o in each["offerings"] if any(
+                        r["key"] == ZONE and r["values"] == [zone] for r in o["Requirements"])]
+        stop_operator(self.plane, "karpenter")
+        start_operator(self.plane, "karpenter", PlaneSpec(self.plane.name, "", [], instance_types=offered))
 
     def wait(self, what: str, check: Callable[[], bool], timeout: float = LAUNCH_TIMEOUT) -> None:
         if eventually(check, timeout):
@@ -98,14 +123,15 @@ def from_zero(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FromZero]:
     plan = json.loads((out / "plan.json").read_text())
     manifests = [yaml.safe_load(p.read_text()) for p in sorted((out / "manifests").glob("*.yaml"))]
     try:
-        plane = up(spec_for_stack(name, validated.stack, [], from_zero=True), log=lambda _: None)
+        spec = spec_for_stack(name, validated.stack, [], from_zero=True)
+        plane = up(spec, log=lambda _: None)
         before = json.loads(plane.kubectl("get", "nodes", "-o", "json").stdout)["items"]
         applied = [m for m in manifests if m["kind"] not in SKIPPED]
         namespaces = [m for m in applied if m["kind"] == "Namespace"]
         plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(namespaces))
         plane.kubectl("apply", "--server-side", "-f", "-",
                       input=yaml.safe_dump_all([m for m in applied if m["kind"] != "Namespace"]))
-        yield FromZero(plane, plan, manifests, before)
+        yield FromZero(plane, plan, manifests, before, spec.instance_types)
     finally:
         down(name, quiet=True)
         patch.undo()
@@ -141,53 +167,89 @@ def test_karpenter_launches_the_nodes_the_plan_says_in_the_zones_the_spread_need
     assert from_zero.pool_nodes("a100") == []  # nothing asked for that pool
 
 
+def _time(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp)
+
+
 def test_empty_nodes_are_consolidated_as_the_disruption_policy_says(from_zero: FromZero) -> None:
+    """Read from Karpenter's own records: the NodePool's disruption as the API server admitted it, each NodeClaim's
+    last pod event once its pods left, no claim consolidatable within consolidateAfter, and, with consolidateAfter
+    shortened, each claim made consolidatable no sooner than that after its last pod event, then removed."""
+    [planned] = [m for m in from_zero.manifests if m["kind"] == "NodePool" and m["metadata"]["name"] == "l4"]
+    [live] = [p for p in from_zero.get("nodepools") if p["metadata"]["name"] == "l4"]
+    assert live["spec"]["disruption"]["consolidationPolicy"] == "WhenEmpty"
+    assert live["spec"]["disruption"]["consolidateAfter"] == planned["spec"]["disruption"]["consolidateAfter"]
+    claims = {c["metadata"]["name"] for c in from_zero.get("nodeclaims") if c["metadata"]["labels"].get(
+        "karpenter.sh/nodepool") == "l4"}
+    assert claims
     from_zero.plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=0")
     # kwok would end each pod at a random moment within its grace period, as a drain might; the drain is not what
     # this test is about, so the pods go at once.
     from_zero.plane.kubectl("delete", "pods", "-n", "llm", "-l", "app.kubernetes.io/instance=embed", "--force",
                             "--grace-period=0")
     from_zero.wait("the embed pods gone", lambda: not from_zero.pods("embed"), 60)
-    [pool] = [m for m in from_zero.manifests if m["kind"] == "NodePool" and m["metadata"]["name"] == "l4"]
-    assert pool["spec"]["disruption"]["consolidationPolicy"] == "WhenEmpty"
-    time.sleep(15)
-    assert from_zero.pool_nodes("l4"), f"empty nodes stay for consolidateAfter ({pool['spec']['disruption']})"
+    left = datetime.now(UTC) - timedelta(seconds=2)  # the API server's clock is this machine's
+
+    def seen_empty() -> bool:
+        now = {c["metadata"]["name"]: c for c in from_zero.get("nodeclaims")}
+        return all(name in now and now[name]["status"].get("lastPodEventTime")
+                   and _time(now[name]["status"]["lastPodEventTime"]) >= left for name in claims)
+
+    from_zero.wait("Karpenter's record of each l4 claim's last pod event", seen_empty, 60)
+    for claim in from_zero.get("nodeclaims"):
+        if claim["metadata"]["name"] in claims:
+            kinds = {c["type"] for c in claim["status"].get("conditions", [])}
+            assert "Consolidatable" not in kinds, claim["metadata"]["name"]  # within consolidateAfter
+    assert len(from_zero.pool_nodes("l4")) == len(claims)
     # The planned ten minutes are too long to wait for here: shorten them on the live NodePool, keeping the policy
     # and its budget of one node at a time.
     from_zero.plane.kubectl("patch", "nodepool", "l4", "--type=merge",
                             "-p", json.dumps({"spec": {"disruption": {"consolidateAfter": "5s"}}}))
-    from_zero.wait("the empty nodes consolidated", lambda: not from_zero.pool_nodes("l4"), 240)
+    made: dict[str, float] = {}
+
+    def consolidated() -> bool:
+        for claim in from_zero.get("nodeclaims"):
+            for condition in claim["status"].get("conditions", []):
+                if condition["type"] == "Consolidatable" and condition["status"] == "True":
+                    made[claim["metadata"]["name"]] = (_time(condition["lastTransitionTime"]) - _time(
+                        claim["status"]["lastPodEventTime"])).total_seconds()
+        return not from_zero.pool_nodes("l4")
+
+    from_zero.wait("the empty nodes consolidated", consolidated, 240)
+    assert made, "no claim was seen consolidatable before it went"
+    assert all(seconds >= 5 for seconds in made.values()), made
 
 
 def test_a_zone_without_capacity_leaves_a_replica_pending_not_doubled_up(from_zero: FromZero) -> None:
-    """The hard zone spread's promise, on real Karpenter: when the pool can launch in one zone only (the others
-    out of capacity), the second replica waits rather than joining the first in that zone. A soft spread would not
-    wait: Karpenter relaxes a preference it cannot meet and launches a second node in the same zone. Runs after the
-    consolidation scenario, so the pool is empty already."""
-    plane = from_zero.plane
+    """The hard zone spread's promise, on real Karpenter: when the pool's instance type is offered in one zone only
+    (none left in the others, as Karpenter sees a zone out of capacity), the second replica waits, and Karpenter
+    says it cannot place it, rather than joining the first in that zone. A soft spread would not wait: Karpenter
+    relaxes a preference it cannot meet and launches a second node in the same zone. Runs after the consolidation
+    scenario, so the pool is empty already."""
     from_zero.empty_l4()
     [pool] = [m for m in from_zero.manifests if m["kind"] == "NodePool" and m["metadata"]["name"] == "l4"]
     requirements = pool["spec"]["template"]["spec"]["requirements"]
-    [(index, zones)] = [(i, r["values"]) for i, r in enumerate(requirements)
-                        if r["key"] == "topology.kubernetes.io/zone"]
+    [zones] = [r["values"] for r in requirements if r["key"] == ZONE]
+    [[instance_type]] = [r["values"] for r in requirements if r["key"] == "node.kubernetes.io/instance-type"]
     assert len(zones) >= 2
     only = zones[0]
-    plane.kubectl("patch", "nodepool", "l4", "--type=json", "-p", json.dumps([
-        {"op": "replace", "path": f"/spec/template/spec/requirements/{index}/values", "value": [only]}]))
+    from_zero.offer_only_in(instance_type, only)
     try:
         [deployment] = [m for m in from_zero.manifests
                         if m["kind"] == "Deployment" and m["metadata"]["name"] == "embed"]
         assert deployment["spec"]["replicas"] == 2
-        plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=2")
+        from_zero.plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=2")
         from_zero.wait("one embed replica Running", lambda: _running(from_zero.pods("embed")) == 1)
-        time.sleep(20)  # two batch windows and more: a second node in the same zone would be launching by now
+        [waiting] = [p for p in from_zero.pods("embed") if p["status"].get("phase") == "Pending"]
+        from_zero.wait("Karpenter's word that it cannot place the second replica",
+                       lambda: from_zero.karpenter_refused(waiting) is not None, 120)
         nodes = from_zero.pool_nodes("l4")
-        assert [n["metadata"]["labels"]["topology.kubernetes.io/zone"] for n in nodes] == [only]
+        assert [n["metadata"]["labels"][ZONE] for n in nodes] == [only]
+        assert len(from_zero.get("nodeclaims", "-l", "karpenter.sh/nodepool=l4")) == 1
         phases = sorted(p["status"].get("phase") for p in from_zero.pods("embed"))
         assert phases == ["Pending", "Running"]
-    finally:  # the zones back, for the scenario after this one
-        plane.kubectl("patch", "nodepool", "l4", "--type=json", "-p", json.dumps([
-            {"op": "replace", "path": f"/spec/template/spec/requirements/{index}/values", "value": zones}]))
+    finally:  # every zone offered again, for the scenario after this one
+        from_zero.offer_only_in(instance_type, None)
 
 
 def test_the_nodepool_limit_holds_where_the_plan_refuses(from_zero: FromZero, tmp_path: Path) -> None:
@@ -202,7 +264,9 @@ def test_the_nodepool_limit_holds_where_the_plan_refuses(from_zero: FromZero, tm
     assert str(refused.value).startswith(f"triarch:nodeGroups[0].max: {most} holds {most} GPU(s)")
     from_zero.plane.kubectl("scale", "deployment", "embed", "-n", "llm", f"--replicas={most + 1}")
     from_zero.wait(f"{most} embed replicas Running", lambda: _running(from_zero.pods("embed")) == most)
-    time.sleep(12)  # a batch window (10 s at most) and more: Karpenter would have launched another node by now
+    [waiting] = [p for p in from_zero.pods("embed") if p["status"].get("phase") == "Pending"]
+    from_zero.wait("Karpenter's word that the pool's limit leaves no room",
+                   lambda: "exceed limits for nodepool" in (from_zero.karpenter_refused(waiting) or ""), 120)
     # A node the previous scenario left empty may still be terminating (its capacity no longer counts against the
     # limit): the limit is on the nodes that stay.
     nodes = from_zero.pool_nodes("l4")
@@ -232,7 +296,14 @@ def test_warm_capacity_keeps_a_node_that_the_next_replica_takes(from_zero: FromZ
         assert buffer["status"]["replicas"] == 1 and conditions.get("ReadyForProvisioning") == "True", buffer
         assert from_zero.pods("embed") == []
         [warm_node] = from_zero.pool_nodes("l4")
-        time.sleep(15)  # three times consolidateAfter: an empty node not kept for the buffer would be going
+        node = warm_node["metadata"]["name"]
+
+        def kept_for_the_buffer() -> bool:  # Karpenter's own word, once the node is past consolidateAfter
+            return any("has buffer pods" in e.get("message", "") for e in from_zero.get(
+                "events", "-A", "--field-selector", f"involvedObject.kind=Node,involvedObject.name={node},"
+                "reason=Unconsolidatable"))
+
+        from_zero.wait("Karpenter keeping the empty node for the buffer", kept_for_the_buffer, 120)
         assert [n["metadata"]["name"] for n in from_zero.pool_nodes("l4")] == [warm_node["metadata"]["name"]]
         plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=1")
         from_zero.wait("the replica Running", lambda: _running(from_zero.pods("embed")) == 1, 60)
