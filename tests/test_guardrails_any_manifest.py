@@ -135,3 +135,39 @@ def test_the_gpu_toleration_is_expected_where_the_platform_does_not_add_it(tmp_p
     gke = deployment({"cloud.google.com/gke-accelerator": "nvidia-l4"})
     assert found(gke, "gpu-scheduling") == []  # GKE adds the toleration itself
     assert found(gke, "gpu-node-selection") == []
+
+
+def node_exporter(**pod: Any) -> dict[str, Any]:
+    obj = agent(**pod)
+    obj["metadata"]["name"] = "node-exporter"
+    obj["spec"]["template"]["spec"]["containers"][0]["image"] = "mirror.example.com/prometheus/node-exporter:v1.9.1"
+    return obj
+
+
+@pytest.mark.parametrize(("obj", "said", "not_said"), [
+    # NVIDIA documents SYS_ADMIN for the DCGM exporter's profiling fields: the finding says so and what dropping
+    # it costs, instead of "drop them"
+    (agent(container_security={"capabilities": {"add": ["SYS_ADMIN"]}}),
+     ["SYS_ADMIN is what NVIDIA's DCGM exporter needs for the profiling (DCP) fields, DCGM_FI_PROF_*",
+      "https://docs.nvidia.com/datacenter/cloud-native/gpu-telemetry/latest/dcgm-exporter.html",
+      "without it the exporter serves every other field", "listing this agent in `exempt`"], ["drop them"]),
+    # a capability it does not document a need for, beside the one it does: refused as before
+    (agent(container_security={"capabilities": {"add": ["SYS_ADMIN", "NET_RAW"]}}),
+     ["SYS_ADMIN is what NVIDIA's DCGM exporter needs", "adds ['NET_RAW']; drop them"], ["adds ['NET_RAW', "]),
+    # the node exporter's documented host namespaces, from a mirror's copy of its image
+    (node_exporter(hostPID=True, hostNetwork=True),
+     ["hostPID is what the Prometheus node exporter needs for the node's own processes",
+      "hostNetwork is what the Prometheus node exporter needs for the node's own network interfaces"],
+     ["remove it (or exempt"]),
+    # one it does not document (hostIPC): refused as before
+    (node_exporter(hostIPC=True), ["hostIPC is true; remove it"], ["is what"]),
+    # the same privilege on an image that documents no need: refused as before
+    (node_exporter(container_security={"capabilities": {"add": ["SYS_ADMIN"]}}), ["adds ['SYS_ADMIN']; drop them"],
+     ["is what"]),
+])
+def test_a_privilege_a_node_agent_documents_is_named_with_its_need_and_cost(
+        obj: dict[str, Any], said: list[str], not_said: list[str], tmp_path: Any) -> None:
+    messages = found(resources(yaml.safe_dump(obj), tmp_path), "no-privileged-pods")
+    text = "\n".join(messages)
+    assert all(words in text for words in said), messages
+    assert not any(words in text for words in not_said), messages

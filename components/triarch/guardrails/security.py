@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
+
+import yaml
 
 from triarch.guardrails.base import Config, Resource, rule, stack_rule
 from triarch.guardrails.common import NODE_CLASS, gpu_templates, known
@@ -22,6 +25,7 @@ from triarch.guardrails.workloads import (
 )
 from triarch.images import FLOATING_TAGS, ImageError
 from triarch.images import parse as parse_image
+from triarch.paths import COMPAT_DIR
 
 EXEMPTION = {"type": "object", "required": ["name", "reason"],
              "properties": {"namespace": {"type": "string"}, "name": {"type": "string"},
@@ -35,15 +39,45 @@ def _exempt(resource: Resource, exemptions: list[Mapping[str, Any]]) -> bool:
     return any(e.get("name") == name and e.get("namespace") in (None, namespace) for e in exemptions)
 
 
+@cache
+def agent_needs() -> tuple[dict[str, str], ...]:
+    """The privileges node agents document a need for (templates/compat/node-agent-needs.yaml)."""
+    data = yaml.safe_load((COMPAT_DIR / "node-agent-needs.yaml").read_text(encoding="utf-8"))
+    return tuple(data["needs"])
+
+
+def documented_need(images: list[str], privilege: str) -> dict[str, str] | None:
+    """The need a node agent's image documents for `privilege` (a capability or a host field), if any."""
+    for image in images:
+        try:
+            repository = parse_image(image).repository
+        except ImageError:
+            continue
+        for need in agent_needs():
+            if (repository == need["image"] or repository.endswith("/" + need["image"])) and privilege in (
+                    need.get("capability"), need.get("host")):
+                return need
+    return None
+
+
+def _needed(where: str, privilege: str, need: dict[str, str]) -> str:
+    return (f"{where}: {privilege} is what {need['agent']} needs for {need['for']} ({need['source']}); without it "
+            f"{need['without']}. Keep it by listing this agent in `exempt` with that reason, or remove it and lose "
+            "them")
+
+
 def no_privileged(resource: Resource, config: Config) -> list[str]:
     if _exempt(resource, list(config["exempt"])):
         return []
     allowed = {str(c).upper().removeprefix("CAP_") for c in config["allowedCapabilities"]}
     messages = []
     for template in pod_templates(resource.type, resource.props, resource.name):
+        images = [str(c.get("image") or "") for c in containers(template.spec)]
         for host in ("hostPID", "hostIPC", "hostNetwork"):
             if template.spec.get(host):
-                messages.append(f"{template.where}: {host} is true; remove it (or exempt this node agent with its "
+                need = documented_need(images, host)
+                messages.append(_needed(template.where, host, need) if need else
+                                f"{template.where}: {host} is true; remove it (or exempt this node agent with its "
                                 "reason)")
         pod_seccomp = ((template.spec.get("securityContext") or {}).get("seccompProfile") or {}).get("type")
         if pod_seccomp == "Unconfined":
@@ -58,10 +92,13 @@ def no_privileged(resource: Resource, config: Config) -> list[str]:
                                 "RuntimeDefault")
             added = {str(cap).upper().removeprefix("CAP_") for cap in (security.get("capabilities") or {}).get(
                 "add") or []}
-            extra = sorted(added - allowed)
+            where = f"{template.where} container {c.get('name')}"
+            needed = {cap: documented_need([str(c.get("image") or "")], cap) for cap in sorted(added - allowed)}
+            messages += [_needed(where, cap, need) for cap, need in needed.items() if need]
+            extra = [cap for cap, need in needed.items() if not need]
             if extra:
-                messages.append(f"{template.where} container {c.get('name')}: adds {extra}; drop them (the device "
-                                "plugin, not a capability, gives access to the GPU), or exempt this node agent")
+                messages.append(f"{where}: adds {extra}; drop them (the device plugin, not a capability, gives "
+                                "access to the GPU), or exempt this node agent")
     return messages
 
 
