@@ -140,7 +140,7 @@ def test_the_gpu_toleration_is_expected_where_the_platform_does_not_add_it(tmp_p
 def node_exporter(**pod: Any) -> dict[str, Any]:
     obj = agent(**pod)
     obj["metadata"]["name"] = "node-exporter"
-    obj["spec"]["template"]["spec"]["containers"][0]["image"] = "mirror.example.com/prometheus/node-exporter:v1.9.1"
+    obj["spec"]["template"]["spec"]["containers"][0]["image"] = "mirror.example.com/quay/prometheus/node-exporter:v1.9.1"
     return obj
 
 
@@ -154,7 +154,7 @@ def node_exporter(**pod: Any) -> dict[str, Any]:
     # a capability it does not document a need for, beside the one it does: refused as before
     (agent(container_security={"capabilities": {"add": ["SYS_ADMIN", "NET_RAW"]}}),
      ["SYS_ADMIN is what NVIDIA's DCGM exporter needs", "adds ['NET_RAW']; drop them"], ["adds ['NET_RAW', "]),
-    # the node exporter's documented host namespaces, from a mirror's copy of its image
+    # the node exporter's documented host namespaces, from a mirror's copy of its image (under a path of its own)
     (node_exporter(hostPID=True, hostNetwork=True),
      ["hostPID is what the Prometheus node exporter needs for the node's own processes",
       "hostNetwork is what the Prometheus node exporter needs for the node's own network interfaces"],
