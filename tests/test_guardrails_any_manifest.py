@@ -140,7 +140,8 @@ def test_the_gpu_toleration_is_expected_where_the_platform_does_not_add_it(tmp_p
 def node_exporter(**pod: Any) -> dict[str, Any]:
     obj = agent(**pod)
     obj["metadata"]["name"] = "node-exporter"
-    obj["spec"]["template"]["spec"]["containers"][0]["image"] = "mirror.example.com/quay/prometheus/node-exporter:v1.9.1"
+    [container] = obj["spec"]["template"]["spec"]["containers"]
+    container["image"] = "mirror.example.com/quay/prometheus/node-exporter:v1.9.1"
     return obj
 
 

@@ -38,6 +38,15 @@ def test_prod_serves_through_a_ray_service(ray_objects: dict[str, list[dict[str,
     assert [o["kind"] for o in ray_objects["prod"]] == ["RayService"]
 
 
+def test_each_ray_service_takes_its_spec_back_from_kuberay(ray_objects: dict[str, list[dict[str, Any]]]) -> None:
+    """KubeRay 1.7.0 writes the whole RayService back when it adds its finalizer, which makes it the owner of the
+    worker groups (an atomic list): without a forced apply the next worker-group change is a field conflict."""
+    services = [o for objects in ray_objects.values() for o in objects]
+    assert services
+    for service in services:
+        assert service["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
+
+
 @pytest.mark.parametrize("name", STACKS)
 def test_ray_services_validate_against_the_crd(ray_objects: dict[str, list[dict[str, Any]]], name: str) -> None:
     schema = kuberay_schema("ray.io_rayservices.yaml")
@@ -79,3 +88,19 @@ def test_kuberay_operator_values_exist_in_the_chart() -> None:
     assert release.inputs["version"] == str(chart["version"])
     assert release.inputs["values"]
     assert unknown_paths(release.inputs["values"], upstream) == []
+
+
+def test_each_ray_service_depends_on_the_kuberay_release_that_clears_its_finalizer(shipped: dict[str, Any]) -> None:
+    """KubeRay puts a finalizer on each RayService (ray-project/kuberay#4807: in 1.7.0, and in 1.6.2 as a cherry
+    pick, #4909) and removes it once the service's RayClusters are gone. A RayService that did not depend on the
+    operator's release could outlive it on `pulumi destroy` (dependents go first) and hang there, its finalizer
+    with no controller left to clear it."""
+    checked = 0
+    for plan in shipped.values():
+        releases = [r for r in plan.of_type("kubernetes:helm.sh/v3:Release") if r.inputs.get("name") ==
+                    "kuberay-operator"]
+        for service in plan.of_type("kubernetes:ray.io/v1:RayService"):
+            for release in releases:
+                assert release.urn in plan.dependencies[service.urn], (plan.name, service.name)
+                checked += 1
+    assert checked >= 2  # prod and fresh install KubeRay beside a RayService

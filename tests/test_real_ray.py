@@ -1,4 +1,4 @@
-"""Ray as KubeRay builds it: the real KubeRay operator (built from its Go module; 1.6.1 stands in for the pinned 1.7.0,
+"""Ray as KubeRay builds it: the real KubeRay operator (built from its Go module; 1.6.2 stands in for the pinned 1.7.0,
 whose source the module proxy refuses) reconciles the RayService of a stack's ray-serve model into a RayCluster and
 its head and worker pods, and the assertions read those pods, not Triarch's manifests.
 
@@ -260,3 +260,19 @@ def test_a_cluster_changing_upgrade_runs_the_new_cluster_beside_the_old_one(ray_
         assert images == {"rayproject/ray-llm:2.58.0-py312-cu130"}
         ray_stack.wait("the new cluster active", lambda: ray_stack.items("rayservices")[0]["status"].get(
             "activeServiceStatus", {}).get("rayClusterName") == new_name)
+
+
+RAY_SERVICE_FINALIZER = "ray.io/rayservice-finalizer"
+"""KubeRay 1.7.0's finalizer on a RayService (ray-project/kuberay#4807), in the 1.6.2 built here too (#4909)."""
+
+
+def test_a_deleted_ray_service_goes_once_kuberay_has_removed_its_clusters(ray_stack: RayStack) -> None:
+    """The RayService carries KubeRay's finalizer, so its deletion waits on the operator: it goes once the operator
+    has deleted its RayClusters and removed the finalizer (with no operator it would stay, being deleted, which is
+    why Triarch's RayService depends on the KubeRay release). Last in the module: it deletes the service."""
+    [service] = ray_stack.items("rayservices")
+    assert RAY_SERVICE_FINALIZER in (service["metadata"].get("finalizers") or []), service["metadata"]
+    assert ray_stack.items("rayclusters")
+    ray_stack.lab.plane.kubectl("delete", "rayservice", service["metadata"]["name"], "-n", NAMESPACE, "--wait=false")
+    ray_stack.wait("the RayService and its RayClusters gone",
+                   lambda: not ray_stack.items("rayservices") and not ray_stack.items("rayclusters"))

@@ -26,6 +26,12 @@ from triarch.planners.vllm import STREAMER_LOAD_FORMAT
 from triarch.scheduling import GPU_PRESENT_LABEL
 
 RAY_SERVICE = "llm"
+SPEC_AUTHORED_HERE = {"pulumi.com/patchForce": "true"}
+"""The RayService's spec is Triarch's to write, so `pulumi up` takes its fields back instead of failing on a
+server-side-apply conflict. KubeRay 1.7.0 (and 1.6.2, ray-project/kuberay#4807 and #4909) adds its finalizer with
+a whole-object Update, which makes the operator's field manager the owner of what its Go types write back
+differently, and `rayClusterConfig.workerGroupSpecs` is an atomic list: all of it. The next change of a worker
+group (its image, its replicas) then conflicts with "kuberay-operator" (seen on the plane, test_real_ray)."""
 RAY_CLUSTER_LABEL = "ray.io/cluster"
 """KubeRay labels each pod with its RayCluster's name: a RayService upgrade's new cluster has its own."""
 SERVE_PORT = 8000
@@ -287,7 +293,7 @@ def ray_manifests(plans: list[ModelPlan], image: str, release: str,
     service = {
         "apiVersion": "ray.io/v1", "kind": "RayService",
         "metadata": {"name": RAY_SERVICE, "namespace": settings.namespace, "labels": dict(pods.MANAGED_BY),
-                     **({"annotations": pods.image_release(image, release)} if image != release else {})},
+                     "annotations": {**pods.image_release(image, release), **SPEC_AUTHORED_HERE}},
         "spec": {
             "serveConfigV2": yaml.safe_dump(serve_config(served), sort_keys=False),
             # A new cluster beside the old one, traffic switched when it is ready: the pools must hold both
