@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -610,3 +611,27 @@ def test_a_container_that_exits_is_started_again_until_its_kubelet_is_stopped(tm
     seen = runs.read_text()
     time.sleep(1.5)  # longer than the restart pause: no run after the stop
     assert runs.read_text() == seen
+
+
+def test_a_watchs_documents_come_whole_whatever_the_chunks() -> None:
+    """`mount-secret` reads kubectl's `--watch -o json`: indented documents one after another, cut anywhere by the
+    pipe. Each comes out once, whole, as soon as its last chunk is in."""
+    from triarch.local.kubelet import json_documents
+
+    first = b'{\n    "data": {"tls.crt": "YQ=="},\n    "kind": "Secret"\n}\n'
+    second = b'{\n    "data": {"tls.crt": "Yg==", "tls.key": "Yw=="},\n    "kind": "Secret"\n}\n'
+    chunks = [first[:7], first[7:30], first[30:] + second[:3], second[3:]]
+    seen: list[tuple[int, dict[str, object]]] = []
+    arrived = 0
+
+    def arriving() -> Iterator[bytes]:
+        nonlocal arrived
+        for chunk in chunks:
+            arrived += 1
+            yield chunk
+
+    for document in json_documents(arriving()):
+        seen.append((arrived, document))
+    assert seen == [(3, {"data": {"tls.crt": "YQ=="}, "kind": "Secret"}),
+                    (4, {"data": {"tls.crt": "Yg==", "tls.key": "Yw=="}, "kind": "Secret"})]
+    assert list(json_documents([b"  \n"])) == []

@@ -12,55 +12,86 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 POLL_SECONDS = 0.5
+WAIT_SECONDS = 3600
+"""How long one `kubectl wait` waits before it is asked again (a plane lives longer than any single wait)."""
 RESTART_SECONDS = 1.0
 """The pause before a restart (a kubelet's back-off starts at 10 s; a plane has no reason to wait that long)."""
 
 
+def _kubectl_binary() -> str:
+    return os.environ.get("TRIARCH_KUBECTL", "kubectl")
+
+
 def _kubectl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([os.environ.get("TRIARCH_KUBECTL", "kubectl"), *args], capture_output=True, text=True,
-                          check=False)
+    return subprocess.run([_kubectl_binary(), *args], capture_output=True, text=True, check=False)
 
 
 def start_when(wanted: list[str], command: list[str]) -> int:
     name = os.path.basename(command[0])
     print(f"waiting for {' '.join(wanted)} before starting {name}", flush=True)
-    while _kubectl("get", *wanted, "-o", "name").returncode != 0:
+    # `kubectl wait --for=create` asks from one process (every half second, kubectl's own poll), not one kubectl a
+    # poll: a plane's waiting kubelets would otherwise start thousands of kubectl processes in a run.
+    while _kubectl("wait", "--for=create", *wanted, f"--timeout={WAIT_SECONDS}s").returncode != 0:
         time.sleep(POLL_SECONDS)
     print(f"{' '.join(wanted)} exists: starting {name}", flush=True)
     os.execvp(command[0], command)
 
 
 def mount_secret(name: str, namespace: str, directory: Path) -> int:
-    """Write each key of the Secret as a file whenever it changes (never returns)."""
+    """Write each key of the Secret as a file whenever it changes (never returns). One watch (`kubectl get --watch`,
+    a JSON document per change), opened again whenever the API server ends it."""
     directory.mkdir(parents=True, exist_ok=True)
     seen: dict[str, str] = {}
+    running = _stopped_with_children()
     while True:
-        done = _kubectl("get", "secret", name, "-n", namespace, "-o", "json")
-        if done.returncode == 0:
-            data = json.loads(done.stdout).get("data") or {}
-            for key, value in data.items():
+        watch = subprocess.Popen([_kubectl_binary(), "get", "secrets", "-n", namespace, "--field-selector",
+                                  f"metadata.name={name}", "--watch", "-o", "json"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        running[:] = [watch]
+        assert watch.stdout is not None
+        arriving = iter(functools.partial(os.read, watch.stdout.fileno(), 65536), b"")  # b"": the watch ended
+        for secret in json_documents(arriving):
+            for key, value in (secret.get("data") or {}).items():
                 if seen.get(key) != value:
                     staged = directory / f".{key}.new"
                     staged.write_bytes(base64.b64decode(value))
                     staged.replace(directory / key)
                     seen[key] = value
                     print(f"secret {namespace}/{name}: wrote {key}", flush=True)
+        watch.wait()
         time.sleep(POLL_SECONDS)
 
 
-def restart_always(command: list[str]) -> int:
-    """Run the command, and again each time it exits, until this process is asked to stop (then the command is
-    too)."""
-    name = os.path.basename(command[0])
+def json_documents(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON documents of a stream written one after another (kubectl's `--watch -o json`), each as soon as its
+    last chunk arrives."""
+    decoder = json.JSONDecoder()
+    buffered = ""
+    for chunk in chunks:
+        buffered += chunk.decode()
+        while buffered.strip():
+            try:
+                document, end = decoder.raw_decode(buffered.lstrip())
+            except json.JSONDecodeError:
+                break  # the document is not whole yet
+            buffered = buffered.lstrip()[end:]
+            yield document
+
+
+def _stopped_with_children() -> list[subprocess.Popen[bytes]]:
+    """The list of this process's children that a SIGTERM to it ends too (then it exits 0)."""
     running: list[subprocess.Popen[bytes]] = []
 
     def stop(signum: int, _frame: object) -> None:
@@ -69,6 +100,14 @@ def restart_always(command: list[str]) -> int:
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, stop)
+    return running
+
+
+def restart_always(command: list[str]) -> int:
+    """Run the command, and again each time it exits, until this process is asked to stop (then the command is
+    too)."""
+    name = os.path.basename(command[0])
+    running = _stopped_with_children()
     while True:
         running[:] = [subprocess.Popen(command)]
         code = running[0].wait()
