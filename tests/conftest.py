@@ -260,10 +260,15 @@ PLANE_GROUPS = {"lab": "lab", "deployed": "lab", "from_zero": "from-zero", "bare
 suite's default in pyproject's addopts) a group's tests run on one worker, so each plane comes up once per run, while
 the planes and the tests that need none run side by side: the real tier mostly waits on its engines."""
 
+SHARED_GROUPS = {"reviewed": "review"}
+"""Other fixtures that take minutes and serve several tests (test_workflows' review of a pull request, which runs
+`triarch plan`, `check` and `diff` of every stack twice): their tests on one worker too, so each is made once per
+run rather than once per worker its tests land on."""
+
 
 def plane_group(fixtures: Iterable[str]) -> str | None:
-    groups = sorted({PLANE_GROUPS[f] for f in fixtures if f in PLANE_GROUPS})
-    return groups[0] if groups else None
+    groups = {**PLANE_GROUPS, **SHARED_GROUPS}
+    return min((groups[f] for f in fixtures if f in groups), default=None)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
@@ -327,7 +332,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             if self.groups is None:
                 self.groups = json.loads(groups_file.read_text()) if groups_file.is_file() else {}
-            return f"plane {group}" if (group := self.groups.get(nodeid)) else nodeid
+            return f"group {group}" if (group := self.groups.get(nodeid)) else nodeid
 
     return PlaneGroupScheduling(config, log)
 

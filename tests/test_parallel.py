@@ -1,6 +1,7 @@
 """The suite's pytest-xdist layout (tests/conftest.py): the tests of one plane run on one worker, so each plane comes
-up once per run, and two planes start on two workers. Checked by running pytest itself on a small suite whose `lab`
-and `from_zero` fixtures stand in for the planes (the module's own fixtures shadow conftest's real ones)."""
+up once per run, and two planes start on two workers; so do the tests of a costly shared fixture (the review).
+Checked by running pytest itself on a small suite whose `lab`, `from_zero` and `reviewed` fixtures stand in for
+the real ones (the module's own fixtures shadow conftest's)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,16 @@ def test_from_zero(from_zero, n):
     pass
 
 
+@pytest.fixture(scope="module")
+def reviewed():
+    return os.getpid()
+
+
+@pytest.mark.parametrize("n", range(3))
+def test_on_the_review(reviewed, n):
+    pass
+
+
 @pytest.mark.parametrize("n", range(6))
 def test_without_a_plane(n):
     pass
@@ -64,8 +75,9 @@ def test_each_planes_tests_run_on_one_worker_and_the_rest_spread(tmp_path: Path)
     workers: dict[str, set[str]] = {}
     for worker, test in re.findall(r"\[(gw\d+)\] \[\s*\d+%\] PASSED \S+::(\w+)\[", done.stdout):
         workers.setdefault(test, set()).add(worker)
-    assert sum(1 for _ in re.finditer(r"PASSED", done.stdout)) == 16, done.stdout[-3000:]
+    assert sum(1 for _ in re.finditer(r"PASSED", done.stdout)) == 19, done.stdout[-3000:]
     lab = workers["test_on_the_lab"] | workers["test_on_what_the_lab_deployed"]
     assert len(lab) == 1, f"the lab's tests ran on {sorted(lab)}: each of those workers brings up a lab"
     assert len(workers["test_from_zero"]) == 1
     assert lab != workers["test_from_zero"], "two planes share one worker while a third does nothing else"
+    assert len(workers["test_on_the_review"]) == 1, "the review's fixture was made on each worker its tests ran on"

@@ -107,8 +107,15 @@ class FromZero:
         raise AssertionError(f"{what} did not happen within {timeout:.0f}s\n{claims}\n{log}")
 
 
+def _serving(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods Running and not being deleted (a pod whose node Karpenter disrupts lingers Running while it ends,
+    beside its replacement)."""
+    return [p for p in pods if p.get("status", {}).get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")]
+
+
 def _running(pods: list[dict[str, Any]]) -> int:
-    return sum(1 for p in pods if p.get("status", {}).get("phase") == "Running")
+    return len(_serving(pods))
 
 
 @pytest.fixture(scope="session")
@@ -148,7 +155,8 @@ def test_karpenter_launches_the_nodes_the_plan_says_in_the_zones_the_spread_need
     replicas = deployment["spec"]["replicas"]
     from_zero.wait(f"{replicas} embed replicas Running", lambda: _running(from_zero.pods("embed")) == replicas)
     nodes = {n["metadata"]["name"]: n for n in from_zero.pool_nodes("l4")}
-    pods = from_zero.pods("embed")
+    pods = _serving(from_zero.pods("embed"))
+    assert len(pods) == replicas, [(p["metadata"]["name"], p["spec"].get("nodeName")) for p in from_zero.pods("embed")]
     # The pool the placement proof puts the pods in is the pool Karpenter launched their nodes for, and the nodes
     # it says they need are the nodes Karpenter launched, within one.
     proof = prove(resources_of_plan(from_zero.plan))
