@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import gzip
 import io
 import json
@@ -41,6 +42,7 @@ from triarch.cli import main
 from triarch.guardrails.check import evaluate, load_policy_config
 from triarch.guardrails.manifests import KubernetesYaml, read_manifests
 from triarch.local import engines
+from triarch.local.kubelet import json_documents
 from triarch.local.lifecycle import down, start_operator, up
 from triarch.local.mirror import read_archive
 from triarch.local.plane import MIRROR_ADDRESS, MIRROR_PATH, Plane
@@ -393,9 +395,14 @@ def test_a_chart_bump_and_a_values_edit_are_in_place_release_updates(
 
 
 def failed_up(fresh: Fresh) -> str:
-    """An up expected to fail: the release's own diagnostic, which Pulumi prints whole after its summary
-    ("Diagnostics:", under the resource's URN); Helm's message runs over several lines."""
-    done = fresh.pulumi("up", "--yes", "--skip-preview", check=False)
+    """An up of the edited release expected to fail: the release's own diagnostic, which Pulumi prints whole after
+    its summary ("Diagnostics:", under the resource's URN); Helm's message runs over several lines. The up targets
+    the release (`--target`, as one retries a single resource), so the engine asks the provider about it alone:
+    the other releases are unchanged (the bump's preview shows every other resource `same`), and each would
+    otherwise be rendered by Helm again only to say so."""
+    state = json.loads(fresh.pulumi("stack", "export").stdout)["deployment"]["resources"]
+    [urn] = [r["urn"] for r in state if r["type"] == "kubernetes:helm.sh/v3:Release" and r["inputs"]["name"] == BUMPED]
+    done = fresh.pulumi("up", "--yes", "--skip-preview", "--target", urn, check=False)
     assert done.returncode != 0, done.stdout[-3000:]
     return done.stdout + done.stderr
 
@@ -431,28 +438,30 @@ def test_a_chart_missing_from_the_mirror_fails_the_up_naming_both(fresh: Fresh, 
     use_program(fresh.project)
 
 
-def ended_at_once(fresh: Fresh, stop: threading.Event) -> None:
-    """Each pod being deleted, ended as soon as it is seen: kwok ends one at a random moment within its grace period
-    (a vLLM pod's is its drain, minutes), which the namespace's deletion would wait out; these servers hold no
-    request, and what the destroy shows is its order, not the drain."""
-    while not stop.wait(2.0):
-        done = fresh.plane.kubectl("get", "pods", "-A", "-o", "json", check=False)
-        if done.returncode != 0:
-            continue
-        for pod in json.loads(done.stdout)["items"]:
-            if pod["metadata"].get("deletionTimestamp"):
-                fresh.plane.kubectl("delete", "pod", pod["metadata"]["name"], "-n", pod["metadata"]["namespace"],
-                                    "--grace-period=0", "--force", "--wait=false", check=False)
+def ended_at_once(fresh: Fresh, watch: subprocess.Popen[bytes]) -> None:
+    """Each pod being deleted, ended as soon as the watch shows it: kwok ends one at a random moment within its grace
+    period (a vLLM pod's is its drain, minutes), which the namespace's deletion would wait out; these servers hold no
+    request, and what the destroy shows is its order, not the drain. Returns when the watch ends."""
+    assert watch.stdout is not None
+    ended: set[str] = set()
+    for pod in json_documents(iter(functools.partial(os.read, watch.stdout.fileno(), 65536), b"")):
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp") and meta["uid"] not in ended:
+            ended.add(meta["uid"])
+            fresh.plane.kubectl("delete", "pod", meta["name"], "-n", meta["namespace"], "--grace-period=0", "--force",
+                                "--wait=false", check=False)
 
 
 def test_destroy_leaves_no_release_and_only_the_crds_kept_by_design(fresh: Fresh) -> None:
-    stop = threading.Event()
-    ender = threading.Thread(target=ended_at_once, args=(fresh, stop), daemon=True)
+    kubectl = [str(engines.binary("kubectl")), "--kubeconfig", str(fresh.plane.kubeconfig)]
+    watch = subprocess.Popen(fresh.plane.command([*kubectl, "get", "pods", "-A", "--watch", "-o", "json"]),
+                             env=fresh.plane.env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    ender = threading.Thread(target=ended_at_once, args=(fresh, watch), daemon=True)
     ender.start()
     try:
         fresh.pulumi("destroy", "--yes", "--skip-preview")
     finally:
-        stop.set()
+        watch.terminate()
         ender.join()
     assert fresh.get("secrets", "-A", "-l", "owner=helm")["items"] == []
     namespaces = {n["metadata"]["name"] for n in fresh.get("namespaces")["items"]}
