@@ -113,6 +113,23 @@ def test_seeded_violations_are_the_same_under_the_real_cli(deployed: Lab, tmp_pa
     assert (code != 0) == mandatory  # a mandatory violation fails the preview, an advisory one does not
 
 
+def test_a_rule_the_packs_config_disables_is_silent_under_the_real_cli(deployed: Lab, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """`"enforcementLevel": "disabled"` in the pack's config: the edit that is a mandatory gpu-zone-spread violation
+    (soft-zone-spread above) draws no finding from the CLI, which passes the preview, nor from `triarch check`."""
+    config = copy.deepcopy(deployed.config)
+    _drop_pool_zones(config)
+    policy_config = _policy_config(tmp_path, {"gpu-zone-spread": {"enforcementLevel": "disabled", "maxSkew": 1}})
+    ours = check_findings(write_stack_file(tmp_path / "Pulumi.lab.yaml", config), policy_config, capsys)
+    deployed.write_config(config)
+    try:
+        real, code = preview_findings(deployed, policy_config)
+    finally:
+        deployed.write_config(deployed.config)
+    assert (real, code) == (set(), 0)
+    assert ours == set()
+
+
 # --- every stack's objects, server-side -----------------------------------------------------------------------
 
 
