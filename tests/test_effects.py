@@ -175,3 +175,17 @@ def test_a_renamed_cluster_moves_everything_and_drifts_nothing(prod: dict[str, A
     assert found == ["cluster: 44 Kubernetes resource(s) move to another cluster (llm-prod-k8s -> llm-prod2-k8s): "
                      "every model starts there from no node, and clients move to its endpoint; the old cluster serves "
                      "until Pulumi deletes it, last"]
+
+
+def test_a_ray_models_larger_max_waits_for_the_next_ray_cluster(prod: dict[str, Any], tmp_path: Path) -> None:
+    """chat's max 4 -> 5: Serve may run a fifth replica at once (serveConfigV2, redeployed in place), but its worker
+    group's maxReplicas is outside KubeRay's cluster hash, so the running cluster keeps the old bound and the Ray
+    autoscaler starts no fifth worker until a change that starts a new cluster."""
+    found = effects_of(prod, lambda c: next(m for m in c["triarch:models"] if m["name"] == "chat").update(
+        autoscaling={"min": 1, "max": 5}), tmp_path)
+    assert found == [
+        "RayService rayservice-llm-llm: the Serve applications are redeployed on the running Ray cluster "
+        "(serveConfigV2); the changed models' replicas restart, the others keep serving",
+        "RayService rayservice-llm-llm: KubeRay does not apply spec.rayClusterConfig.workerGroupSpecs[0].maxReplicas "
+        "to the running Ray cluster (worker counts, tolerations and scheduling gates alone start no new cluster and "
+        "update none): the Ray autoscaler keeps the old bounds until a change that starts a new cluster"]

@@ -24,28 +24,44 @@ SERVICE = "kubernetes:core/v1:Service"
 CLUSTER = "aws:eks/cluster:Cluster"
 MOVED = re.compile(r"^its provider changes to another target \((\S+) -> (\S+)\)")
 """A Kubernetes resource whose provider now targets another cluster (triarch.diff): created there, deleted here."""
-REPLICA_FIELDS = re.compile(r"^spec\.rayClusterConfig\.workerGroupSpecs\[\d+\]\.(replicas|minReplicas|maxReplicas)$")
-"""Worker counts KubeRay scales in place (the autoscaler's own fields); any other change of the cluster's spec
-makes KubeRay start a new Ray cluster and switch to it once it serves (its zero-downtime upgrade)."""
+OUTSIDE_CLUSTER_HASH = re.compile(
+    r"^spec\.rayClusterConfig\.(workerGroupSpecs\[\d+\]\.(replicas|minReplicas|maxReplicas)$"
+    r"|(headGroupSpec|workerGroupSpecs\[\d+\])\.template\.spec\.(tolerations|schedulingGates)(\[|\.|$))")
+"""The cluster fields KubeRay leaves out of a RayService's cluster hash: worker counts, and the pod templates'
+tolerations and scheduling gates (ray-operator controllers/ray/utils/util.go,
+GenerateHashWithoutReplicasAndWorkersToDelete, 1.6.2 and 1.7.0 alike). A change of only these starts no new Ray
+cluster, and is not applied to the running one either (rayservice_controller.go, shouldUpdateCluster: equal hashes,
+nothing to update): it takes effect with the next new cluster. Any other change of the cluster's spec makes KubeRay
+start a new Ray cluster and switch to it once it serves (its zero-downtime upgrade)."""
 NODE_GROUP_ROLL = ("launchTemplate", "releaseVersion", "version", "amiType", "instanceTypes")
 """Managed node group inputs EKS applies by replacing the group's nodes one by one (an update, not a new group)."""
 
 
 def _new_ray_cluster(difference: Difference) -> list[str]:
     """The RayService inputs whose change makes KubeRay start a new Ray cluster."""
-    return [p for p in difference.inputs if p.startswith("spec.rayClusterConfig") and not REPLICA_FIELDS.match(p)]
+    return [p for p in difference.inputs
+            if p.startswith("spec.rayClusterConfig") and not OUTSIDE_CLUSTER_HASH.match(p)]
+
+
+def _shown(paths: list[str]) -> str:
+    return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
 
 
 def _ray_effects(difference: Difference) -> list[str]:
-    cluster = _new_ray_cluster(difference)
-    if cluster:
-        shown = ", ".join(cluster[:3]) + (f" and {len(cluster) - 3} more" if len(cluster) > 3 else "")
+    cluster = [p for p in difference.inputs if p.startswith("spec.rayClusterConfig")]
+    new_cluster = _new_ray_cluster(difference)
+    if new_cluster:
         return [f"RayService {difference.name}: KubeRay starts a new Ray cluster beside the running one and moves "
-                f"traffic once it serves; every Ray Serve model restarts there (caused by {shown})"]
+                f"traffic once it serves; every Ray Serve model restarts there (caused by {_shown(new_cluster)})"]
+    found = []
     if any(p.startswith("spec.serveConfigV2") for p in difference.inputs):
-        return [f"RayService {difference.name}: the Serve applications are redeployed on the running Ray cluster "
-                "(serveConfigV2); the changed models' replicas restart, the others keep serving"]
-    return []
+        found.append(f"RayService {difference.name}: the Serve applications are redeployed on the running Ray "
+                     "cluster (serveConfigV2); the changed models' replicas restart, the others keep serving")
+    if cluster:
+        found.append(f"RayService {difference.name}: KubeRay does not apply {_shown(cluster)} to the running Ray "
+                     "cluster (worker counts, tolerations and scheduling gates alone start no new cluster and update "
+                     "none): the Ray autoscaler keeps the old bounds until a change that starts a new cluster")
+    return found
 
 
 def _pool_effects(difference: Difference) -> list[str]:
