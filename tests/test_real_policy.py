@@ -80,6 +80,15 @@ def preview_findings(lab: Lab, policy_config: Path) -> tuple[set[Finding], int]:
     return found, done.returncode
 
 
+def edited_preview_findings(lab: Lab, config: dict[str, Any], policy_config: Path) -> tuple[set[Finding], int]:
+    """preview_findings with the lab stack's config edited, put back afterwards."""
+    lab.write_config(config)
+    try:
+        return preview_findings(lab, policy_config)
+    finally:
+        lab.write_config(lab.config)
+
+
 def _messages(findings: set[Finding]) -> set[Finding]:
     """The pack prints each violation's description before its message; compare from the message on."""
     return {(p, e, t, n, m.rsplit("\n", 1)[-1].strip()) for p, e, t, n, m in findings}
@@ -102,11 +111,7 @@ def test_seeded_violations_are_the_same_under_the_real_cli(deployed: Lab, tmp_pa
         edit(config)
     policy_config = _policy_config(tmp_path, overrides)
     ours = check_findings(write_stack_file(tmp_path / "Pulumi.lab.yaml", config), policy_config, capsys)
-    deployed.write_config(config)
-    try:
-        real, code = preview_findings(deployed, policy_config)
-    finally:
-        deployed.write_config(deployed.config)
+    real, code = edited_preview_findings(deployed, config, policy_config)
     assert ours, "the seed violates something"
     assert _messages(real) == _messages(ours)
     mandatory = any(f[1] == "mandatory" for f in ours)
@@ -121,11 +126,7 @@ def test_a_rule_the_packs_config_disables_is_silent_under_the_real_cli(deployed:
     _drop_pool_zones(config)
     policy_config = _policy_config(tmp_path, {"gpu-zone-spread": {"enforcementLevel": "disabled", "maxSkew": 1}})
     ours = check_findings(write_stack_file(tmp_path / "Pulumi.lab.yaml", config), policy_config, capsys)
-    deployed.write_config(config)
-    try:
-        real, code = preview_findings(deployed, policy_config)
-    finally:
-        deployed.write_config(deployed.config)
+    real, code = edited_preview_findings(deployed, config, policy_config)
     assert (real, code) == (set(), 0)
     assert ours == set()
 
