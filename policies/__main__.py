@@ -1,7 +1,8 @@
 """The triarch-guardrails policy pack: each rule of triarch.guardrails.registry as a Pulumi policy.
 
 Constructing PolicyPack starts the Analyzer gRPC server and blocks; the rules themselves are plain functions
-that `triarch check` runs too.
+that `triarch check` runs too. A rule that found nothing but read a value unknown at preview raises Pulumi's own
+UnknownValueError, which the CLI shows as an advisory "can't run policy ... during preview" with our note.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pulumi_policy.proxy import UnknownValueError
 
 from triarch.guardrails.base import Resource, Rule
 from triarch.guardrails.registry import RULES
+from triarch.guardrails.unknowns import judge_resource, judge_stack
 from triarch.guardrails.workloads import UNKNOWN
 
 LEVELS = {"mandatory": EnforcementLevel.MANDATORY, "advisory": EnforcementLevel.ADVISORY,
@@ -48,27 +50,35 @@ def _item(container: Any, key: Any) -> Any:
         return UNKNOWN
 
 
-def resource_policy(rule: Rule) -> ResourceValidationPolicy:
-    check = rule.check_resource
-    assert check is not None
+class CannotJudge(UnknownValueError):
+    """Pulumi's unknown-at-preview error carrying our note (its own message names only a path of the proxy)."""
 
+    def __init__(self, note: str) -> None:
+        Exception.__init__(self, note)
+        self.unknown_type_sentinel, self.props, self.message = "", [], note
+
+
+def resource_policy(rule: Rule) -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
         resource = Resource(args.resource_type, args.name, plain(args.props), args.urn)
-        for message in check(resource, rule.settings(args.get_config())):
+        messages, note = judge_resource(rule, resource, rule.settings(plain(args.get_config())))
+        for message in messages:
             report(message, None)
+        if note is not None:  # Pulumi reports it as an advisory "can't run policy ... during preview: <note>"
+            raise CannotJudge(note)
 
     return ResourceValidationPolicy(name=rule.name, description=rule.description, validate=validate,
                                     enforcement_level=LEVELS[rule.enforcement], config_schema=_schema(rule))
 
 
 def stack_policy(rule: Rule) -> StackValidationPolicy:
-    check = rule.check_stack
-    assert check is not None
-
     def validate(args: StackValidationArgs, report: ReportViolation) -> None:
         resources = [Resource(r.resource_type, r.name, plain(r.props), r.urn) for r in args.resources]
-        for resource, message in check(resources, rule.settings(args.get_config())):
+        found, unjudged = judge_stack(rule, resources, rule.settings(plain(args.get_config())))
+        for resource, message in found:
             report(message, resource.urn or None)
+        if unjudged is not None:
+            raise CannotJudge(unjudged[1])
 
     return StackValidationPolicy(name=rule.name, description=rule.description, validate=validate,
                                  enforcement_level=LEVELS[rule.enforcement], config_schema=_schema(rule))

@@ -18,6 +18,7 @@ from triarch.errors import ConfigError
 from triarch.guardrails.base import Resource, Rule
 from triarch.guardrails.check import Finding, evaluate
 from triarch.guardrails.registry import RULES
+from triarch.guardrails.unknowns import judge_resource, judge_stack
 
 FIXTURES = Path(__file__).resolve().parent / "policy_fixtures"
 RULES_BY_NAME = {r.name: r for r in RULES}
@@ -34,7 +35,7 @@ def fixture_cases() -> list[Any]:
     params = []
     for path in sorted(FIXTURES.glob("*.yaml")):
         data = load_fixture(path)
-        for kind in ("compliant", "violating"):
+        for kind in ("compliant", "violating", "unjudged"):
             for i, case in enumerate(data.get(kind) or []):
                 params.append(pytest.param(data["policy"], kind, case, id=f"{path.stem}-{kind}-{i}-{case['case']}"))
     return params
@@ -46,11 +47,20 @@ def resources_of(case: dict[str, Any]) -> list[Resource]:
 
 
 def messages(rule: Rule, resources: list[Resource]) -> list[str]:
+    return [m for m, advisory in judged(rule, resources) if not advisory]
+
+
+def judged(rule: Rule, resources: list[Resource]) -> list[tuple[str, bool]]:
+    """The rule's messages, each with whether it is the advisory note of a value it could not see."""
     settings = rule.settings(None)
     if rule.check_stack is not None:
-        return [m for _, m in rule.check_stack(resources, settings)]
-    assert rule.check_resource is not None
-    return [m for r in resources for m in rule.check_resource(r, settings)]
+        found, unjudged = judge_stack(rule, resources, settings)
+        return [(m, False) for _, m in found] + ([(unjudged[1], True)] if unjudged else [])
+    out: list[tuple[str, bool]] = []
+    for resource in resources:
+        found_here, note = judge_resource(rule, resource, settings)
+        out += [(m, False) for m in found_here] + ([(note, True)] if note else [])
+    return out
 
 
 # --- fixtures ----------------------------------------------------------------------------------------------
@@ -59,12 +69,16 @@ def messages(rule: Rule, resources: list[Resource]) -> list[str]:
 @pytest.mark.parametrize(("policy", "kind", "case"), fixture_cases())
 def test_fixture_case(policy: str, kind: str, case: dict[str, Any]) -> None:
     assert policy in RULES_BY_NAME, f"fixture for unknown policy {policy}"
-    found = messages(RULES_BY_NAME[policy], resources_of(case))
+    found = judged(RULES_BY_NAME[policy], resources_of(case))
     if kind == "compliant":
         assert found == [], f"{policy} flagged a compliant case ({case['case']}): {found}"
+    elif kind == "unjudged":  # nothing wrong seen, and a note that a value it reads was not there to see
+        assert [advisory for _, advisory in found] == [True], found
+        assert case["expect"] in found[0][0], found
     else:
+        found = [(m, advisory) for m, advisory in found if not advisory]
         expect = case["expect"]
-        assert any(expect in m for m in found), f"{policy} on {case['case']}: no message contains {expect!r}: {found}"
+        assert any(expect in m for m, _ in found), f"{policy} on {case['case']}: none contains {expect!r}: {found}"
 
 
 def test_every_rule_has_fixtures_of_both_kinds() -> None:
@@ -73,7 +87,7 @@ def test_every_rule_has_fixtures_of_both_kinds() -> None:
     assert not missing and not stray, f"policies without fixtures: {missing}; fixtures without a policy: {stray}"
     for name, data in files.items():
         assert data.get("policy") == name, f"{name}.yaml declares policy {data.get('policy')!r}"
-        assert set(data) <= {"policy", "compliant", "violating"}, f"{name}.yaml: unexpected keys {sorted(data)}"
+        assert set(data) <= {"policy", "compliant", "violating", "unjudged"}, f"{name}.yaml: {sorted(data)}"
         for kind in ("compliant", "violating"):
             cases = data.get(kind) or []
             assert cases, f"{name}.yaml has no {kind} case"
@@ -82,6 +96,8 @@ def test_every_rule_has_fixtures_of_both_kinds() -> None:
                 assert all({"type", "name", "props"} <= set(r) for r in case["resources"]), f"{name}: {case['case']}"
                 if kind == "violating":
                     assert case.get("expect"), f"{name}.yaml: violating case {case['case']!r} has no expect"
+        for case in data.get("unjudged") or []:
+            assert case.get("expect") and case.get("resources"), f"{name}.yaml unjudged: {case.get('case')!r}"
 
 
 # --- the rules themselves ----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 from triarch.errors import ConfigError
 from triarch.guardrails.base import Enforcement, Resource, Rule
 from triarch.guardrails.registry import RULES
+from triarch.guardrails.unknowns import judge_resource, judge_stack
 
 LEVELS: tuple[Enforcement, ...] = ("mandatory", "advisory", "disabled")
 
@@ -34,6 +35,9 @@ def enforcement_of(rule: Rule, config: Mapping[str, Any]) -> Enforcement:
 
 
 def evaluate(resources: list[Resource], config: Mapping[str, Any] | None = None) -> list[Finding]:
+    """Every enabled rule's findings; where a rule found nothing but read a value known only after apply, an
+    advisory note saying so (the pack reports the same note through Pulumi's own can't-run-during-preview
+    diagnostic)."""
     config = config or {}
     unknown = sorted(set(config) - {r.name for r in RULES})
     if unknown:
@@ -48,9 +52,15 @@ def evaluate(resources: list[Resource], config: Mapping[str, Any] | None = None)
         settings = rule.settings(given if isinstance(given, Mapping) else None)
         if rule.check_resource is not None:
             for resource in resources:
-                findings += [Finding(rule, level, resource, m) for m in rule.check_resource(resource, settings)]
+                messages, note = judge_resource(rule, resource, settings)
+                findings += [Finding(rule, level, resource, m) for m in messages]
+                if note is not None:
+                    findings.append(Finding(rule, "advisory", resource, note))
         if rule.check_stack is not None:
-            findings += [Finding(rule, level, r, m) for r, m in rule.check_stack(resources, settings)]
+            found, unjudged = judge_stack(rule, resources, settings)
+            findings += [Finding(rule, level, r, m) for r, m in found]
+            if unjudged is not None:
+                findings.append(Finding(rule, "advisory", *unjudged))
     return findings
 
 

@@ -12,7 +12,7 @@ from triarch.catalog import catalog
 from triarch.guardrails.base import Config, Resource, StackCheck, rule, stack_rule
 from triarch.guardrails.common import NODE_CLASS, NODE_POOL, gpu_templates
 from triarch.guardrails.placement import prove
-from triarch.guardrails.workloads import PodTemplate, kind_of, name_of, required_node_terms
+from triarch.guardrails.workloads import UNKNOWN, PodTemplate, kind_of, name_of, required_node_terms
 from triarch.images import IMAGE_RELEASE
 from triarch.matrix import Node, check_image_on_node
 from triarch.scheduling import GPU_LABEL, GPU_PRESENT_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, POOL_LABEL
@@ -192,6 +192,8 @@ def _images_on_pool(r: Resource, template: PodTemplate, node: Node) -> list[tupl
     declared = ((r.props.get("metadata") or {}).get("annotations") or {}).get(IMAGE_RELEASE)
     for c in template.spec.get("containers") or []:
         image_ref = str(declared or c.get("image") or "")
+        if image_ref == UNKNOWN:  # another resource's output at preview: judged at `pulumi up` (guardrails.unknowns)
+            continue
         image = facts.image(image_ref)
         if image is None:
             found.append((r, f"{template.where}: image {image_ref} is not in templates/compat/images.yaml, so its "
