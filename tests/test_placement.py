@@ -8,6 +8,7 @@ import contextlib
 import copy
 import io
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -208,3 +209,55 @@ def test_benign_edits_replace_nothing_stateful_and_keep_urns(bases: dict[str, di
     placed = prove([Resource(r["type"], r["name"], r["inputs"], r["urn"]) for r in head["resources"]
                     if not r["type"].startswith(("triarch:", "pulumi:"))])
     assert placed.findings == [], [f.message for f in placed.findings]
+
+
+# --- the proof does not depend on the order resources come in ---------------------------------------------------
+# The Pulumi engine hands the pack resources in the order the program registered them, which varies from run to run
+# (tests/test_real_policy.py found both of these under the real CLI). Triarch's prod objects with the h100 pool and
+# LeaderWorkerSet of the large stack (tests/policy_cases/baseline.yaml): pool l4 spans three zones, h100 one.
+
+CASES_BASELINE = ROOT / "tests" / "policy_cases" / "baseline.yaml"
+
+
+def _baseline_with(*extra: dict[str, Any]) -> list[Resource]:
+    items = [*yaml.safe_load(CASES_BASELINE.read_text()), *extra]
+    return [Resource(i["type"], i["name"], i["props"], f"urn:pulumi:t::p::{i['type']}::{i['name']}") for i in items]
+
+
+def _embed_copy(name: str, selector: dict[str, str] | None, pools: list[str] | None = None) -> dict[str, Any]:
+    item = next(i for i in yaml.safe_load(CASES_BASELINE.read_text()) if i["name"] == "deployment-llm-embed")
+    props = copy.deepcopy(item["props"])
+    props["metadata"]["name"] = name
+    pod = props["spec"]["template"]["spec"]
+    if selector is None:
+        del pod["nodeSelector"]
+    else:
+        pod["nodeSelector"] = selector
+    if pools is not None:  # a required node affinity: any of these pools
+        pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "triarch.dev/pool", "operator": "In", "values": pools}]}]}}}
+    return {"type": item["type"], "name": name, "props": props}
+
+
+def _messages(resources: list[Resource]) -> list[str]:
+    return sorted(f.message for f in prove(resources).findings)
+
+
+def test_a_hard_zone_spread_fails_only_where_no_pool_it_may_land_on_meets_it() -> None:
+    """embed asks minDomains 2: allowed on h100 (one zone) or l4 (three) it can spread on l4, so nothing is wrong, in
+    either order; pinned to h100 it can never spread, and the finding names h100."""
+    loose = _baseline_with(_embed_copy("anywhere", None, ["l4", "h100"]))
+    assert [m for m in _messages(loose) if "anywhere" in m] == []
+    assert [m for m in _messages(list(reversed(loose))) if "anywhere" in m] == []
+    pinned = _baseline_with(_embed_copy("on-h100", {"triarch.dev/pool": "h100"}))
+    assert [m for m in _messages(pinned) if "on-h100" in m] == [
+        "Deployment on-h100 spreads over at least 2 zones (minDomains), but pool h100 reaches 1 (1 zone(s), at most 8 "
+        "node(s)): its replicas would wait forever; lower minDomains to 1 or add zones or nodes to the pool"]
+
+
+def test_a_pod_no_pool_takes_is_told_the_pools_in_name_order_whatever_order_they_come_in() -> None:
+    resources = _baseline_with(_embed_copy("nowhere", {"triarch.dev/pool": "h200"}))
+    forward, backward = _messages(resources), _messages(list(reversed(resources)))
+    nowhere = [m for m in forward if m.startswith("Deployment nowhere: no pool's nodes take it")]
+    assert forward == backward and len(nowhere) == 1
+    assert re.findall(r"(?:^ |\); )([\w.-]+) \(", nowhere[0].split("pools:")[1]) == ["a100", "h100", "l4", "system"]

@@ -92,14 +92,15 @@ def _tolerated(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
 
 def _describe_selector(spec: Mapping[str, Any]) -> str:
     selector = spec.get("nodeSelector") or {}
-    shown = ", ".join(f"{k}={v}" for k, v in selector.items()) or "no nodeSelector"
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(selector.items())) or "no nodeSelector"
     return shown + (" and a required node affinity" if (spec.get("affinity") or {}).get("nodeAffinity") else "")
 
 
 # --- the proof --------------------------------------------------------------------------------------------------
 
 def prove(resources: list[Any]) -> Proof:
-    pools = pools_of(resources)
+    # In name order: the engine hands resources over in the order the program registered them, which varies.
+    pools = sorted(pools_of(resources), key=lambda p: p.name)
     workloads = workloads_of(resources)
     addons = {str(r.props.get("addonName")) for r in resources if r.type == "aws:eks/addon:Addon"}
     pools = [_with_daemons(p, workloads, addons) for p in pools]
@@ -143,7 +144,10 @@ def prove(resources: list[Any]) -> Proof:
         proof.placements.append(Placement(w, [p.name for p in fitting], per_node, needed, pool))
         if len(fitting) == 1:
             load.setdefault(pool.name, []).append((w, per_node or 0))
-        proof.findings += _spread_findings(w, pool, per_node)
+        # A hard zone spread fails only where no pool it may land on can meet it (the first such pool named).
+        spreads = [_spread_findings(w, p) for p in fitting]
+        if all(spreads):
+            proof.findings += spreads[0]
     for name, placed in sorted(load.items()):
         proof.findings += _capacity_findings(by_name[name], placed)
         proof.findings += _scaling_findings(by_name[name], placed)
@@ -204,7 +208,7 @@ def _node_share(requests: Amounts, free: Amounts) -> float:
                requests.gpus / free.gpus if free.gpus > 0 else 0.0)
 
 
-def _spread_findings(w: Workload, pool: Pool, per_node: int | None) -> list[Finding]:
+def _spread_findings(w: Workload, pool: Pool) -> list[Finding]:
     spread = _zone_spread(w.spec)
     if spread is None or pool.zones is None:
         return []
