@@ -149,3 +149,6 @@ def test_tune_suggests_the_nearest_gpu(capsys: pytest.CaptureFixture[str]) -> No
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --gpu: 'a10' is not a known GPU (did you mean 'a10g'?); to add one, add it to "
                           "templates/compat/gpus.yaml"), err
+    assert cli.main(["tune", "--model", "Qwen/Qwen3-8B", "--gpu", "h100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --gpu: 'h100' is not a known GPU (did you mean 'h100-80gb'?)"), err
