@@ -49,10 +49,13 @@ def test_a_pool_max_restarts_every_ray_serve_model_and_drifts_no_node(prod: dict
 
 def test_an_instance_type_change_drifts_the_pool_and_restarts_ray(prod: dict[str, Any], tmp_path: Path) -> None:
     found = effects_of(prod, lambda c: pool(c, "l4").update(instanceType="g6.4xlarge"), tmp_path)
-    assert found[0] == ("NodePool nodepool-l4: Karpenter replaces every node of the pool (drift), as its disruption "
+    # embed's pods ask for the larger node's CPU and memory: a new pod template, so they roll too
+    assert found[0].startswith("Deployment deployment-llm-embed: every pod is replaced with the new pod template")
+    assert "(caused by spec.template.spec.containers[0].resources.limits.cpu" in found[0]
+    assert found[1] == ("NodePool nodepool-l4: Karpenter replaces every node of the pool (drift), as its disruption "
                         "budget allows; their pods move")
-    assert found[1].startswith("RayService rayservice-llm-llm: KubeRay starts a new Ray cluster")
-    assert "workerGroupSpecs[1].template.spec.containers[0].resources" in found[1] and len(found) == 2
+    assert found[2].startswith("RayService rayservice-llm-llm: KubeRay starts a new Ray cluster")
+    assert "workerGroupSpecs[1].template.spec.containers[0].resources" in found[2] and len(found) == 3
 
 
 def test_a_renamed_model_tells_its_clients(prod: dict[str, Any], tmp_path: Path) -> None:
@@ -189,3 +192,48 @@ def test_a_ray_models_larger_max_waits_for_the_next_ray_cluster(prod: dict[str, 
         "RayService rayservice-llm-llm: KubeRay does not apply spec.rayClusterConfig.workerGroupSpecs[0].maxReplicas "
         "to the running Ray cluster (worker counts, tolerations and scheduling gates alone start no new cluster and "
         "update none): the Ray autoscaler keeps the old bounds until a change that starts a new cluster"]
+
+
+# --- a pod template that changes rolls every pod (issue 36) ------------------------------------------------------
+
+VLLM_DIGEST = "vllm/vllm-openai:v0.33.0@sha256:" + "a" * 64
+
+
+def test_an_image_change_rolls_every_pod_of_the_deployment(prod: dict[str, Any], tmp_path: Path) -> None:
+    """The vLLM image pinned by digest: embed's Deployment replaces its pods (the one Triarch object whose pods run
+    that image on prod; the Ray models run ray-llm). On one-GPU L4 nodes with no GPU to spare its rolling update
+    stops an old replica before the new one starts (maxSurge 0, maxUnavailable 1)."""
+    found = effects_of(prod, lambda c: c.update({"triarch:images": {"vllm": VLLM_DIGEST}}), tmp_path)
+    assert found == ["Deployment deployment-llm-embed: every pod is replaced onto the new image, one rolling update "
+                     "(maxSurge 0, maxUnavailable 1: each old replica stops before its replacement starts, so fewer "
+                     "serve until each new one is Ready); each new replica starts cold before it serves (caused by "
+                     "spec.template.spec.containers[0].image)"]
+
+
+def test_any_pod_template_change_rolls_the_pods_and_metadata_alone_does_not() -> None:
+    """A changed engine arg rolls the pods as an image does; a label on the Deployment itself rolls nothing."""
+    from triarch.diff import Diff, Difference
+    deployment = "kubernetes:apps/v1:Deployment"
+    head = {"resources": [{"urn": "u", "type": deployment, "name": "d", "inputs": {"spec": {"strategy": {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}}}}]}
+    args = Difference("changed", deployment, "d", "u", ["spec.template.spec.containers[0].args[3]"], False, "")
+    assert traffic_effects(Diff([args]), head, head, None, None) == [
+        "Deployment d: every pod is replaced with the new pod template, one rolling update (maxSurge 1, "
+        "maxUnavailable 0: new replicas start before old ones stop); each new replica starts cold before it serves "
+        "(caused by spec.template.spec.containers[0].args[3])"]
+    label = Difference("changed", deployment, "d", "u", ["metadata.labels.team", "spec.replicas"], False, "")
+    assert traffic_effects(Diff([label]), head, head, None, None) == []
+
+
+def test_an_image_change_rolls_every_group_of_a_leaderworkerset(shipped: dict[str, StackPlan], tmp_path: Path) -> None:
+    """large's DeepSeek-V3 spans two nodes as one LeaderWorkerSet group: the group is what rolls, one more group
+    first (maxSurge 1, maxUnavailable 0)."""
+    base = document(shipped["large"])
+    config = stack_document("large")
+    config["triarch:images"] = {"vllm": VLLM_DIGEST}
+    head = document(plan_config("large", config, tmp_path))
+    found = [e for e in traffic_effects(diff_plans(base, head), base, head, None, None) if "LeaderWorkerSet" in e]
+    assert found == ["LeaderWorkerSet leaderworkerset-llm-deepseek: every pod group is replaced onto the new image, "
+                     "one rolling update (maxSurge 1, maxUnavailable 0: new groups start before old ones stop); each "
+                     "new group starts cold before it serves (caused by spec.leaderWorkerTemplate.leaderTemplate.spec"
+                     ".containers[0].image, spec.leaderWorkerTemplate.workerTemplate.spec.containers[0].image)"]

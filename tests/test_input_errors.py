@@ -204,6 +204,8 @@ def test_an_adopted_pool_said_to_start_empty_still_needs_a_provisioner(tmp_path:
 @pytest.mark.parametrize(("key", "typed", "meant", "data"), [
     ("gpu", "a10", "a10g", "templates/compat/gpus.yaml"),
     ("gpu", "rtx-4060", "rtx-4060-laptop", "templates/compat/gpus.yaml"),
+    ("gpu", "h100", "h100-80gb", "templates/compat/gpus.yaml"),  # its family, not the h200 a character closer
+    ("gpu", "a100", "a100-80gb", "templates/compat/gpus.yaml"),
 ])
 def test_an_unknown_gpu_suggests_the_nearest_and_how_to_add_one(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                 key: str, typed: str, meant: str, data: str) -> None:

@@ -635,3 +635,77 @@ def test_a_watchs_documents_come_whole_whatever_the_chunks() -> None:
     assert seen == [(3, {"data": {"tls.crt": "YQ=="}, "kind": "Secret"}),
                     (4, {"data": {"tls.crt": "Yg==", "tls.key": "Yw=="}, "kind": "Secret"})]
     assert list(json_documents([b"  \n"])) == []
+
+
+# --- planes per user and host (issue 36) ------------------------------------------------------------------------
+
+def as_user(monkeypatch: pytest.MonkeyPatch, user: str, host: str) -> None:
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    monkeypatch.setattr("getpass.getuser", lambda: user)
+    monkeypatch.setattr("socket.gethostname", lambda: host)
+
+
+def plane_state(root: Path, name: str, owner: dict[str, str] | None) -> None:
+    """A plane's state as `triarch local up` records it (the part the commands that name no plane read)."""
+    (root / name).mkdir(parents=True)
+    (root / name / "plane.json").write_text(json.dumps(
+        {"name": name, **({"owner": owner} if owner else {}), "netns": {"mode": "root", "name": f"triarch-{name}"}}))
+
+
+def test_a_planes_default_name_is_the_stacks_the_users_and_the_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from triarch.local.plane import default_name
+
+    as_user(monkeypatch, "Ana", "GPU_Box.example.org")
+    assert default_name("lab") == "lab-ana-gpu-box"
+    monkeypatch.setenv("SUDO_USER", "bo")  # `sudo triarch local up`: the plane is the user's who ran sudo
+    assert default_name("fresh") == "fresh-bo-gpu-box"
+
+
+def test_up_names_the_plane_per_user_and_host_unless_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from triarch.cli import main
+    from triarch.local.plane import Plane, PlaneSpec
+
+    for folder in ("kuberay-v1.7.0", "prometheus-operator-v0.93.1/crds"):
+        reference_dir(folder)  # the lab stack's existing components' CRDs, from the reference cache
+    as_user(monkeypatch, "ana", "gpubox")
+    started: list[PlaneSpec] = []
+
+    def up(spec: PlaneSpec) -> Plane:
+        started.append(spec)
+        return Plane(spec.name, tmp_path / spec.name)
+
+    monkeypatch.setattr("triarch.local.lifecycle.up", up)
+    assert main(["local", "up", "--stack", "lab"]) == 0
+    assert main(["local", "up", "--stack", "lab", "--name", "mine"]) == 0
+    assert [s.name for s in started] == ["lab-ana-gpubox", "mine"]
+    assert started[0].context == "triarch-lab"  # the context the stack names, whatever the plane's name
+    assert "triarch local down --name lab-ana-gpubox" in capsys.readouterr().out
+
+
+def test_down_and_exec_without_a_name_take_the_users_one_plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Another user's plane (a shared state root) and another host's (a home shared between hosts) are not the
+    user's: `down` and `exec` as the README writes them take the user's own; a plane recorded before owners were is
+    taken as the user's."""
+    from triarch.cli import main
+
+    monkeypatch.setenv("TRIARCH_LOCAL_HOME", str(tmp_path))
+    as_user(monkeypatch, "ana", "gpubox")
+    plane_state(tmp_path, "lab-bo-gpubox", {"user": "bo", "host": "gpubox"})
+    plane_state(tmp_path, "lab-ana-other", {"user": "ana", "host": "other"})
+    assert main(["local", "down"]) == 1
+    assert capsys.readouterr().err == ("error: no local plane of ana@gpubox is up (others' are: lab-ana-other, "
+                                       "lab-bo-gpubox); start one with `triarch local up --stack lab`, or name one "
+                                       "with --name\n")
+    plane_state(tmp_path, "lab-ana-gpubox", {"user": "ana", "host": "gpubox"})
+    calls: list[tuple[str, Any]] = []
+    monkeypatch.setattr("triarch.local.lifecycle.down", lambda name: calls.append(("down", name)))
+    monkeypatch.setattr("triarch.local.lifecycle.exec_in", lambda name, argv: calls.append(("exec", name)) or 0)
+    assert main(["local", "exec", "--", "kubectl", "get", "nodes"]) == 0
+    assert main(["local", "down"]) == 0
+    assert calls == [("exec", "lab-ana-gpubox"), ("down", "lab-ana-gpubox")]
+    plane_state(tmp_path, "lab", None)  # up before planes recorded an owner: the user's too
+    assert main(["local", "down"]) == 1
+    assert capsys.readouterr().err == ("error: 2 local planes of ana@gpubox are up (lab, lab-ana-gpubox); name one "
+                                       "with --name\n")

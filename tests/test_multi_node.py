@@ -26,7 +26,7 @@ from conftest import (
 from test_placement import resources
 from test_stack_checks import refusal
 from test_workloads import names_in
-from triarch.catalog import catalog
+from triarch.catalog import Gpu, catalog
 from triarch.config import from_pulumi_config
 from triarch.guardrails.placement import prove
 from triarch.offline import read_stack_config
@@ -88,6 +88,21 @@ def test_a_model_one_node_cannot_hold_spans_the_fewest_whole_nodes() -> None:
 def test_a_model_one_node_holds_stays_on_one_node() -> None:
     sizing = tune_nodes(load_arch("Qwen/Qwen3-8B"), H100, gpus_per_node=8, max_nodes=4)
     assert (sizing.nodes, sizing.pipeline_parallel_size, sizing.tensor_parallel_size) == (1, 1, 1)
+
+
+def test_nodes_are_never_added_for_the_pessimistic_end_of_the_estimate() -> None:
+    """Llama 3.1 70B on 8 GPUs of 24,000 MiB: TP 8 on one node holds a request of 8,192 tokens nominally, none at
+    the pessimistic end. A second node is a choice of cost, as for a longer context: the one-node shape comes back
+    sized for the nominal end (which `triarch plan` refuses); two nodes asked for hold it at the pessimistic end."""
+    arch = load_arch("meta-llama/Llama-3.1-70B-Instruct")
+    small = Gpu("test-24000", "Test GPU 24000 MiB", "test", "9.0", 24000, "12.0", True, None)
+    one = tune_nodes(arch, small, gpus_per_node=8, max_nodes=3, max_model_len=8192)
+    assert (one.tensor_parallel_size, one.nodes, one.sized_for, one.kv_cache_tokens_low) == (8, 1, "nominal", 0)
+    assert one.fits_instead == ()  # no larger TP within a node, no shorter request, no fp8 fits there
+    two = tune_nodes(arch, small, gpus_per_node=8, max_nodes=3, max_model_len=8192, tensor_parallel_size=8,
+                     pipeline_parallel_size=2)
+    assert (two.tensor_parallel_size, two.pipeline_parallel_size, two.nodes, two.sized_for) == (8, 2, 2,
+                                                                                               "pessimistic")
 
 
 def test_a_model_too_large_for_the_pools_max_names_the_nodes_it_needs() -> None:

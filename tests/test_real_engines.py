@@ -5,9 +5,11 @@ The assertions read the cluster (kubectl) and Pulumi's own state, never Triarch'
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from engine_tier import (
 )
 from triarch.local import engines, netns
 from triarch.local.lifecycle import down, up
-from triarch.local.plane import PlaneError, PlaneSpec
+from triarch.local.plane import PlaneError, PlaneSpec, only_plane
 from triarch.scheduling import POOL_LABEL
 
 SERVING = "llm"
@@ -286,6 +288,9 @@ def test_down_ends_every_process_of_the_plane(tmp_path: Path, monkeypatch: pytes
     made = recording_namespaces(monkeypatch)
     plane = up(PlaneSpec(name, "ctx", []), log=lambda _: None)
     try:
+        # whose it is: `down` and `exec` naming no plane take the user's own (issue 36)
+        assert plane.state()["owner"] == {"user": getpass.getuser(), "host": socket.gethostname().split(".")[0]}
+        assert only_plane() == name
         with pytest.raises(PlaneError, match=rf"local plane '{name}' is already up"):
             up(PlaneSpec(name, "ctx", []), log=lambda _: None)
         # A process anyone started in the namespace (a port-forward left behind, say) ends too, even one that

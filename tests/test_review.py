@@ -328,3 +328,23 @@ def test_the_comment_says_which_release_each_pulled_image_is(tmp_path: Path, pro
     assert f"- `vllm`: `{pulled}` is `vllm/vllm-openai:v0.33.0`" in text
     assert "- `kuberayOperator` (kuberay-operator): `quay.io/kuberay/operator:v1.7.0` is " \
            "`quay.io/kuberay/operator:v1.7.0`" in text
+
+
+def test_the_comment_says_an_image_change_rolls_the_pods(tmp_path: Path, prod_plan: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The vLLM image pinned by digest on prod: no resource is added or replaced, yet every embed pod restarts; the
+    comment says so among the effects on running traffic (issue 36)."""
+    root = review_dir(tmp_path, prod_plan)
+    config = stack_document("prod")
+    config["triarch:images"] = {"vllm": "vllm/vllm-openai:v0.33.0@sha256:" + "a" * 64}
+    (tmp_path / "edited").mkdir()
+    head = write_stack_file(tmp_path / "edited" / "Pulumi.prod.yaml", config)
+    capsys.readouterr()
+    assert cli.main(["diff", "--base", str(prod_plan), "--stack-file", str(head), "--format", "json"]) == 0
+    effects = json.loads(capsys.readouterr().out)["effects"]
+    written = json.loads((root / "diff" / "prod.json").read_text(encoding="utf-8"))
+    (root / "diff" / "prod.json").write_text(json.dumps({**written, "effects": effects}), encoding="utf-8")
+    text = review_markdown(root, "a" * 40, "b" * 40)
+    assert "**Effects on running traffic:**" in text
+    assert ("- Deployment deployment-llm-embed: every pod is replaced onto the new image, one rolling update "
+            "(maxSurge 0, maxUnavailable 1: each old replica stops before its replacement starts") in text

@@ -274,3 +274,49 @@ def test_plans_are_deterministic(shipped: dict[str, StackPlan], tmp_path: Path) 
     second = [(r.type, r.name, json.dumps(r.inputs, sort_keys=True)) for r in again.resources]
     assert sorted(first) == sorted(second)
     assert yaml.safe_dump(shipped["prod"].objects("RayService")) == yaml.safe_dump(again.objects("RayService"))
+
+
+# --- never yes to what may not start (issue 36) ------------------------------------------------------------------
+
+def _llama_70b_on_a100(**model: Any) -> dict[str, Any]:
+    """prod with its chat model swapped for Llama 3.1 70B (8 x A100 80 GB per node, up to 2 nodes)."""
+    config = stack_document("prod")
+    chat = config["triarch:models"][1]
+    chat.pop("tensorParallelSize")
+    chat.pop("maxModelLen")
+    chat.update(model="meta-llama/Llama-3.1-70B-Instruct", autoscaling={"min": 1, "max": 2}, **model)
+    return config
+
+
+def test_a_model_that_fits_only_at_the_nominal_end_is_refused_with_what_fits(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refusal(tmp_path, _llama_70b_on_a100(tensorParallelSize=2), capsys)
+    assert line == ("triarch:models[1]: 'meta-llama/Llama-3.1-70B-Instruct' may not start on node group 'a100' "
+                    "(NVIDIA A100-SXM4-80GB): at the pessimistic end of the memory estimate one request of "
+                    "max_model_len 8192 does not fit (0 tokens of KV cache at tensorParallelSize 2): vLLM may refuse "
+                    "to start; allowed: what fits there: tensorParallelSize: 4")
+
+
+def test_a_length_asked_for_that_fits_only_nominally_is_refused_with_a_shorter_one_and_fp8(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Qwen3-8B on prod's one-L4 nodes: 17,936 tokens fit one request at the pessimistic end (test_tuner)."""
+    config = stack_document("prod")
+    config["triarch:models"][2]["maxModelLen"] = 20000
+    line = refusal(tmp_path, config, capsys)
+    assert line.startswith("triarch:models[2]: 'Qwen/Qwen3-8B' may not start on node group 'l4' (NVIDIA L4)"), line
+    assert line.endswith("allowed: what fits there: maxModelLen: 17936, kvCacheDtype: fp8 or more GPUs per replica "
+                         "(a pool with more GPUs per node, or more nodes with pipelineParallelSize)"), line
+
+
+def test_the_70b_left_to_the_tuner_plans_at_four_gpus_with_a_length_that_fits_at_the_pessimistic_end(
+        tmp_path: Path) -> None:
+    from triarch.catalog import catalog
+    from triarch.config import from_pulumi_config
+    from triarch.offline import read_stack_config
+    from triarch.planners.models import plan_models
+
+    path = write_stack_file(tmp_path / "Pulumi.llama.yaml", _llama_70b_on_a100())
+    [chat] = [m for m in plan_models(from_pulumi_config(read_stack_config(path)[0]), catalog()) if m.name == "chat"]
+    sizing = chat.sizing
+    assert sizing.tensor_parallel_size == 4 and chat.gpus_per_replica == 4 and sizing.sized_for == "pessimistic"
+    assert sizing.max_model_len is not None and sizing.kv_cache_tokens_low >= sizing.max_model_len

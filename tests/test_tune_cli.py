@@ -115,3 +115,22 @@ def test_a_refusal_proposes_the_flags_of_triarch_tune(capsys: pytest.CaptureFixt
     err = capsys.readouterr().err
     assert "--kv-cache-dtype fp8" in err and "--nodes" in err and "--max-model-len" in err
     assert "gpus_available" not in err and "kv_cache_dtype='fp8'" not in err
+
+
+def test_tune_says_which_end_of_the_estimate_it_sized_for(capsys: pytest.CaptureFixture[str]) -> None:
+    """The 70B on A100s: the search goes on to TP 4, where one request fits at the pessimistic end; a TP 2 asked for
+    is answered at the nominal end only, with what `triarch plan` refuses it for and what fits, in tune's flags."""
+    assert main(["tune", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "a100-80gb"]) == 0
+    out = capsys.readouterr().out
+    assert "tensor_parallel_size=4;" in out
+    assert "  sized for the pessimistic end of the estimate: the engine args start there too\n" in out
+    assert main(["tune", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "a100-80gb",
+                 "--tensor-parallel-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert ("  sized for the nominal end only: at the pessimistic end of the memory estimate one request of "
+            "max_model_len 8192 does not fit (0 tokens of KV cache at tensor_parallel_size=2): vLLM may refuse to "
+            "start; triarch plan refuses it; what fits there: --tensor-parallel-size 4\n") in out
+    assert "the engine args start there too" not in out
+    assert main(["tune", "--model", "Qwen/Qwen3-8B", "--gpu", "l4", "--gpus", "1", "--max-model-len", "20000"]) == 0
+    assert ("what fits there: --max-model-len 17936, --kv-cache-dtype fp8 or more GPUs per replica (--gpus, or more "
+            "nodes with --nodes)\n") in capsys.readouterr().out

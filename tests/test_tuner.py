@@ -200,9 +200,12 @@ def test_70b_on_one_8gb_gpu_is_refused_with_numbers() -> None:
 def test_picks_the_smallest_tp_that_fits() -> None:
     arch = load_arch("meta-llama/Llama-3.1-70B-Instruct")
     sizing = tune(arch, gpu("a100-80gb"), max_model_len=8192)
-    assert sizing.tensor_parallel_size == 2  # 131 GiB of weights cannot fit on one 80 GB GPU
-    assert sizing.engine_args["tensor_parallel_size"] == 2
-    assert sizing.max_model_len == 8192 and sizing.kv_cache_tokens >= 8192
+    # 131 GiB of weights cannot fit on one 80 GB GPU; on two, one request fits only at the nominal end of the memory
+    # estimate (tests below): four is the smallest that holds it at the pessimistic end.
+    assert sizing.tensor_parallel_size == 4
+    assert sizing.engine_args["tensor_parallel_size"] == 4
+    assert sizing.max_model_len == 8192 and sizing.kv_cache_tokens_low >= 8192
+    assert sizing.sized_for == "pessimistic"
     one = tune(load_arch(LLAMA3_8B), gpu("a100-80gb"))
     assert one.tensor_parallel_size == 1
 
@@ -506,8 +509,54 @@ def test_a_release_the_tuner_does_not_model_takes_the_worst_modelled_overheads()
     assert lows["0.19.0"] != lows["0.29.0"]  # the releases differ (graphs before the KV cache from 0.29)
 
 
-def test_a_length_asked_for_that_only_fits_nominally_is_kept_and_said() -> None:
-    sizing = tune(load_arch("meta-llama/Llama-3.1-70B-Instruct"), gpu("a100-80gb"), max_model_len=8192)
+# --- never yes to what may not start (issue 36) ------------------------------------------------------------------
+
+LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
+
+
+def test_the_70b_on_a100_is_sized_for_the_pessimistic_end() -> None:
+    """The README's promise: a derived max_model_len fits at the pessimistic end. On two A100s the 70B's 65.7 GiB of
+    weights per GPU leave a KV cache nominally and none at the pessimistic end, so the search goes on to four."""
+    sizing = tune(load_arch(LLAMA_70B), gpu("a100-80gb"))
+    assert sizing.tensor_parallel_size == 4 and sizing.sized_for == "pessimistic"
+    assert sizing.max_model_len is not None and sizing.kv_cache_tokens_low >= sizing.max_model_len
+    assert sizing.fits_instead == ()
+
+
+def test_a_tensor_parallel_size_that_holds_a_request_only_nominally_says_what_fits() -> None:
+    sizing = tune(load_arch(LLAMA_70B), gpu("a100-80gb"), tensor_parallel_size=2, max_model_len=8192)
     assert sizing.tensor_parallel_size == 2 and sizing.max_model_len == 8192
-    [note] = [n for n in sizing.notes if "pessimistic end" in n]
-    assert "vLLM may refuse to start" in note and "tensor_parallel_size=4 holds it there" in note
+    assert sizing.kv_cache_tokens >= 8192 and sizing.kv_cache_tokens_low == 0
+    assert sizing.sized_for == "nominal"
+    # no shorter request and no fp8 KV cache fits in memory the weights already overrun: only more GPUs
+    assert sizing.fits_instead == (("tensor_parallel_size", 4),)
+    assert sizing.shortfall() == ("at the pessimistic end of the memory estimate one request of max_model_len 8192 "
+                                  "does not fit (0 tokens of KV cache at tensor_parallel_size=2): vLLM may refuse "
+                                  "to start")
+
+
+def test_a_length_that_fits_only_nominally_gets_a_shorter_one_and_fp8_proposed() -> None:
+    """Qwen3-8B on one L4: 17,952 KV tokens at the pessimistic end (1,122 blocks of 16); one block is vLLM's null
+    block, so the longest request that fits there is 1,121 x 16 = 17,936 tokens; fp8 halves what a token takes."""
+    sizing = tune(load_arch("Qwen/Qwen3-8B"), gpu("l4"), gpus_available=1, max_model_len=20000)
+    assert sizing.kv_cache_tokens_low == 17952 and sizing.sized_for == "nominal"
+    assert sizing.fits_instead == (("max_model_len", 17936), ("kv_cache_dtype", "fp8"))
+    assert tune(load_arch("Qwen/Qwen3-8B"), gpu("l4"), gpus_available=1, max_model_len=17936).sized_for == (
+        "pessimistic")
+    assert tune(load_arch("Qwen/Qwen3-8B"), gpu("l4"), gpus_available=1, max_model_len=17937).sized_for == "nominal"
+
+
+def test_a_derived_length_is_cut_to_the_pessimistic_end_not_kept_nominal() -> None:
+    """Qwen3-8B on one 20,600 MiB GPU: the KV cache holds 13,424 tokens nominally and 5,008 (313 blocks, one of
+    them the null block) at the pessimistic end. The derived max_model_len is what one request may take there,
+    312 x 16 = 4,992, below the 8,192 the search aims at but above a typical request: never left at 8,192."""
+    sizing = tune(load_arch("Qwen/Qwen3-8B"), custom_gpu(20600), gpus_available=1)
+    assert (sizing.kv_cache_tokens, sizing.kv_cache_tokens_low) == (13424, 5008)
+    assert sizing.max_model_len == 4992 and sizing.sized_for == "pessimistic"
+    assert ("max_model_len 40960 capped to 4992: the KV cache holds 5008 tokens at the pessimistic end of the memory "
+            "estimate (13424 nominally) at tensor_parallel_size=1") in sizing.notes
+    # Below a typical request (2,048 tokens) such a length serves nobody: nominal, and said (fp8's twice 1,088
+    # tokens are still short of 8,192).
+    short = tune(load_arch("Qwen/Qwen3-8B"), custom_gpu(20000), gpus_available=1)
+    assert (short.max_model_len, short.kv_cache_tokens_low, short.sized_for) == (8192, 1088, "nominal")
+    assert short.fits_instead == (("max_model_len", 1072),)

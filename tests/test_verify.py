@@ -207,8 +207,9 @@ def test_a_healthy_vllm_server_passes_and_each_fault_fails(serve: Any) -> None:
 KUBECTL = """#!{python}
 import json, pathlib, sys
 args = [a for a in sys.argv[1:]]
-if "--context" in args:
-    i = args.index("--context"); del args[i:i + 2]
+for flag in ("--kubeconfig", "--context"):
+    if flag in args:
+        i = args.index(flag); del args[i:i + 2]
 recorded = pathlib.Path({recorded!r})
 if args[:2] == ["get", "--raw"]:
     print("ok"); sys.exit(0)
@@ -240,11 +241,60 @@ def test_verify_end_to_end_against_recorded_answers(tmp_path: Path, serve: Any, 
     assert "FAIL vLLM server embed: /health answered 503 -> kubectl" in capsys.readouterr().out
 
 
-def test_verify_skips_with_the_reason_when_no_cluster_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+UNREACHABLE = """#!/bin/sh
+echo "$@" >> {calls}
+echo 'error: context "my-eks" does not exist' >&2
+exit 1
+"""
+
+
+def unreachable_kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A kubectl that reaches no cluster (as for a context that does not exist), writing down how it was called."""
+    calls = tmp_path / "calls"
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(UNREACHABLE.format(calls=calls))
+    kubectl.chmod(kubectl.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def test_verify_fails_on_a_named_cluster_it_cannot_reach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A typo in CI's --context must not pass verification: exit 1, one line naming the context and kubectl's
+    reason."""
+    unreachable_kubectl(tmp_path, monkeypatch)
+    assert main(["verify", "--stack", "prod", "--context", "my-eks"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == ("error: verify prod: cannot reach the cluster of context 'my-eks' (--context): kubectl "
+                            'get --raw /readyz: error: context "my-eks" does not exist; name a context that reaches '
+                            "it (--context), or pass --if-reachable to skip a cluster that cannot be reached\n")
+
+
+def test_verify_reaches_an_adopted_cluster_through_the_stacks_kubeconfig_and_context(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    calls = unreachable_kubectl(tmp_path, monkeypatch)
+    assert main(["verify", "--stack", "local"]) == 1
+    assert "cluster of context 'triarch-local' (triarch:cluster.context)" in capsys.readouterr().err
+    kubeconfig = os.path.expanduser("~/.kube/config")  # stacks/Pulumi.local.yaml's
+    assert calls.read_text().splitlines() == [f"--kubeconfig {kubeconfig} --context triarch-local get --raw /readyz"]
+    # another context given: kubectl's own kubeconfig, not the stack's
+    calls.unlink()
+    assert main(["verify", "--stack", "local", "--context", "other"]) == 1
+    assert calls.read_text().splitlines() == ["--context other get --raw /readyz"]
+    capsys.readouterr()
+    # a created cluster names no context: kubectl's current one, said so
+    assert main(["verify", "--stack", "prod"]) == 1
+    assert "cannot reach the cluster of kubectl's current context: " in capsys.readouterr().err
+
+
+def test_verify_skips_an_unreachable_cluster_only_when_asked_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no kubectl at all
-    assert main(["verify", "--stack", "local"]) == 0
-    assert "skipped, no cluster reachable (kubectl is not on the PATH)" in capsys.readouterr().err
+    assert main(["verify", "--stack", "local"]) == 1
+    assert "(triarch:cluster.context): kubectl is not on the PATH;" in capsys.readouterr().err
+    assert main(["verify", "--stack", "local", "--if-reachable"]) == 0
+    assert capsys.readouterr().err == "verify local: skipped, no cluster reachable (kubectl is not on the PATH)\n"
 
 
 def test_a_bad_endpoint_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,7 +2,8 @@
 resource tables do not show. A renamed cluster takes every Kubernetes object to a new one. KubeRay starts a whole
 new Ray cluster when the cluster's spec changes (every Ray Serve model restarts there), Karpenter replaces the
 nodes of a pool whose template drifts or whose AMI alias follows an upgraded control plane, EKS rolls a managed
-node group, clients lose a Service name or a Ray Serve route, and Pulumi deletes last, so a model's old replicas
+node group, a workload whose pod template changes (an image bump) replaces every pod, clients lose a Service
+name or a Ray Serve route, and Pulumi deletes last, so a model's old replicas
 hold their GPUs while its new ones start; Ray Serve, told a new serveConfigV2, starts the new applications as it
 stops the removed ones, within its worker groups' maxReplicas. Pure: the diff, both plans and both capacity
 reports in, sentences out."""
@@ -33,6 +34,18 @@ GenerateHashWithoutReplicasAndWorkersToDelete, 1.6.2 and 1.7.0 alike). A change 
 cluster, and is not applied to the running one either (rayservice_controller.go, shouldUpdateCluster: equal hashes,
 nothing to update): it takes effect with the next new cluster. Any other change of the cluster's spec makes KubeRay
 start a new Ray cluster and switch to it once it serves (its zero-downtime upgrade)."""
+POD_TEMPLATES = {
+    "kubernetes:apps/v1:Deployment": ("spec.template",),
+    "kubernetes:apps/v1:StatefulSet": ("spec.template",),
+    "kubernetes:apps/v1:DaemonSet": ("spec.template",),
+    "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet": ("spec.leaderWorkerTemplate.leaderTemplate",
+                                                              "spec.leaderWorkerTemplate.workerTemplate"),
+}
+"""Where each workload keeps its pods' template: a change there (an image, an arg, a label) makes the controller
+replace every pod, as a rolling update (Kubernetes docs, Deployments: "A Deployment's rollout is triggered if and
+only if the Deployment's Pod template (that is, .spec.template) is changed"; LeaderWorkerSet v0.10.0 rolls whole
+groups on a change of either template)."""
+IMAGE = re.compile(r"\.(containers|initContainers)\[\d+\]\.image$")
 NODE_GROUP_ROLL = ("launchTemplate", "releaseVersion", "version", "amiType", "instanceTypes")
 """Managed node group inputs EKS applies by replacing the group's nodes one by one (an update, not a new group)."""
 
@@ -78,6 +91,34 @@ def _pool_effects(difference: Difference) -> list[str]:
         return [f"node group {difference.name}: a new group comes up, then the old one drains and goes; every pod "
                 "there moves (the Ray heads run on the system nodes)"]
     return []
+
+
+def _rollout(difference: Difference, head: Mapping[str, Any]) -> list[str]:
+    """A workload whose pod template changes replaces every pod (an image bump most often): each new replica
+    starts cold, and how many serve meanwhile is the rollout strategy's (read from the head's inputs)."""
+    templates = POD_TEMPLATES.get(difference.type, ())
+    paths = [p for p in difference.inputs if any(p.startswith(t + ".") for t in templates)]
+    if not paths:
+        return []
+    images = [p for p in paths if IMAGE.search(p)]
+    inputs: Mapping[str, Any] = next((r["inputs"] for r in head["resources"] if r["urn"] == difference.urn), {})
+    spec = inputs.get("spec") or {}
+    group = difference.type.endswith("LeaderWorkerSet")
+    rolling = ((spec.get("rolloutStrategy") or {}).get("rollingUpdateConfiguration") if group
+               else (spec.get("strategy") or {}).get("rollingUpdate")) or {}
+    surge, unavailable = rolling.get("maxSurge"), rolling.get("maxUnavailable")
+    unit = "group" if group else "replica"
+    if surge is None and unavailable is None:
+        how = "as the controller's default rolling update allows"
+    elif str(surge) in ("0", "0%"):
+        how = (f"maxSurge {surge}, maxUnavailable {unavailable}: each old {unit} stops before its replacement "
+               f"starts, so fewer serve until each new one is Ready")
+    else:
+        how = f"maxSurge {surge}, maxUnavailable {unavailable}: new {unit}s start before old ones stop"
+    kind = difference.type.rsplit(":", 1)[-1]
+    what = "onto the new image" if images else "with the new pod template"
+    return [f"{kind} {difference.name}: every {'pod group' if group else 'pod'} is replaced {what}, one rolling "
+            f"update ({how}); each new {unit} starts cold before it serves (caused by {_shown(images or paths)})"]
 
 
 def _upgrade_drift(result: Diff, head: Mapping[str, Any]) -> list[str]:
@@ -211,6 +252,8 @@ def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, An
             continue  # no drift or Ray upgrade in a cluster it leaves: said once above
         if difference.type == RAY_SERVICE and difference.kind in ("changed", "replaced"):
             found += _ray_effects(difference)
+        elif difference.type in POD_TEMPLATES and difference.kind == "changed":
+            found += _rollout(difference, head)
         elif difference.kind in ("changed", "replaced"):
             found += _pool_effects(difference)
     gone = sorted(_service_names(base) - _service_names(head))

@@ -25,6 +25,7 @@ def cmd_local_build(args: argparse.Namespace) -> int:
 
 def cmd_local_up(args: argparse.Namespace) -> int:
     from triarch.local.lifecycle import up
+    from triarch.local.plane import default_name
     from triarch.local.stack import spec_for_stack
     from triarch.report.validation import validate_stack_file
 
@@ -34,8 +35,8 @@ def cmd_local_up(args: argparse.Namespace) -> int:
             raise TriarchError(f"{option} {missing[0]}: no such directory")
     name, path = stack_source(args)
     validated = validate_stack_file(name, path)
-    spec = spec_for_stack(args.name or name, validated.stack, [Path(d) for d in args.crds or []], args.all_crds,
-                          args.from_zero, [Path(d) for d in args.charts or []])
+    spec = spec_for_stack(args.name or default_name(name), validated.stack, [Path(d) for d in args.crds or []],
+                          args.all_crds, args.from_zero, [Path(d) for d in args.charts or []])
     plane = up(spec)
     print(f"run commands on it: triarch local exec --name {spec.name} -- kubectl get nodes")
     print(f"bring it down:      triarch local down --name {spec.name}")
@@ -89,7 +90,8 @@ def add_parser(commands: Commands) -> None:
     source = start.add_mutually_exclusive_group()
     source.add_argument("--stack", default="lab", help="a stack of this project (default: lab)")
     source.add_argument("--stack-file", help="any Pulumi stack file")
-    start.add_argument("--name", help="the plane's name (default: the stack's)")
+    start.add_argument("--name", help="the plane's name (default: the stack's, yours and the host's, e.g. "
+                                      "lab-ana-gpubox)")
     start.add_argument("--crds", action="append", metavar="DIR",
                        help="a directory laid out like the reference data, whose charts' CRDs are used before the "
                             "reference cache (`triarch refdata fill`) and the Go modules")
@@ -106,7 +108,7 @@ def add_parser(commands: Commands) -> None:
     start.set_defaults(handler=cmd_local_up)
     run = steps.add_parser("exec", help="run a command inside the plane's network namespace, with KUBECONFIG and "
                                         "the built kubectl and pulumi on the PATH")
-    run.add_argument("--name", help="the plane (default: the only one up)")
+    run.add_argument("--name", help="the plane (default: the only one of yours up on this host)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     run.set_defaults(handler=cmd_local_exec)
     ns = steps.add_parser("netns", help="say how a plane gets its network namespace here (root: ip netns; else "
@@ -114,5 +116,5 @@ def add_parser(commands: Commands) -> None:
                                         "why; exit 1 where none works (TRIARCH_NETNS forces one)")
     ns.set_defaults(handler=cmd_local_netns)
     stop = steps.add_parser("down", help="stop every process of the plane and remove its namespace and state")
-    stop.add_argument("--name", help="the plane (default: the only one up)")
+    stop.add_argument("--name", help="the plane (default: the only one of yours up on this host)")
     stop.set_defaults(handler=cmd_local_down)

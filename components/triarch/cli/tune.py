@@ -4,9 +4,13 @@ command's flags."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from triarch.cli.common import Commands
 from triarch.errors import TriarchError
+
+if TYPE_CHECKING:
+    from triarch.tuner import Sizing
 
 TUNE_FLAGS = (
     ("try more GPUs (gpus_available), a quantized checkpoint, kv_cache_dtype='fp8' or a smaller max_model_len",
@@ -18,6 +22,23 @@ TUNE_FLAGS = (
      "and --max-num-batched-tokens set them yourself"),
 )
 """The tuner's refusal and note hints as `triarch tune`'s flags (a stack says them in stack keys)."""
+
+
+FITS_FLAGS = {"tensor_parallel_size": "--tensor-parallel-size {}", "max_model_len": "--max-model-len {}",
+              "kv_cache_dtype": "--kv-cache-dtype {}"}
+"""What fits at the pessimistic end, as `triarch tune`'s flags."""
+
+
+def sized_for(sizing: Sizing) -> str:
+    """Which end of the memory estimate the engine args start at; at the nominal one only, why not the other and
+    what would (the answer `triarch plan` refuses with)."""
+    if sizing.sized_for == "pessimistic":
+        return "sized for the pessimistic end of the estimate: the engine args start there too"
+    fits = [FITS_FLAGS[key].format(value) for key, value in sizing.fits_instead]
+    if not any(key == "tensor_parallel_size" for key, _ in sizing.fits_instead):
+        fits.append("more GPUs per replica (--gpus, or more nodes with --nodes)")
+    said = ", ".join(fits[:-1]) + f" or {fits[-1]}" if len(fits) > 1 else fits[0]
+    return f"sized for the nominal end only: {sizing.shortfall()}; triarch plan refuses it; what fits there: {said}"
 
 
 def in_flags(message: str) -> str:
@@ -86,8 +107,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"  {line}")
     if sizing.kv_cache_tokens_low < sizing.kv_cache_tokens:
         print(f"  at the pessimistic end of the estimate (every component at its worst calibrated underestimate): "
-              f"{sizing.available_kv_bytes_low / GIB:.2f} GiB, {sizing.kv_cache_tokens_low:,} tokens; the engine "
-              "args start there too")
+              f"{sizing.available_kv_bytes_low / GIB:.2f} GiB, {sizing.kv_cache_tokens_low:,} tokens")
+    print(f"  {sized_for(sizing)}")
     for note in sizing.notes:
         print(f"  note: {in_flags(note)}")
     print("engine args: " + " ".join(f"--{k.replace('_', '-')}={v}" for k, v in sizing.engine_args.items()))

@@ -4,6 +4,7 @@ against the catalog and the cluster."""
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Literal
 
 from pydantic.alias_generators import to_camel
@@ -177,10 +178,23 @@ def check_ami_release(stack: StackConfig, ami_type: str, release_name: str | Non
                           f"version one has ({', '.join(known)}), or add the release with its source")
 
 
+def _family(name: str) -> str:
+    """What a catalog name is a variant of: before its first '-' or '.' (h100-80gb: h100; p5.48xlarge: p5)."""
+    return re.split(r"[-.]", name.lower(), maxsplit=1)[0]
+
+
+def nearest(value: str, known: list[str]) -> str | None:
+    """The known name nearest ``value``, of its own family first: `h100` means an h100-80gb, not the h200 a
+    character closer; `p5.48xl` a p5, not a p4d. Otherwise the closest by spelling, if any is close."""
+    kin = [k for k in known if _family(k) == _family(value)]
+    near = difflib.get_close_matches(value.lower(), kin or known, n=1, cutoff=0.0 if kin else 0.5)
+    return near[0] if near else None
+
+
 def unknown(path: str, value: str, what: str, known: list[str], data_file: str) -> ConfigError:
     """A name the catalog lacks: the nearest known one, every known one, and how to add one."""
-    near = difflib.get_close_matches(value.lower(), known, n=1, cutoff=0.5)
-    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    near = nearest(value, known)
+    hint = f" (did you mean {near!r}?)" if near else ""
     return ConfigError(path, value, f"is not a known {what}{hint}; to add one, add it to {data_file} with the "
                        "source of each figure", ", ".join(known))
 

@@ -46,6 +46,7 @@ from triarch.local.plane import (
     PlaneSpec,
     is_plane_kubeconfig,
     kubeconfig,
+    owner,
     plane,
 )
 
@@ -208,7 +209,8 @@ def up(spec: PlaneSpec, log: Callable[[str], None] = print) -> Plane:
     try:
         def record() -> None:
             p.state_file.write_text(json.dumps(
-                {"name": spec.name, "netns": namespace.state(), "context": spec.context, "pids": pids,
+                {"name": spec.name, "owner": owner(), "netns": namespace.state(), "context": spec.context,
+                 "pids": pids,
                  "kubeconfigCopy": str(spec.kubeconfig_copy) if spec.kubeconfig_copy else None}, indent=1))
 
         record()  # from here on, `down` (or anyone's `exec`) finds the namespace

@@ -4,8 +4,11 @@ state lives (certificates, etcd, logs, kubeconfig, Pulumi's file backend and plu
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import re
+import socket
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -182,16 +185,45 @@ def is_plane_kubeconfig(path: Path) -> bool:
     return bool(clusters) and all(str(c.get("name", "")).startswith("triarch-local-") for c in clusters)
 
 
+def owner() -> dict[str, str]:
+    """Whose a plane is: the user (the one sudo runs for, where it does) on this host. Recorded in its state, so a
+    command that names no plane takes only its user's own."""
+    return {"user": os.environ.get("SUDO_USER") or getpass.getuser(), "host": socket.gethostname().split(".")[0]}
+
+
+def default_name(stack: str) -> str:
+    """A plane's name where none is given: the stack's, the user's and the host's, so two people's planes of one
+    stack on a host (their network namespaces are the host's) or one person's on two hosts sharing a home (its
+    state root) never collide. Lowercase letters, digits and '-' only: it names a namespace and a context too."""
+    who = owner()
+    return re.sub(r"[^a-z0-9]+", "-", f"{stack}-{who['user']}-{who['host']}".lower()).strip("-")
+
+
 def planes_up() -> list[str]:
     root = state_root()
     return sorted(d.name for d in root.iterdir() if (d / "plane.json").is_file()) if root.is_dir() else []
 
 
+def _is_own(name: str) -> bool:
+    """Whether a plane that is up is this user's on this host (one recorded before owners were: taken as it)."""
+    try:
+        recorded = plane(name).state().get("owner")
+    except (PlaneError, ValueError):
+        return False
+    return recorded is None or recorded == owner()
+
+
 def only_plane() -> str:
-    """The plane a command means when it names none: the only one up."""
+    """The plane a command means when it names none: the only one of the user's own up (on this host), whatever
+    other users' or hosts' planes share the state root."""
     up = planes_up()
-    if len(up) == 1:
-        return up[0]
+    mine = [name for name in up if _is_own(name)]
+    if len(mine) == 1:
+        return mine[0]
     if not up:
         raise PlaneError("no local plane is up; start one with `triarch local up --stack lab`")
-    raise PlaneError(f"{len(up)} local planes are up ({', '.join(up)}); name one with --name")
+    who = "{user}@{host}".format(**owner())
+    if not mine:
+        raise PlaneError(f"no local plane of {who} is up (others' are: {', '.join(up)}); start one with "
+                         "`triarch local up --stack lab`, or name one with --name")
+    raise PlaneError(f"{len(mine)} local planes of {who} are up ({', '.join(mine)}); name one with --name")

@@ -18,7 +18,7 @@ from triarch.paths import PROJECT_ROOT
 from triarch.planners.coldstart import check_budget, predict
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.nodegroups import plan_pool
-from triarch.tuner import GIB, LengthRefused, TuneError, load_arch, tune
+from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, load_arch, tune
 from triarch.tuner.nodes import NodesRefused, tune_nodes
 from triarch.tuner.search import LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT
 
@@ -111,10 +111,31 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
         if share > 1:  # more GPUs per node do not help a slice: a bigger slice does
             said = said.replace(STACK_WORDS[0][1], SLICE_HINT)
         raise ConfigError(_model_path(index), model.model, said) from None
+    if sizing.sized_for != "pessimistic":
+        raise _may_not_start(index, model.model, f"node group '{group.name}' ({pool.gpu.product})", sizing,
+                             sliced=share > 1)
     cache = model.cache_gib or max(MIN_CACHE_GIB, math.ceil(2 * sizing.weights_bytes / GIB))
     instance = facts.instances.get(group.instance_type) if group.instance_type else None
     release = images_by_engine(stack, facts)[model.engine]
     return ModelPlan(model, pool, instance, sizing, deployed_images(stack)[model.engine], cache, release=release)
+
+
+FITS_KEYS = {"tensor_parallel_size": "tensorParallelSize: {}", "max_model_len": "maxModelLen: {}",
+             "kv_cache_dtype": "kvCacheDtype: {}"}
+"""What fits at the pessimistic end, as the model's stack keys."""
+
+
+def _may_not_start(index: int, model: str, on: str, sizing: Sizing, *, sliced: bool) -> ConfigError:
+    """A model whose one request fits only at the nominal end of the memory estimate: vLLM may refuse to start
+    it, so the plan does, naming what would fit at the pessimistic end too (the README's promise)."""
+    fits = [FITS_KEYS[key].format(value) for key, value in sizing.fits_instead]
+    if not any(key == "tensor_parallel_size" for key, _ in sizing.fits_instead):
+        fits.append("a bigger slice (fewer timeSlicing replicas per GPU)" if sliced
+                    else "more GPUs per replica (a pool with more GPUs per node, or more nodes with "
+                         "pipelineParallelSize)")
+    said = ", ".join(fits[:-1]) + f" or {fits[-1]}" if len(fits) > 1 else fits[0]
+    return ConfigError(_model_path(index), model, in_stack_words(f"may not start on {on}: {sizing.shortfall()}"),
+                       f"what fits there: {said}")
 
 
 def largest_gpu_use(plan: ModelPlan) -> int:

@@ -63,7 +63,7 @@ def _attempt(arch: ModelArch, gpu: Gpu, gpus_per_node: int, nodes: int, tp: int 
         available = gpus_per_node if t is None else t * p
         try:
             sizing = tune(arch, gpu, tensor_parallel_size=t, pipeline_parallel_size=p,
-                          gpus_available=available, **options)
+                          gpus_available=available, tp_limit=gpus_per_node, **options)
         except LengthRefused:
             raise
         except TuneError as refused:
@@ -86,7 +86,9 @@ def tune_nodes(arch: ModelArch, gpu: Gpu, *, gpus_per_node: int, max_nodes: int,
     """Engine args for ``arch`` on a pool of up to ``max_nodes`` nodes of ``gpus_per_node`` ``gpu``s.
 
     One node first, as :func:`tune` sizes it. A model one node cannot hold gets TP of a whole node (or
-    ``tensor_parallel_size``) and as many pipeline stages as the fewest nodes that hold it need. A given
+    ``tensor_parallel_size``) and as many pipeline stages as the fewest nodes that hold it need. Nodes are never
+    added for the pessimistic end of the memory estimate: a shape that holds one request only nominally comes back
+    sized for the nominal end (``sized_for``), which `triarch plan` refuses, naming more nodes among what fits. A given
     ``pipeline_parallel_size`` is taken as is (TP searched within the node, keeping whole nodes). All of that with
     vLLM's defaults first: :func:`tune`'s remedies (eager mode, a smaller batch) only when no shape within
     ``max_nodes`` holds the model without them, fewest nodes first. Raises

@@ -61,6 +61,18 @@ class Sizing:
     available_kv_bytes_low: int = 0
     moe: bool = False
     """Whether the model routes tokens to experts (its start warms up the MoE kernels too)."""
+    sized_for: str = "pessimistic"
+    """Which end of the memory estimate one request of ``max_model_len`` fits at: ``pessimistic`` (both) or
+    ``nominal`` (only there: vLLM may refuse to start, and `triarch plan` refuses it)."""
+    fits_instead: tuple[tuple[str, int | str], ...] = ()
+    """When sized for the nominal end only: each change (a tuner argument and its value) with which one request
+    fits at the pessimistic end too; empty when none within reach does (more GPUs per replica, then)."""
+
+    def shortfall(self) -> str:
+        """Why a configuration sized for the nominal end only may not start, in the tuner's words."""
+        what = f"one request of max_model_len {self.max_model_len}" if self.max_model_len else "one KV block"
+        return (f"at the pessimistic end of the memory estimate {what} does not fit ({self.kv_cache_tokens_low:,} "
+                f"tokens of KV cache at tensor_parallel_size={self.tensor_parallel_size}): vLLM may refuse to start")
 
     def stage_lines(self) -> list[str]:
         """How a multi-stage replica splits: where the stages run and what each GPU of them holds."""

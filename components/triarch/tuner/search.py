@@ -201,12 +201,16 @@ def tune(
     max_num_batched_tokens: int | None = None,
     vllm_version: str | None = None,
     remedies: bool = True,
+    tp_limit: int | None = None,
 ) -> Sizing:
     """Engine args for serving ``arch`` on GPUs of type ``gpu``.
 
     Tensor parallelism: ``tensor_parallel_size`` if given, else the smallest power of two (dividing the attention
     heads, at most ``gpus_available // pipeline_parallel_size``) whose GPUs hold the weights and the KV cache of one
-    ``max_model_len`` sequence; if none holds a full sequence, the one holding the most tokens. ``max_model_len``
+    ``max_model_len`` sequence at the pessimistic end of the memory estimate, else nominally; if none holds a full
+    sequence, the one holding the most tokens. The answer says which end it was sized for (``sized_for``) and, when
+    only the nominal one, what would fit at the pessimistic end (``fits_instead``; a larger tensor-parallel size
+    up to ``tp_limit`` GPUs, default ``gpus_available // pipeline_parallel_size``). ``max_model_len``
     is capped to the model's maximum and to the KV tokens that fit; when not given it defaults to the context
     ``vllm_version`` derives (:mod:`triarch.tuner.context`), lowered (see :data:`MIN_CONCURRENCY`) so several
     such requests fit. Memory and paging follow that release's rules (None: the default image's vLLM;
@@ -281,10 +285,10 @@ def tune(
     # the worst of them: the largest activation and overheads any modelled release takes.
     pessimists = [release] if release_note is None else list(modelled_releases().values())
 
-    def low(p: Plan) -> Plan:
+    def low(p: Plan, kv_dtype: str = kv_cache_dtype) -> Plan:
         """The same configuration at the pessimistic end of the memory estimate (estimateSpread)."""
         options = [plan_for(arch, total, p.tp, release=r, pp=pipeline_parallel_size, util=gpu_memory_utilization,
-                            kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, task=task,
+                            kv_cache_dtype=kv_dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, task=task,
                             block_size=block_size, longest=ceiling, enforce_eager=p.enforce_eager,
                             max_num_seqs=p.max_num_seqs_cap, max_num_batched_tokens=p.max_num_batched_tokens,
                             spread=spread)
@@ -295,9 +299,10 @@ def tune(
     need = target if target is not None else block_size
 
     def pick(options: list[Plan]) -> Plan | None:
-        """The smallest TP holding one request of ``need`` tokens, else the one holding the longest; None when
-        none holds a block."""
-        found = next((p for p in options if p.fits(need)), None)
+        """The smallest TP holding one request of ``need`` tokens at the pessimistic end (vLLM starts there
+        too), else nominally, else the one holding the longest; None when none holds a block."""
+        found = next((p for p in options if low(p).fits(need)), None) or next((p for p in options if p.fits(need)),
+                                                                               None)
         if found is None:
             usable = [p for p in options if p.fits(block_size)]
             found = max(usable, key=lambda p: (p.longest(need), -p.tp)) if usable else None
@@ -306,7 +311,7 @@ def tune(
     typical = TYPICAL_EMBED_TOKENS if task == "embed" else TYPICAL_CHAT_TOKENS
     # What a remedy must leave room for: the length asked for, else one typical request (or the model's maximum).
     useful = requested_len if requested_len is not None else min(typical, target) if target is not None else typical
-    aim = target  # the length below which the pessimistic end's shorter max_model_len would serve nobody
+    aim = useful  # the length below which the pessimistic end's shorter max_model_len would serve nobody
     picked = pick(plans)
     without: Plan | None = None  # the plan at the chosen TP without the remedy, when one was needed
     if picked is None and remedies:
@@ -320,7 +325,6 @@ def tune(
                            remedied=remedy.plans[-1] if remedy is not None else None)
         without = next(p for p in plans if p.tp == remedy.chosen.tp)
         plans, picked = remedy.plans, remedy.chosen
-        aim = useful
     if picked is None:
         raise _refusal(arch, gpu, plans[-1], util=gpu_memory_utilization, gpus=tp_gpus, pp=pipeline_parallel_size,
                        task=task, block_size=block_size, kv_given=kv_cache_memory_bytes is not None)
@@ -334,9 +338,9 @@ def tune(
             return None
         length = plan.longest(ceiling)
         if requested_len is None:
-            # Down to what one request may hold at the pessimistic end, unless that is below the context the TP
-            # choice aimed at (after a remedy, a useful one): such a length serves nobody, so the nominal one
-            # stays, with a note.
+            # Down to what one request may hold at the pessimistic end, unless that is below a typical request's
+            # length (or the one asked of a remedy): such a length serves nobody, so the nominal one stays, sized
+            # for the nominal end only (which `triarch plan` refuses).
             safe = low(plan).longest(ceiling)
             if aim is None or safe >= min(aim, length):
                 length = min(length, safe)
@@ -375,18 +379,29 @@ def tune(
         held = (f"a pooling request is taken in one step of max_num_batched_tokens {batched} (the KV cache holds "
                 f"{chosen.reported_tokens(final_len)} tokens)"
                 if without is not None and task == "embed" and final_len == batched < chosen.longest(ceiling)
+                else f"the KV cache holds {low(chosen).reported_tokens(final_len)} tokens at the pessimistic end of "
+                     f"the memory estimate ({chosen.reported_tokens(final_len)} nominally)"
+                if final_len == low(chosen).longest(ceiling) < chosen.longest(final_len + 1)
                 else f"the KV cache holds {chosen.reported_tokens(final_len)} tokens")
         notes.append(f"max_model_len {ceiling} capped to {final_len}: {held} at tensor_parallel_size={chosen.tp}")
     concurrency = chosen.concurrency(final_len) if final_len else None
     pessimistic = low(chosen)
-    if final_len is not None and not pessimistic.fits(final_len):
-        # A length the stack asked for, or one the pessimistic end would cut below the target: kept, and said,
-        # with the tensor-parallel size at which it would fit there too.
-        safer = next((p.tp for p in plans if p.tp > chosen.tp and low(p).fits(final_len)), None)
-        notes.append(f"at the pessimistic end of the memory estimate one request of max_model_len {final_len} does "
-                     f"not fit ({pessimistic.reported_tokens(None)} tokens of KV cache): vLLM may refuse to start; "
-                     + (f"tensor_parallel_size={safer} holds it there, or " if safer else "")
-                     + f"a shorter max_model_len, {LENGTH_HINT}")
+    one_request = final_len or block_size
+    fits_instead: list[tuple[str, int | str]] = []
+    if not pessimistic.fits(one_request):
+        # Sized for the nominal end only (a length or tensor-parallel size asked for, or nothing in reach holds a
+        # useful request there): what would fit at the pessimistic end, one change at a time.
+        limit_tp = tp_limit if tp_limit is not None else tp_gpus
+        larger = (plan(t, batched=batched, eager=chosen.enforce_eager) for t in _tp_candidates(arch, limit_tp)
+                  if t > chosen.tp)
+        safer = next((p.tp for p in larger if low(p).fits(one_request)), None)
+        if safer is not None:
+            fits_instead.append(("tensor_parallel_size", safer))
+        shorter = pessimistic.longest(one_request)
+        if final_len is not None and shorter >= block_size:
+            fits_instead.append(("max_model_len", shorter))
+        if kv_cache_dtype != "fp8" and low(chosen, "fp8").fits(one_request):
+            fits_instead.append(("kv_cache_dtype", "fp8"))
 
     args: dict[str, Any] = {"tensor_parallel_size": chosen.tp}
     if pipeline_parallel_size > 1:
@@ -433,4 +448,6 @@ def tune(
         context_limit=limit.tokens if limit is not None else None,
         context_derivation=limit.derivation if limit is not None else "",
         combined_kv_line=release.kv_tokens_reported == "concurrency",
+        sized_for="nominal" if not pessimistic.fits(one_request) else "pessimistic",
+        fits_instead=tuple(fits_instead),
     )

@@ -4,6 +4,7 @@ two ways a cluster fails to answer (skip, or fail)."""
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import subprocess
 import time
@@ -15,7 +16,8 @@ from triarch.planners.vllm import PORT
 
 
 class Unreachable(Exception):
-    """No cluster answers (no kubectl, no context, or the API server does not): verify is skipped."""
+    """No cluster answers (no kubectl, no context, or the API server does not): verify fails, or is skipped
+    where asked to (`--if-reachable`)."""
 
 
 class KubectlFailed(Exception):
@@ -25,14 +27,15 @@ class KubectlFailed(Exception):
 class Cluster:
     """kubectl through testinfra's local host."""
 
-    def __init__(self, context: str | None = None) -> None:
+    def __init__(self, context: str | None = None, kubeconfig: str | None = None) -> None:
         import testinfra  # type: ignore[import-untyped]
 
         self.host = testinfra.get_host("local://")
-        self.context = ["--context", context] if context else []
+        self.context = [*(["--kubeconfig", kubeconfig] if kubeconfig else []), *(["--context", context] if context
+                                                                                 else [])]
 
     def kubectl(self, *args: str) -> str:
-        result = self.host.run(" ".join(["kubectl", *self.context, *args]))
+        result = self.host.run(" ".join(shlex.quote(a) for a in ["kubectl", *self.context, *args]))
         if result.rc != 0:
             raise KubectlFailed(f"kubectl {' '.join(args)}: " + (result.stderr.strip().splitlines()[-1]
                                                                   if result.stderr.strip() else f"exit {result.rc}"))
