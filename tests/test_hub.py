@@ -242,3 +242,20 @@ def test_the_token_is_never_written(loopback: Hub, tmp_path: Path, monkeypatch: 
     written = [p for root in (tmp_path / "out", hub_cache) for p in root.rglob("*") if p.is_file()]
     assert any(p.name == "config.json" for p in written) and any(p.suffix == ".json" for p in written)
     assert not [p for p in written if TOKEN.encode() in p.read_bytes()]
+
+
+def test_a_pinned_branch_reaches_ray_serve_llm_as_the_commit_read(loopback: Hub,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from triarch.catalog import catalog
+    from triarch.config import from_pulumi_config
+    from triarch.planners.models import plan_models
+    from triarch.planners.ray import llm_config
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    document = stack_document("dev")
+    document["triarch:models"] = [{"name": "chat", "model": MISTRAL, "engine": "ray-serve", "nodeGroup": "l4",
+                                   "maxModelLen": 8192, "revision": "main"}]
+    config = {k: v if isinstance(v, str) else json.dumps(v) for k, v in document.items()}
+    (plan,) = plan_models(from_pulumi_config(config), catalog())
+    assert llm_config(plan)["engine_kwargs"]["revision"] == OLD
+    assert llm_config(plan)["model_loading_config"]["model_source"] == MISTRAL
