@@ -14,6 +14,7 @@ import yaml
 from conftest import stack_document
 from hub_server import Hub, Repo, serve
 from triarch import cli, hub
+from triarch.tuner.model_files import hub_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hub"
 MISTRAL = "mistralai/Mistral-7B-Instruct-v0.3"
@@ -105,7 +106,7 @@ def test_the_checkpoint_dtype_fills_a_config_that_names_none(hub_cache: Path, mo
     with serve(Hub(repos)) as served:
         monkeypatch.setenv("HF_ENDPOINT", served.url)
         read = hub.resolve("acme/mistral-f32")
-    assert read.checkpoint_dtype == "float32" and read.config()["torch_dtype"] == "float32"
+    assert read.checkpoint_dtype == "float32" and hub_config(read)["torch_dtype"] == "float32"
 
 
 # --- what the Hub refuses, in one line ---------------------------------------------------------------------
@@ -259,3 +260,18 @@ def test_a_pinned_branch_reaches_ray_serve_llm_as_the_commit_read(loopback: Hub,
     (plan,) = plan_models(from_pulumi_config(config), catalog())
     assert llm_config(plan)["engine_kwargs"]["revision"] == OLD
     assert llm_config(plan)["model_loading_config"]["model_source"] == MISTRAL
+
+
+def test_a_catalog_model_is_read_from_the_hub_only_at_a_pinned_revision(hub_cache: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from triarch.tuner import find_arch
+
+    llama = "meta-llama/Meta-Llama-3-8B"  # in templates/models: 32 layers
+    config = {**json.loads(MISTRAL_CONFIG), "num_hidden_layers": 2}
+    repos = {llama: Repo(refs={"v1": NEW}, commits={NEW: {"config.json": json.dumps(config).encode()}})}
+    with serve(Hub(repos)) as served:
+        monkeypatch.setenv("HF_ENDPOINT", served.url)
+        arch, read = find_arch(llama)
+        assert (arch.num_hidden_layers, read, served.requests) == (32, None, [])
+        arch, read = find_arch(llama, revision="v1")
+    assert arch.num_hidden_layers == 2 and read is not None and read.commit == NEW

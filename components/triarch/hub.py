@@ -79,12 +79,9 @@ class HubModel:
         floats = {FLOAT_DTYPES[k]: n for k, n in self.parameters.items() if k in FLOAT_DTYPES}
         return max(floats, key=lambda k: floats[k]) if floats else None
 
-    def config(self) -> dict[str, Any]:
-        """config.json with the side files under the keys the tuner reads, and the checkpoint's dtype where the
-        config names none."""
-        from triarch.tuner.model_files import load_model_config
-
-        data = load_model_config(self.directory / CONFIG_FILE)
+    def completed(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The config.json read from :attr:`directory` (triarch.tuner.model_files) named after the repository, with
+        the checkpoint's dtype where it names none."""
         data.setdefault("_name_or_path", self.repo)
         dtype = self.checkpoint_dtype
         if dtype and not (data.get("torch_dtype") or data.get("dtype")):

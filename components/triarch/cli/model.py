@@ -10,13 +10,10 @@ from triarch.cli.common import Commands
 
 def cmd_model_fetch(args: argparse.Namespace) -> int:
     from triarch import hub
-    from triarch.tuner import TuneError, arch_from_hf_config
+    from triarch.tuner.model_files import hub_arch
 
     read = hub.fetch(args.model, args.revision, hub.env_token())
-    try:
-        arch = arch_from_hf_config(read.config(), name=read.repo)
-    except TuneError as error:
-        raise TuneError(f"{read.repo} at {read.commit}: {error}") from None
+    arch = hub_arch(read)
     kind = "/".join(arch.architectures) or "no architectures listed"
     count = read.parameter_count
     size = (f"{count / 1e9:.2f}B parameters in {', '.join(sorted(read.parameters))} (the Hub's count of its "

@@ -116,7 +116,18 @@ def find_arch(name_or_path: str | Path, *, revision: str | None = None, token: s
         load_model_config(text)
     hub.check_repo(text)
     read = hub.resolve(text, revision, token, config_key=config_key)
+    return hub_arch(read), read
+
+
+def hub_config(read: HubModel) -> dict[str, Any]:
+    """The config.json of a model read from the Hub, with the files beside it and the checkpoint's dtype."""
+    return read.completed(load_model_config(read.directory / "config.json"))
+
+
+def hub_arch(read: HubModel) -> ModelArch:
+    """The architecture of a model read from the Hub; :class:`TuneError` names the commit where the tuner refuses
+    it (an architecture it does not know)."""
     try:
-        return arch_from_hf_config(read.config(), name=text), read
+        return arch_from_hf_config(hub_config(read), name=read.repo)
     except TuneError as error:
-        raise TuneError(f"{text} at {read.commit}: {error}") from None
+        raise TuneError(f"{read.repo} at {read.commit}: {error}") from None
