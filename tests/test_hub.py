@@ -211,6 +211,8 @@ def test_a_pinned_revision_is_sized_and_served_when_main_has_moved(
     assert read == {"repo": MISTRAL, "revision": OLD, "commit": OLD, "pinned": True}
     assert args[args.index(MISTRAL) + 1: args.index(MISTRAL) + 3] == ["--revision", OLD]
     assert f"chat: {MISTRAL} at {OLD}, pinned" in printed
+    # The Hub said it is gated and the stack gives its pods no token: the plan warns before any pod fails with 401.
+    assert f"model 'chat' ({MISTRAL}) is gated on Hugging Face" in printed
     assert not any(f"/revision/{NEW}" in p or p.endswith("/revision/main") for _, p, _ in loopback.requests)
 
 

@@ -14,7 +14,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,8 @@ class HubModel:
     gave none."""
     notes: tuple[str, ...] = ()
     """What a plan should say about the revision: moved since the last read, read from the cache while offline."""
+    gated: bool = False
+    """The Hub gates its files behind an accepted license (its model info's `gated`): the pods need a token too."""
 
     @property
     def pinned(self) -> bool:
@@ -163,7 +165,8 @@ def cached(repo: str, revision: str | None = None) -> HubModel | None:
     if not (directory / CONFIG_FILE).is_file():
         return None
     return HubModel(repo, revision, commit, directory, tuple(entry.get("files") or ()),
-                    {str(k): int(v) for k, v in (entry.get("parameters") or {}).items()})
+                    {str(k): int(v) for k, v in (entry.get("parameters") or {}).items()},
+                    gated=bool(entry.get("gated")))
 
 
 # --- reading from the Hub ---------------------------------------------------------------------------------
@@ -241,9 +244,10 @@ def fetch(repo: str, revision: str | None = None, token: str | None = None) -> H
         notes = (f"revision {revision!r} of {repo} has moved: {commit} now, {before} when last read",)
     if not COMMIT.match(revision):
         record["refs"][revision] = commit
-    record["commits"][commit] = {"files": list(files), "parameters": parameters}
+    gated = bool(info.gated)  # "auto" or "manual" where gated, False where not
+    record["commits"][commit] = {"files": list(files), "parameters": parameters, "gated": gated}
     _write_record(repo, record)
-    return HubModel(repo, revision, commit, paths[0].parent, files, parameters, notes)
+    return HubModel(repo, revision, commit, paths[0].parent, files, parameters, notes, gated)
 
 
 def offline_line(repo: str, revision: str, why: str, config_key: str) -> str:
@@ -279,9 +283,8 @@ def resolve(repo: str, revision: str | None = None, token: str | None = None, *,
         if hit is None:
             raise HubUnreachable(offline_line(repo, revision, str(error), config_key)) from None
         if not hit.pinned:
-            hit = HubModel(hit.repo, hit.revision, hit.commit, hit.directory, hit.files, hit.parameters,
-                           (f"{error}: {repo} is sized at {hit.commit}, what {revision} named when last read "
-                            f"(`{FETCH} {repo}` reads it again)",))
+            hit = replace(hit, notes=(f"{error}: {repo} is sized at {hit.commit}, what {revision} named when last "
+                                      f"read (`{FETCH} {repo}` reads it again)",))
         model = hit
     _READ[key] = model
     return model

@@ -48,7 +48,7 @@ def load_stack() -> tuple[StackConfig, list[ModelPlan], KubernetesPlan]:
     token = values.get(f"{NAMESPACE}:hfToken")
     models = plan_models(stack, catalog(), token if token and token != SECRET else None)
     given = [key for key in SECRET_KEYS if f"{NAMESPACE}:{key}" in values]
-    for warning in [*efa_image_warnings(stack, models), *gated_model_warnings(stack, given)]:
+    for warning in [*efa_image_warnings(stack, models), *gated_model_warnings(stack, given, models)]:
         pulumi.log.warn(warning)
     return stack, models, plan_kubernetes(stack, models, catalog(), given)
 

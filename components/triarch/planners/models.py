@@ -208,13 +208,16 @@ def uses_efa(plan: ModelPlan) -> bool:
     return plan.multi_node and plan.pool.efa_interfaces > 0
 
 
-def gated_model_warnings(stack: StackConfig, secrets: Iterable[str]) -> list[str]:
-    """A model from a gated repository, downloaded from the hub without triarch:hfToken: the first start fails
-    with 401 and the pod restarts for ever, which a plan can say before any node is launched."""
+def gated_model_warnings(stack: StackConfig, secrets: Iterable[str], plans: Iterable[ModelPlan] = ()) -> list[str]:
+    """A model from a gated repository (templates/compat/gated-repos.yaml, or as the Hub said when the plan read
+    it), downloaded from the hub without triarch:hfToken: the first start fails with 401 and the pod restarts for
+    ever, which a plan can say before any node is launched."""
     if "hfToken" in set(secrets):
         return []
     repos = gated_repos()
+    read_gated = {plan.name for plan in plans if plan.hub is not None and plan.hub.gated}
     return [f"model '{model.name}' ({model.model}) is gated on Hugging Face: its download needs a token of an "
             "account that accepted the license on the model's page, and triarch:hfToken is not set; "
             f"pulumi config set --secret triarch:hfToken hf_... (or serve it from S3 with weightsUri)"
-            for model in stack.models if model.weights_uri is None and repos.gated(model.model)]
+            for model in stack.models
+            if model.weights_uri is None and (repos.gated(model.model) or model.name in read_gated)]
