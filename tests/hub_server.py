@@ -8,6 +8,8 @@ source, .venv/.../huggingface_hub):
 - `HEAD` and `GET /{org}/{name}/resolve/{revision}/{file}` (file_download.py `hf_hub_url`, `get_hf_file_metadata`,
   `http_get`): the commit in `X-Repo-Commit`, the blob's id in `ETag` (quoted, as `_normalize_etag` strips), the
   size in `Content-Length`.
+- `GET` with `Range: bytes=0-100000` on a safetensors file (hf_api.py `HfApi.parse_safetensors_file_metadata`):
+  its first bytes, the header's length (8 bytes, little-endian) then the JSON header, as 206 Partial Content.
 - Errors as `hf_raise_for_status` (utils/_http.py) reads them: `X-Error-Code` RepoNotFound, RevisionNotFound,
   EntryNotFound or GatedRepo. A gated repository answers 401 to a request without a token, on its model info as on
   its files (the Hub did so for mistralai/Mistral-7B-Instruct-v0.2: ml-explore/mlx-examples issue 759, "Cannot access
@@ -120,10 +122,19 @@ class _Handler(BaseHTTPRequestHandler):
         if name not in files:
             self._error(404, "EntryNotFound", f"{name} does not exist on \"{revision}\"", commit)
             return
-        self._send(files[name], "application/json", commit, body, etag=_blob_id(files[name]))
+        content, partial = files[name], None
+        wanted = self.headers.get("Range") or ""
+        if body and wanted.startswith("bytes="):  # a range read: the first bytes of a safetensors file
+            first, _, last = wanted[len("bytes="):].partition("-")
+            start, end = int(first), min(int(last) if last else len(content) - 1, len(content) - 1)
+            content, partial = content[start:end + 1], f"bytes {start}-{end}/{len(files[name])}"
+        self._send(content, "application/octet-stream", commit, body, etag=_blob_id(files[name]), partial=partial)
 
-    def _send(self, content: bytes, kind: str, commit: str, body: bool, etag: str | None = None) -> None:
-        self.send_response(200)
+    def _send(self, content: bytes, kind: str, commit: str, body: bool, etag: str | None = None,
+              partial: str | None = None) -> None:
+        self.send_response(206 if partial else 200)
+        if partial:
+            self.send_header("Content-Range", partial)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(content)))
         self.send_header("X-Repo-Commit", commit)

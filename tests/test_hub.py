@@ -4,6 +4,8 @@ Hub served on loopback in the Hub's own URL layout (tests/hub_server.py), gated,
 from __future__ import annotations
 
 import json
+import math
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -277,3 +279,47 @@ def test_a_catalog_model_is_read_from_the_hub_only_at_a_pinned_revision(hub_cach
         assert (arch.num_hidden_layers, read, served.requests) == (32, None, [])
         arch, read = find_arch(llama, revision="v1")
     assert arch.num_hidden_layers == 2 and read is not None and read.commit == NEW
+
+
+def _mistral_shapes(layers: range) -> dict[str, list[int]]:
+    """The published tensor shapes of Mistral-7B-Instruct-v0.3 (tests/fixtures/hub/README.md) of these layers."""
+    shapes = {}
+    for i in layers:
+        for part, shape in (("self_attn.q_proj", [4096, 4096]), ("self_attn.k_proj", [1024, 4096]),
+                            ("self_attn.v_proj", [1024, 4096]), ("self_attn.o_proj", [4096, 4096]),
+                            ("mlp.gate_proj", [14336, 4096]), ("mlp.up_proj", [14336, 4096]),
+                            ("mlp.down_proj", [4096, 14336]), ("input_layernorm", [4096]),
+                            ("post_attention_layernorm", [4096])):
+            shapes[f"model.layers.{i}.{part}.weight"] = shape
+    return shapes
+
+
+def _safetensors_header(shapes: dict[str, list[int]]) -> bytes:
+    """The start of a safetensors file of these BF16 tensors: its header's length, then the header (no data)."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in shapes.items():
+        size = math.prod(shape) * 2
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def test_a_hub_that_does_not_count_parameters_has_its_safetensors_headers_read(
+        hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mirror without the Hub's count: the client reads each shard's header by a range request."""
+    shards = {"model-00001-of-00003.safetensors": {"model.embed_tokens.weight": [32768, 4096],
+                                                   **_mistral_shapes(range(0, 11))},
+              "model-00002-of-00003.safetensors": _mistral_shapes(range(11, 22)),
+              "model-00003-of-00003.safetensors": {**_mistral_shapes(range(22, 32)), "model.norm.weight": [4096],
+                                                   "lm_head.weight": [32768, 4096]}}
+    index = {"metadata": {}, "weight_map": {tensor: shard for shard, tensors in shards.items() for tensor in tensors}}
+    files = {"config.json": MISTRAL_CONFIG, "model.safetensors.index.json": json.dumps(index).encode(),
+             **{shard: _safetensors_header(tensors) for shard, tensors in shards.items()}}
+    with serve(Hub({"acme/mistral-mirror": Repo(refs={"main": NEW}, commits={NEW: files})})) as served:
+        monkeypatch.setenv("HF_ENDPOINT", served.url)
+        read = hub.fetch("acme/mistral-mirror")
+    assert dict(read.parameters) == {"BF16": MISTRAL_PARAMETERS}
+    assert [p for m, p, _ in served.requests if m == "GET" and p.endswith(".safetensors")] == [
+        f"/acme/mistral-mirror/resolve/{NEW}/model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]

@@ -237,6 +237,8 @@ def fetch(repo: str, revision: str | None = None, token: str | None = None) -> H
         raise _failure(error, repo, revision, token) from None
     parameters = {str(k): int(v) for k, v in ((info.safetensors.parameters if info.safetensors else None)
                                               or {}).items()}
+    if not parameters:  # a Hub (a mirror) that does not count them: read the safetensors headers
+        parameters = _header_count(api, repo, commit, present, auth)
     record = _read_record(repo)
     before = record["refs"].get(revision)
     notes: tuple[str, ...] = ()
@@ -248,6 +250,39 @@ def fetch(repo: str, revision: str | None = None, token: str | None = None) -> H
     record["commits"][commit] = {"files": list(files), "parameters": parameters, "gated": gated}
     _write_record(repo, record)
     return HubModel(repo, revision, commit, paths[0].parent, files, parameters, notes, gated)
+
+
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+"""A checkpoint in one safetensors file, or shards listed by an index's weight_map (huggingface_hub's
+constants.SAFETENSORS_SINGLE_FILE and SAFETENSORS_INDEX_FILE)."""
+
+
+def _header_count(api: Any, repo: str, commit: str, present: set[str], auth: str | bool) -> dict[str, int]:
+    """Parameters per dtype from the safetensors headers (the client reads each file's first bytes by a range
+    request, `HfApi.parse_safetensors_file_metadata`); empty where the checkpoint is not safetensors or a header
+    cannot be read: the count is told, never needed."""
+    import httpx2
+    from huggingface_hub import errors, hf_hub_download
+
+    try:
+        if SAFETENSORS_INDEX in present:
+            index = Path(str(hf_hub_download(repo, SAFETENSORS_INDEX, revision=commit, cache_dir=cache_root(),
+                                             token=auth, endpoint=endpoint(), etag_timeout=TIMEOUT_SECONDS)))
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()))
+        elif SAFETENSORS_FILE in present:
+            shards = [SAFETENSORS_FILE]
+        else:
+            return {}
+        total: dict[str, int] = {}
+        for shard in shards:
+            header = api.parse_safetensors_file_metadata(repo, shard, revision=commit, timeout=TIMEOUT_SECONDS)
+            for dtype, count in header.parameter_count.items():
+                total[str(dtype)] = total.get(str(dtype), 0) + int(count)
+        return total
+    except (httpx2.TransportError, errors.HfHubHTTPError, errors.SafetensorsParsingError,
+            errors.LocalEntryNotFoundError, ValueError, AttributeError):
+        return {}
 
 
 def offline_line(repo: str, revision: str, why: str, config_key: str) -> str:
