@@ -49,6 +49,8 @@ class Hub:
     repos: dict[str, Repo]
     token: str | None = None
     """The token an account granted access to the gated repositories holds."""
+    down: bool = False
+    """Answer every request 503, as a Hub that is down does."""
     requests: list[tuple[str, str, bool]] = field(default_factory=list)
     url: str = ""
 
@@ -84,6 +86,9 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization") or ""
         path = self.path.split("?", 1)[0]
         hub.requests.append((self.command, path, bool(auth)))
+        if hub.down:
+            self._error(503, "ServiceUnavailable", "Service Unavailable")
+            return
         parts = [unquote(p) for p in path.strip("/").split("/")]
         api = parts[:2] == ["api", "models"]
         if api and len(parts) >= 4:

@@ -177,6 +177,21 @@ def test_offline_a_model_read_before_is_sized_from_the_cache_saying_so(
     assert "HF_HUB_OFFLINE" in doc["hub"]["notes"][0] and f"sized at {OLD}" in doc["hub"]["notes"][0]
 
 
+def test_a_hub_that_is_down_is_as_unreachable(loopback: Hub, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    loopback.down = True
+    assert cli.main(["tune", "--model", MISTRAL, "--gpu", "l4"]) == 2
+    line = _one_error_line(capsys)
+    assert "answered 503" in line and f"`triarch model fetch {MISTRAL}`" in line
+    loopback.down = False
+    assert cli.main(["model", "fetch", MISTRAL]) == 0
+    capsys.readouterr()
+    hub.forget()
+    loopback.down = True
+    assert f"answered 503: {MISTRAL} is sized at {OLD}" in _tune(capsys)["hub"]["notes"][0]
+
+
 # --- a stack: pinned, moved, and what a plan writes --------------------------------------------------------
 
 def _stack(tmp_path: Path, **model: Any) -> Path:

@@ -199,8 +199,10 @@ def _failure(error: Exception, repo: str, revision: str, token: str | None) -> H
         return HubError(f"model {repo!r} at {revision} has no {CONFIG_FILE} on the Hub: it is not a transformers "
                         "model vLLM can read")
     if isinstance(error, errors.HfHubHTTPError):
-        status = error.response.status_code if error.response is not None else "an error"
-        return HubError(f"the Hub ({endpoint()}) answered {status} for model {repo!r}")
+        status = error.response.status_code if error.response is not None else 0
+        if status == 429 or status >= 500:  # busy or down: as good as unreachable, a cached read still serves
+            return HubUnreachable(f"the Hub ({endpoint()}) answered {status}")
+        return HubError(f"the Hub ({endpoint()}) answered {status or 'an error'} for model {repo!r}")
     raise error
 
 
