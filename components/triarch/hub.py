@@ -35,8 +35,9 @@ REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 FETCH = "triarch model fetch"
 """The command that reads a model from the Hub into the cache (triarch.cli.model)."""
 FLOAT_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
-"""The Hub's safetensors dtype names (its model info's `safetensors.parameters`) that name a checkpoint's dtype as
-config.json does (`torch_dtype`); packed integer dtypes of quantized checkpoints say nothing of it."""
+"""The safetensors format's dtype names (as its headers and the Hub's model info, `safetensors.parameters`, write
+them) that name a checkpoint's dtype as config.json does (`torch_dtype`); the packed integer dtypes of quantized
+checkpoints (I32, U8) and FP8's scales say nothing of it."""
 
 
 class HubError(TriarchError):
