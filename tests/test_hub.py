@@ -135,8 +135,12 @@ def test_an_unknown_architecture_is_refused_naming_the_known_ones(hub_cache: Pat
     with serve(Hub(repos)) as served:
         monkeypatch.setenv("HF_ENDPOINT", served.url)
         assert cli.main(["model", "fetch", "acme/rwkv-7b"]) == 2
-    line = _one_error_line(capsys)
-    assert "'rwkv'" in line and "known: " in line and "mistral" in line and "llama" in line
+        line = _one_error_line(capsys)
+        assert cli.main(["tune", "--model", "acme/rwkv-7b", "--gpu", "l4"]) == 2
+        again = _one_error_line(capsys)
+    for said in (line, again):
+        assert f"acme/rwkv-7b at {NEW}: model_type 'rwkv' is not one the tuner knows" in said
+        assert "known: " in said and "mistral" in said and "llama" in said
 
 
 @pytest.mark.parametrize("args, named", [
@@ -258,7 +262,8 @@ def test_a_plan_offline_names_modelconfig_and_the_fetch_command(hub_cache: Path,
 def test_the_token_is_never_written(loopback: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str], hub_cache: Path) -> None:
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    _plan(tmp_path, _stack(tmp_path), capsys)
+    printed, _, _ = _plan(tmp_path, _stack(tmp_path), capsys)
+    assert TOKEN not in printed
     written = [p for root in (tmp_path / "out", hub_cache) for p in root.rglob("*") if p.is_file()]
     assert any(p.name == "config.json" for p in written) and any(p.suffix == ".json" for p in written)
     assert not [p for p in written if TOKEN.encode() in p.read_bytes()]
