@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import stack_document
+from conftest import compat_data, stack_document
 from hub_server import Hub, Repo, serve
+from test_workloads import names_in
 from triarch import cli, hub
 from triarch.tuner.model_files import hub_config
 
@@ -232,6 +233,10 @@ def test_a_pinned_revision_is_sized_and_served_when_main_has_moved(
     assert read == {"repo": MISTRAL, "revision": OLD, "commit": OLD, "pinned": True}
     assert args[args.index(MISTRAL) + 1: args.index(MISTRAL) + 3] == ["--revision", OLD]
     assert f"chat: {MISTRAL} at {OLD}, pinned" in printed
+    # --revision is an engine arg of the vLLM the image bundles (the release's own list, reference data).
+    known = names_in("vllm-0.33.0", "engine-args.txt", "frontend-args.txt") | set(
+        compat_data("vllm-serve-flags")["0.33.0"])
+    assert [a for a in args if a.startswith("--") and a[2:].replace("-", "_") not in known] == []
     # The Hub said it is gated and the stack gives its pods no token: the plan warns before any pod fails with 401.
     assert f"model 'chat' ({MISTRAL}) is gated on Hugging Face" in printed
     assert not any(f"/revision/{NEW}" in p or p.endswith("/revision/main") for _, p, _ in loopback.requests)
@@ -283,6 +288,8 @@ def test_a_pinned_branch_reaches_ray_serve_llm_as_the_commit_read(loopback: Hub,
     config = {k: v if isinstance(v, str) else json.dumps(v) for k, v in document.items()}
     (plan,) = plan_models(from_pulumi_config(config), catalog())
     assert llm_config(plan)["engine_kwargs"]["revision"] == OLD
+    # An engine arg of the vLLM inside ray[llm] 2.60.0, which LLMConfig hands its engine_kwargs to.
+    assert "revision" in names_in("vllm-0.29.0", "engine-args.txt")
     assert llm_config(plan)["model_loading_config"]["model_source"] == MISTRAL
 
 
