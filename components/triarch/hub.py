@@ -289,10 +289,10 @@ def _header_count(api: Any, repo: str, commit: str, present: set[str], auth: str
 
 
 def offline_line(repo: str, revision: str, why: str, config_key: str) -> str:
-    """The one line for a model neither in the catalog nor in the cache while the Hub is unreachable: both ways
-    in."""
+    """The one line for a model to be read from the Hub (outside the catalog, or pinned to a revision) that was
+    never read while the Hub is unreachable: both ways in."""
     at = "" if revision == DEFAULT_REVISION else f" --revision {revision}"
-    return (f"model {repo!r} is not in templates/models and was never read from the Hub at {revision}, and {why}: "
+    return (f"model {repo!r} was never read from the Hub at {revision}, and {why}: "
             f"read it where the Hub is reachable with `{FETCH} {repo}{at}` (cached in {cache_root()}), or give "
             f"its config.json with {config_key}")
 
