@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
 import importlib.util
 import json
@@ -21,6 +22,16 @@ from pulumi.runtime.mocks import MockMonitor
 
 from triarch import refdata
 from triarch.offline import PlanRun, Registered, manifests, read_stack_config, run_program
+
+# A model outside the catalog is read from the Hugging Face Hub: no test may reach the real one (or read the
+# developer's cache of it, or a token of theirs). The Hub by default is a loopback port nothing listens on (the
+# connection is refused at once); tests that read a model serve their own Hub (tests/hub_server.py). triarch.hub
+# imports the client (which reads its settings once) only when it first asks a Hub.
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+os.environ["TRIARCH_HUB_CACHE"] = tempfile.mkdtemp(prefix="triarch-hub-cache-")
+atexit.register(shutil.rmtree, os.environ["TRIARCH_HUB_CACHE"], True)
+os.environ.pop("HF_TOKEN", None)
+os.environ.pop("HF_HUB_OFFLINE", None)
 
 ROOT = Path(__file__).resolve().parents[1]
 STACKS_DIR = ROOT / "stacks"

@@ -149,6 +149,9 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
         uses.append({"name": plan.name, "engine": plan.config.engine, "pool": plan.pool.name,
                      "gpusPerReplica": plan.gpus_per_replica, "replicasMin": low, "replicasMax": high,
                      "coldStart": plan.cold_start.document() if plan.cold_start else None})
+        if plan.hub is not None:  # what the sizing read from the Hub: the plan is reproducible at that commit
+            uses[-1]["hub"] = {"repo": plan.hub.repo, "revision": plan.hub.revision, "commit": plan.hub.commit,
+                               "pinned": plan.config.revision is not None}
     for pool_row, group in zip(pools, stack.node_groups, strict=True):
         # The idle floor: what runs with no traffic at all. Fixed replicas and autoscaling minimums (a Ray worker
         # group keeps its models' minimum replicas as workers) hold their GPUs, so their nodes stay up.

@@ -14,7 +14,7 @@ from triarch.config import NAMESPACE, SECRET_KEYS, StackConfig, from_pulumi_conf
 from triarch.errors import ConfigError, TriarchError
 from triarch.existing import check_cluster
 from triarch.matrix import require_compatible
-from triarch.offline import PLAIN_TEXT_REFUSED
+from triarch.offline import PLAIN_TEXT_REFUSED, SECRET
 from triarch.planners.efa import efa_image_warnings
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import gated_model_warnings, plan_models
@@ -44,9 +44,11 @@ def load_stack() -> tuple[StackConfig, list[ModelPlan], KubernetesPlan]:
     for verdict in require_compatible(stack, catalog()):
         if verdict.level == "warning":
             pulumi.log.warn(verdict.message)
-    models = plan_models(stack, catalog())
+    # Under the Pulumi CLI the stack's token arrives decrypted; `triarch plan` sees only that one is set.
+    token = values.get(f"{NAMESPACE}:hfToken")
+    models = plan_models(stack, catalog(), token if token and token != SECRET else None)
     given = [key for key in SECRET_KEYS if f"{NAMESPACE}:{key}" in values]
-    for warning in [*efa_image_warnings(stack, models), *gated_model_warnings(stack, given)]:
+    for warning in [*efa_image_warnings(stack, models), *gated_model_warnings(stack, given, models)]:
         pulumi.log.warn(warning)
     return stack, models, plan_kubernetes(stack, models, catalog(), given)
 

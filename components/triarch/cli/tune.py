@@ -52,11 +52,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import json
 
     from triarch.catalog import Gpu, catalog
-    from triarch.tuner import GIB, Task, TuneError, load_arch, tune
+    from triarch.tuner import GIB, Task, TuneError, find_arch, load_arch, tune
     from triarch.tuner.nodes import NodesRefused, tune_nodes
     from triarch.tuner.releases import default_image
 
-    arch = load_arch(args.model or args.model_config)
+    read = None
+    if args.revision and not args.model:
+        raise TriarchError("--revision: names a revision of --model on the Hub; allowed: with --model only")
+    if args.model:
+        arch, read = find_arch(args.model, revision=args.revision, config_key="--model-config path/to/config.json")
+    else:
+        arch = load_arch(args.model_config)
     if args.gpu is not None:
         gpus = catalog().gpus
         if args.gpu not in gpus:
@@ -93,9 +99,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.json:
         document = {k: v for k, v in dataclasses.asdict(sizing).items() if k != "memory"}
         document["memory"] = dataclasses.asdict(sizing.memory)
+        if read is not None:
+            document["hub"] = {"repo": read.repo, "revision": read.revision, "commit": read.commit,
+                               "notes": list(read.notes)}
         print(json.dumps(document, indent=2, sort_keys=True))
         return 0
     pinned = "" if args.vllm_version else f", the version in {default_image()}"
+    if read is not None:
+        print(f"read from the Hub: {read.describe()}" + "".join(f"; {note}" for note in read.notes))
     print(f"{sizing.model} on {gpu.product} ({task}): {sizing.num_parameters / 1e9:.2f}B parameters, "
           f"tensor_parallel_size={sizing.tensor_parallel_size}; as vLLM {sizing.vllm_version} sizes it{pinned}")
     if sizing.context_limit is not None:
@@ -118,8 +129,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def add_parser(commands: Commands) -> None:
     tune = commands.add_parser("tune", help="size vLLM's KV cache and engine args for a model on a GPU")
     model = tune.add_mutually_exclusive_group(required=True)
-    model.add_argument("--model", help="a model of templates/models (e.g. Qwen/Qwen3-8B)")
+    model.add_argument("--model", help="a model of templates/models (e.g. Qwen/Qwen3-8B), or any Hugging Face "
+                                       "repository of an architecture the tuner knows, read from the Hub "
+                                       "($HF_ENDPOINT, $HF_TOKEN) or from the cache of `triarch model fetch`")
     model.add_argument("--model-config", help="path to any Hugging Face config.json")
+    tune.add_argument("--revision", help="the Hub revision of --model to size (a commit, branch or tag; default: "
+                                         "the catalog's entry, else main)")
     tune.add_argument("--gpu", help="a GPU of templates/compat/gpus.yaml (e.g. l4, a100-80gb)")
     tune.add_argument("--gpus", type=int, default=8, help="GPUs per node the tensor-parallel search may use")
     tune.add_argument("--tensor-parallel-size", type=int,

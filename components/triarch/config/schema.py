@@ -210,9 +210,17 @@ class ModelConfig(_Model):
     """The model's name: its Service, the name clients call it by (--served-model-name) and the names of its objects.
     A rename is a new model to clients."""
     model: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")]
-    """Hugging Face repo id; its architecture must be in templates/models (or given by modelConfig)."""
+    """Hugging Face repo id: a model of templates/models, or any model of an architecture the tuner knows, read from
+    the Hub (or given by modelConfig)."""
     model_config_path: str | None = Field(None, alias="modelConfig", examples=["models/my-org-model/config.json"])
-    """Path (relative to the project) of the model's config.json, for models outside templates/models."""
+    """Path (relative to the project) of the model's config.json, for models outside templates/models where the
+    Hugging Face Hub cannot be reached (elsewhere Triarch reads it from the Hub: `triarch model fetch`)."""
+    revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", max_length=255)] | None = Field(
+        None, examples=["0123456789abcdef0123456789abcdef01234567"])
+    """The model's revision on the Hub: a commit (40 hex digits), or a branch or tag, which can move. The tuner
+    sizes that revision's files (read from the Hub, even for a model of templates/models) and vLLM loads the commit
+    the plan read (--revision). Default: none; the plan sizes the Hub's main as it is then, says which commit that
+    was, and vLLM loads main as it is when a pod starts."""
     engine: Literal["vllm", "ray-serve"]
     """vllm: a Deployment of `vllm serve` (a LeaderWorkerSet across nodes) behind its own Service; ray-serve: a Ray
     Serve LLM application in the RayService of its pool's worker group."""

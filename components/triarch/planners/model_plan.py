@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from triarch.catalog import InstanceType
 from triarch.coldfacts import Range
 from triarch.config import ModelConfig
+from triarch.hub import HubModel
 from triarch.planners.nodegroups import PoolPlan
 from triarch.tuner import Sizing
 
@@ -107,6 +108,18 @@ class ModelPlan:
     comes from a mirror or by digest."""
     cold_start: ColdStart | None = None
     """From no node to Ready, predicted (planners/coldstart.py); the startup probe's budget comes from it."""
+    hub: HubModel | None = None
+    """What was read from the Hugging Face Hub for a model the catalog does not hold (or pinned to a revision):
+    the commit it was sized at."""
+
+    @property
+    def serving_revision(self) -> str | None:
+        """The revision vLLM loads (--revision): the commit the plan read where the stack pins a revision (a branch
+        or tag then serves what was sized, until the next plan), the stack's revision as written where the config
+        came from modelConfig; None (the Hub's main at start) where the stack pins none."""
+        if self.config.revision is None:
+            return None
+        return self.hub.commit if self.hub is not None else self.config.revision
 
     @property
     def name(self) -> str:

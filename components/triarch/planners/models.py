@@ -13,12 +13,13 @@ from typing import Any
 from triarch.catalog import Catalog, gated_repos
 from triarch.config import StackConfig, gpus_per_node
 from triarch.errors import ConfigError
+from triarch.hub import HubError, HubModel
 from triarch.matrix import deployed_images, images_by_engine
 from triarch.paths import PROJECT_ROOT
 from triarch.planners.coldstart import check_budget, predict
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.nodegroups import plan_pool
-from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, load_arch, tune
+from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, find_arch, load_arch, tune
 from triarch.tuner.nodes import NodesRefused, tune_nodes
 from triarch.tuner.search import LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT
 
@@ -58,13 +59,18 @@ def _model_path(index: int) -> str:
     return f"triarch:models[{index}]"
 
 
-def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
+def plan_model(stack: StackConfig, index: int, facts: Catalog, token: str | None = None) -> ModelPlan:
     model = stack.models[index]
     group = stack.node_group(model.node_group)
     pool = plan_pool(stack, group, facts)
-    source = PROJECT_ROOT / model.model_config_path if model.model_config_path else model.model
+    read: HubModel | None = None
     try:
-        arch = load_arch(source)
+        if model.model_config_path:
+            arch = load_arch(PROJECT_ROOT / model.model_config_path)
+        else:
+            arch, read = find_arch(model.model, revision=model.revision, token=token)
+    except HubError as error:
+        raise ConfigError(f"{_model_path(index)}.model", model.model, str(error), show_value=False) from None
     except TuneError as error:
         if model.model_config_path:
             raise ConfigError(f"{_model_path(index)}.modelConfig", model.model_config_path,
@@ -117,7 +123,27 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog) -> ModelPlan:
     cache = model.cache_gib or max(MIN_CACHE_GIB, math.ceil(2 * sizing.weights_bytes / GIB))
     instance = facts.instances.get(group.instance_type) if group.instance_type else None
     release = images_by_engine(stack, facts)[model.engine]
-    return ModelPlan(model, pool, instance, sizing, deployed_images(stack)[model.engine], cache, release=release)
+    return ModelPlan(model, pool, instance, sizing, deployed_images(stack)[model.engine], cache, release=release,
+                     hub=read)
+
+
+def hub_lines(plans: Iterable[ModelPlan]) -> list[str]:
+    """What a plan says of the models it read from the Hub: the commit each was sized at, whether the stack pins
+    it, and what moved or was read from the cache."""
+    lines = []
+    for plan in plans:
+        if plan.hub is None:
+            continue
+        read = plan.hub
+        if plan.config.revision is None:
+            pin = f"not pinned: vLLM loads main as it is when a pod starts; pin this with revision: {read.commit}"
+        elif read.pinned:
+            pin = "pinned"
+        else:
+            pin = f"pinned to {read.revision}, which vLLM loads as this commit (--revision)"
+        lines.append(f"{plan.name}: {read.describe()}, {pin}")
+        lines += [f"{plan.name}: {note}" for note in read.notes]
+    return lines
 
 
 FITS_KEYS = {"tensor_parallel_size": "tensorParallelSize: {}", "max_model_len": "maxModelLen: {}",
@@ -142,8 +168,9 @@ def largest_gpu_use(plan: ModelPlan) -> int:
     return plan.config.replicas if plan.config.autoscaling is None else plan.config.autoscaling.max
 
 
-def plan_models(stack: StackConfig, facts: Catalog) -> list[ModelPlan]:
-    plans = [plan_model(stack, i, facts) for i in range(len(stack.models))]
+def plan_models(stack: StackConfig, facts: Catalog, token: str | None = None) -> list[ModelPlan]:
+    """Every model's plan; `token` reads gated models from the Hub (default: $HF_TOKEN)."""
+    plans = [plan_model(stack, i, facts, token) for i in range(len(stack.models))]
     plans = [replace(plan, surge_fits=_surge_fits(stack, plan, plans)) for plan in plans]
     plans = [replace(plan, cold_start=predict(stack, plan, facts)) for plan in plans]
     for index, plan in enumerate(plans):
@@ -202,13 +229,16 @@ def uses_efa(plan: ModelPlan) -> bool:
     return plan.multi_node and plan.pool.efa_interfaces > 0
 
 
-def gated_model_warnings(stack: StackConfig, secrets: Iterable[str]) -> list[str]:
-    """A model from a gated repository, downloaded from the hub without triarch:hfToken: the first start fails
-    with 401 and the pod restarts for ever, which a plan can say before any node is launched."""
+def gated_model_warnings(stack: StackConfig, secrets: Iterable[str], plans: Iterable[ModelPlan] = ()) -> list[str]:
+    """A model from a gated repository (templates/compat/gated-repos.yaml, or as the Hub said when the plan read
+    it), downloaded from the hub without triarch:hfToken: the first start fails with 401 and the pod restarts for
+    ever, which a plan can say before any node is launched."""
     if "hfToken" in set(secrets):
         return []
     repos = gated_repos()
+    read_gated = {plan.name for plan in plans if plan.hub is not None and plan.hub.gated}
     return [f"model '{model.name}' ({model.model}) is gated on Hugging Face: its download needs a token of an "
             "account that accepted the license on the model's page, and triarch:hfToken is not set; "
             f"pulumi config set --secret triarch:hfToken hf_... (or serve it from S3 with weightsUri)"
-            for model in stack.models if model.weights_uri is None and repos.gated(model.model)]
+            for model in stack.models
+            if model.weights_uri is None and (repos.gated(model.model) or model.name in read_gated)]

@@ -99,6 +99,8 @@ def llm_config(plan: ModelPlan) -> dict[str, Any]:
     else:
         deployment["num_replicas"] = low
     engine_kwargs = dict(plan.sizing.engine_args)
+    if plan.serving_revision and not plan.config.weights_uri:
+        engine_kwargs["revision"] = plan.serving_revision
     source = plan.config.model
     if plan.config.weights_uri:
         # Ray Serve LLM hands an s3:// source to vLLM as the model when the load format streams (Ray 2.60,

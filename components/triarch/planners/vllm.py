@@ -51,7 +51,8 @@ def model_source(plan: ModelPlan) -> list[str]:
     """What vLLM loads: the hub repo (into the model cache), or the model's S3 prefix through the streamer at the
     concurrency its benchmark found fastest (templates/compat/cold-start.yaml)."""
     if plan.config.weights_uri is None:
-        return [plan.config.model]
+        revision = plan.serving_revision
+        return [plan.config.model, *(["--revision", revision] if revision else [])]
     concurrency = cold_start_facts().streamer_concurrency
     return [plan.config.weights_uri, "--load-format", STREAMER_LOAD_FORMAT,
             "--model-loader-extra-config", json.dumps({"concurrency": concurrency})]

@@ -12,7 +12,7 @@ from triarch.offline import Registered
 from triarch.planners.coldstart import duration, span
 from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
 from triarch.planners.model_plan import ModelPlan
-from triarch.planners.models import in_stack_words, replica_bounds
+from triarch.planners.models import hub_lines, in_stack_words, replica_bounds
 from triarch.planners.nodegroups import plan_eks_pool, plan_pool
 from triarch.report.planning import PlanResult
 from triarch.scheduling import POOL_LABEL
@@ -128,6 +128,9 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
         told = [(plan.name, in_stack_words(note)) for plan in result.models for note in plan.sizing.notes]
         if told:
             lines += ["  What the tuner adjusted or warns of:", *(f"    {name}: {note}" for name, note in told)]
+        read = hub_lines(result.models)
+        if read:
+            lines += ["  Read from the Hugging Face Hub (the commit each was sized at):", *(f"    {x}" for x in read)]
     if result.models:
         lines += ["", *cold_start_lines(result.models)]
     lines += ["", *capacity_lines(result.capacity)]

@@ -45,7 +45,7 @@ from triarch.tuner.memory import (
     memory_budget,
     non_torch_bytes,
 )
-from triarch.tuner.model_files import MODELS_DIR, catalog_models, load_arch, load_model_config
+from triarch.tuner.model_files import MODELS_DIR, catalog_models, find_arch, load_arch, load_model_config
 from triarch.tuner.plan import DEFAULT_CONTEXT_TARGET, EMBED_MAX_NUM_SEQS, GENERATE_MAX_NUM_SEQS, LARGE_GPU_BYTES
 from triarch.tuner.report import Sizing
 from triarch.tuner.search import (
@@ -65,7 +65,7 @@ __all__ = [
     "TYPICAL_EMBED_TOKENS",
     "LengthRefused", "MemoryBudget", "ModelArch", "ParameterCount", "Sizing", "Task", "TuneError",
     "activation_peak_bytes", "arch_from_hf_config", "catalog_models", "count_parameters", "cuda_graph_bytes",
-    "kv_bytes_per_token", "kv_cache_capacity", "kv_dtype_bytes", "kv_heads_per_gpu", "layers_per_gpu",
+    "find_arch", "kv_bytes_per_token", "kv_cache_capacity", "kv_dtype_bytes", "kv_heads_per_gpu", "layers_per_gpu",
     "load_arch", "load_model_config", "memory_budget", "non_torch_bytes", "parameter_breakdown", "tune",
     "weight_bytes",
 ]

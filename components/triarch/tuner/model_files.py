@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triarch.paths import TEMPLATES_DIR
 from triarch.tuner.arch import ModelArch, TuneError, arch_from_hf_config
+
+if TYPE_CHECKING:
+    from triarch.hub import HubModel
 
 MODELS_DIR = TEMPLATES_DIR / "models"
 """The model catalog: one ``<org>--<name>.json`` per Hugging Face repo (architecture fields of its config.json)."""
@@ -86,3 +89,45 @@ def _repo_from_source(source: str) -> str | None:
         return None
     parts = source[len(prefix):].split("/")
     return "/".join(parts[:2]) if len(parts) >= 2 else None
+
+
+def is_local(name_or_path: str | Path) -> bool:
+    """A config.json path, a directory holding one, or a catalog entry: what needs no Hub."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() or path.is_file():
+        return True
+    text = str(name_or_path)
+    if "/" in text:
+        return _catalog_file(text).is_file()
+    return any(m.split("/", 1)[-1].lower() == text.lower() for m in catalog_models())
+
+
+def find_arch(name_or_path: str | Path, *, revision: str | None = None, token: str | None = None,
+              config_key: str = "modelConfig: path/to/config.json") -> tuple[ModelArch, HubModel | None]:
+    """A model's architecture from a path or the catalog, else (or at a pinned `revision`) from the Hugging Face
+    Hub through triarch.hub, with what was read there. Raises :class:`TuneError` for a model whose architecture the
+    tuner does not know, :class:`triarch.hub.HubError` for what the Hub refused or could not give."""
+    if revision is None and is_local(name_or_path):
+        return load_arch(name_or_path), None
+    from triarch import hub
+
+    text = str(name_or_path)
+    if "/" not in text:  # a short name the catalog does not hold: no repository to ask the Hub for
+        load_model_config(text)
+    hub.check_repo(text)
+    read = hub.resolve(text, revision, token, config_key=config_key)
+    return hub_arch(read), read
+
+
+def hub_config(read: HubModel) -> dict[str, Any]:
+    """The config.json of a model read from the Hub, with the files beside it and the checkpoint's dtype."""
+    return read.completed(load_model_config(read.directory / "config.json"))
+
+
+def hub_arch(read: HubModel) -> ModelArch:
+    """The architecture of a model read from the Hub; :class:`TuneError` names the commit where the tuner refuses
+    it (an architecture it does not know)."""
+    try:
+        return arch_from_hf_config(hub_config(read), name=read.repo)
+    except TuneError as error:
+        raise TuneError(f"{read.repo} at {read.commit}: {error}") from None
