@@ -255,3 +255,10 @@ def test_a_match_rate_above_one_is_refused(tmp_path: Path, capsys: pytest.Captur
     line = refused(tmp_path, capsys, 1, prefixRouting={"matchRateThreshold": 1.5})
     assert "triarch:models[1].prefixRouting.matchRateThreshold" in line, line
 
+
+
+def test_an_embedding_model_with_replicas_to_choose_between_gets_no_router(mutated_config: MutatedConfig) -> None:
+    """lab's embed on Ray Serve, at two replicas: the router would raise on its requests (no messages, no prompt)."""
+    configs = llm_configs(planned(mutated_config("lab", with_model(1, replicas=2))))
+    assert configs["embed"]["deployment_config"]["num_replicas"] == 2
+    assert "request_router_config" not in configs["embed"]["deployment_config"]
