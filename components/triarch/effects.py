@@ -4,7 +4,8 @@ new Ray cluster when the cluster's spec changes (every Ray Serve model restarts 
 nodes of a pool whose template drifts or whose AMI alias follows an upgraded control plane, EKS rolls a managed
 node group, clients lose a Service name or a Ray Serve route, and Pulumi deletes last, so a model's old replicas
 hold their GPUs while its new ones start; Ray Serve, told a new serveConfigV2, starts the new applications as it
-stops the removed ones, within its worker groups' maxReplicas. Pure: the diff, both plans and both capacity
+stops the removed ones, within its worker groups' maxReplicas, and restarts a model whose prefix-aware routing turns
+on or off. Pure: the diff, both plans and both capacity
 reports in, sentences out."""
 
 from __future__ import annotations
