@@ -237,3 +237,52 @@ def test_an_image_change_rolls_every_group_of_a_leaderworkerset(shipped: dict[st
                      "one rolling update (maxSurge 1, maxUnavailable 0: new groups start before old ones stop); each "
                      "new group starts cold before it serves (caused by spec.leaderWorkerTemplate.leaderTemplate.spec"
                      ".containers[0].image, spec.leaderWorkerTemplate.workerTemplate.spec.containers[0].image)"]
+
+
+ROUTING_RESTART = ("a new LLMConfig, so Ray Serve rebuilds the application and restarts its replicas, a fifth at a "
+                   "time (at least one), each stopped before its replacement starts: fewer replicas serve until it "
+                   "ends (a one-replica model none), and each new replica's prefix cache starts empty")
+
+
+def test_turning_prefix_routing_off_redeploys_the_application(prod: dict[str, Any], tmp_path: Path) -> None:
+    found = effects_of(prod, lambda c: next(m for m in c["triarch:models"] if m["name"] == "chat").update(
+        prefixRouting={"enabled": False}), tmp_path)
+    assert found == ["RayService rayservice-llm-llm: the Serve applications are redeployed on the running Ray "
+                     "cluster (serveConfigV2); the changed models' replicas restart, the others keep serving",
+                     f"RayService rayservice-llm-llm: prefix-aware routing turns off for chat: {ROUTING_RESTART}"]
+
+
+def test_prefix_caching_off_turns_routing_off_and_says_so(prod: dict[str, Any], tmp_path: Path) -> None:
+    def edit(config: dict[str, Any]) -> None:
+        for model in config["triarch:models"]:
+            if model["engine"] == "ray-serve":
+                model["prefixCaching"] = False
+    found = effects_of(prod, edit, tmp_path)
+    assert found[1] == ("RayService rayservice-llm-llm: prefix-aware routing turns off for chat, qwen: "
+                        f"{ROUTING_RESTART}")
+    assert len(found) == 2
+
+
+def test_tuning_the_router_is_no_routing_change(prod: dict[str, Any], tmp_path: Path) -> None:
+    found = effects_of(prod, lambda c: next(m for m in c["triarch:models"] if m["name"] == "qwen").update(
+        prefixRouting={"imbalancedThreshold": 2}), tmp_path)
+    assert found == ["RayService rayservice-llm-llm: the Serve applications are redeployed on the running Ray "
+                     "cluster (serveConfigV2); the changed models' replicas restart, the others keep serving"]
+
+
+def test_routing_turned_on_with_a_new_ray_cluster_starts_there(prod: dict[str, Any], tmp_path: Path) -> None:
+    """From a base where chat kept Serve's default router: a100's max raised in the same change starts a
+    new Ray cluster, where chat starts routing by prefix."""
+    base_config = stack_document("prod")
+    next(m for m in base_config["triarch:models"] if m["name"] == "chat")["prefixRouting"] = {"enabled": False}
+    base = document(plan_config("prod", base_config, tmp_path / "base"))
+
+    def edit(config: dict[str, Any]) -> None:
+        pool(config, "a100").update(max=3)
+    head_config = stack_document("prod")
+    edit(head_config)
+    head = document(plan_config("prod", head_config, tmp_path / "head"))
+    found = traffic_effects(diff_plans(base, head), base, head, None, None)
+    assert found[0].startswith("RayService rayservice-llm-llm: KubeRay starts a new Ray cluster")
+    assert found[1:] == ["RayService rayservice-llm-llm: prefix-aware routing turns on for chat on the new Ray "
+                         "cluster, where every model starts anyway"]

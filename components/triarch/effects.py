@@ -5,7 +5,8 @@ nodes of a pool whose template drifts or whose AMI alias follows an upgraded con
 node group, a workload whose pod template changes (an image bump) replaces every pod, clients lose a Service
 name or a Ray Serve route, and Pulumi deletes last, so a model's old replicas
 hold their GPUs while its new ones start; Ray Serve, told a new serveConfigV2, starts the new applications as it
-stops the removed ones, within its worker groups' maxReplicas. Pure: the diff, both plans and both capacity
+stops the removed ones, within its worker groups' maxReplicas, and restarts a model whose prefix-aware routing turns
+on or off. Pure: the diff, both plans and both capacity
 reports in, sentences out."""
 
 from __future__ import annotations
@@ -74,6 +75,52 @@ def _ray_effects(difference: Difference) -> list[str]:
         found.append(f"RayService {difference.name}: KubeRay does not apply {_shown(cluster)} to the running Ray "
                      "cluster (worker counts, tolerations and scheduling gates alone start no new cluster and update "
                      "none): the Ray autoscaler keeps the old bounds until a change that starts a new cluster")
+    return found
+
+
+PREFIX_ROUTER = ".PrefixCacheAffinityRouter"
+"""How a Serve application's LLMConfig names Ray Serve LLM's prefix-aware router (planners/ray.py)."""
+
+
+def _prefix_routed(plan: Mapping[str, Any]) -> dict[str, dict[str, bool]]:
+    """RayService (its resource name) -> {Serve application: whether its deployment routes by prefix}."""
+    found: dict[str, dict[str, bool]] = {}
+    for resource in plan["resources"]:
+        apps = serve_applications(resource) if resource["type"] == RAY_SERVICE else None
+        if apps is None:
+            continue
+        found[str(resource["name"])] = {
+            str(app.get("name")): any(
+                str(((llm.get("deployment_config") or {}).get("request_router_config") or {}).get(
+                    "request_router_class", "")).endswith(PREFIX_ROUTER)
+                for llm in (app.get("args") or {}).get("llm_configs") or [])
+            for app in apps}
+    return found
+
+
+def _routing_effects(base: Mapping[str, Any], head: Mapping[str, Any], new_clusters: set[str]) -> list[str]:
+    """Prefix-aware routing turned on or off for a model that stays. The router is part of the model's LLMConfig,
+    the application's `args`, which Ray Serve hashes into the application's code version (ray 2.60,
+    serve/_private/deploy_utils.py get_app_code_version): a new version rebuilds the application and restarts its
+    replicas (version.py requires_actor_restart), max(1, 20%) of the target at a time (deployment_state.py,
+    rolling_update_percentage 0.2) and each stopped before its replacement starts (max_surge_percent 0, config.py)."""
+    found = []
+    after = _prefix_routed(head)
+    for service, apps in sorted(_prefix_routed(base).items()):
+        kept = {app: routed for app, routed in apps.items() if app in after.get(service, {})}
+        on = sorted(app for app, routed in kept.items() if not routed and after[service][app])
+        off = sorted(app for app, routed in kept.items() if routed and not after[service][app])
+        if not on and not off:
+            continue
+        what = " and ".join(f"turns {way} for {', '.join(names)}" for way, names in (("on", on), ("off", off)) if names)
+        if service in new_clusters:
+            found.append(f"RayService {service}: prefix-aware routing {what} on the new Ray cluster, where every "
+                         "model starts anyway")
+            continue
+        found.append(f"RayService {service}: prefix-aware routing {what}: a new LLMConfig, so Ray Serve rebuilds "
+                     "the application and restarts its replicas, a fifth at a time (at least one), each stopped "
+                     "before its replacement starts: fewer replicas serve until it ends (a one-replica model none), "
+                     "and each new replica's prefix cache starts empty")
     return found
 
 
@@ -263,6 +310,8 @@ def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, An
                      + ": clients calling the old name (and served model name) fail until they change")
     found += _upgrade_drift(result, head)
     found += _serve_clients(base, head)
+    found += _routing_effects(base, head, {d.name for d in result.differences
+                                           if d.type == RAY_SERVICE and _new_ray_cluster(d)})
     found += claim_growth_notes(base, head)
     if base_capacity and head_capacity:
         found += _transient_gpus(base_capacity, head_capacity)

@@ -17,7 +17,15 @@ from triarch.config.pools import (
     pool_provisioner,
     unknown,
 )
-from triarch.config.schema import SUPPORTED_KUBERNETES, UPSTREAM_IMAGES, ModelConfig, StackConfig, admin_key
+from triarch.config.schema import (
+    RAY_EVICTION_THRESHOLD_CHARS,
+    SUPPORTED_KUBERNETES,
+    UPSTREAM_IMAGES,
+    ModelConfig,
+    PrefixRoutingConfig,
+    StackConfig,
+    admin_key,
+)
 from triarch.errors import ConfigError
 from triarch.images import ImageError, chart_release, parse_host, parse_prefix, release_of
 
@@ -131,6 +139,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
         if model.route_prefix is not None and model.engine != "ray-serve":
             raise ConfigError(f"{path}.routePrefix", model.route_prefix, "only applies to engine ray-serve",
                               "remove it (a vllm model gets its own Service)")
+        _check_prefix_routing(model, path)
         if model.autoscaling is not None:
             if "replicas" in model.model_fields_set:
                 raise ConfigError(f"{path}.replicas", model.replicas,
@@ -151,6 +160,51 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                 raise ConfigError(f"{path}.autoscaling.min", model.autoscaling.min,
                                   f"is greater than autoscaling.max ({model.autoscaling.max})",
                                   f"0..{model.autoscaling.max}")
+
+
+def _check_prefix_routing(model: ModelConfig, path: str) -> None:
+    """Prefix-aware routing is Ray Serve's, for requests with a prompt, and pays only where vLLM keeps prefixes."""
+    routing = model.prefix_routing
+    if routing is None:
+        return
+    key = f"{path}.prefixRouting"
+    if model.engine != "ray-serve":
+        raise ConfigError(key, routing.model_dump(by_alias=True, exclude_unset=True),
+                          "configures Ray Serve's prefix-aware router, which only engine ray-serve has",
+                          "remove it (a vllm model's Service spreads connections over its pods)")
+    if not routing.enabled:
+        tuned = sorted(routing.model_fields_set - {"enabled"})
+        if tuned:
+            field = PrefixRoutingConfig.model_fields[tuned[0]]
+            raise ConfigError(f"{key}.{field.alias}", getattr(routing, tuned[0]),
+                              "would be ignored: prefixRouting.enabled is false",
+                              "remove it, or prefixRouting.enabled: true")
+        return
+    if not model.prefix_caching:
+        raise ConfigError(f"{key}.enabled", True,
+                          "sends each request to the replica that served its prompt's start before, but "
+                          "prefixCaching is false: no replica's vLLM keeps that start, so nothing is reused and "
+                          "load is balanced worse", "prefixRouting.enabled: false, or prefixCaching: true")
+    if model.resolved_task == "embed":
+        # Ray 2.60 prefix_aware_router.py, _extract_text_from_request: a request without `messages` or `prompt`
+        # raises ValueError in the router; an embeddings request carries `input`.
+        raise ConfigError(f"{key}.enabled", True,
+                          "routes on a request's messages or prompt, and an embeddings request has neither (Ray "
+                          "2.60's router raises on it)", "prefixRouting.enabled: false, or task: generate")
+    threshold, target = routing.eviction_threshold_chars, routing.eviction_target_chars
+    if not routing.eviction:
+        for name in ("eviction_threshold_chars", "eviction_target_chars", "eviction_interval_seconds"):
+            if getattr(routing, name) is not None:
+                raise ConfigError(f"{key}.{PrefixRoutingConfig.model_fields[name].alias}", getattr(routing, name),
+                                  "would be ignored: prefixRouting.eviction is false",
+                                  "remove it, or prefixRouting.eviction: true")
+    elif target is not None:
+        limit, source = (threshold, "evictionThresholdChars") if threshold is not None else (
+            RAY_EVICTION_THRESHOLD_CHARS, "Ray's default evictionThresholdChars")
+        if target > limit:
+            raise ConfigError(f"{key}.evictionTargetChars", target,
+                              f"is more than the {limit} characters at which eviction starts ({source}): a replica "
+                              "would be cut back to more than it holds", f"1..{limit}")
 
 
 def _check_cold_start_settings(stack: StackConfig, model: ModelConfig, path: str) -> None:

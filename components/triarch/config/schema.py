@@ -203,6 +203,39 @@ class AutoscalingConfig(_Model):
     """Most replicas; the pool's max must hold them."""
 
 
+RAY_EVICTION_THRESHOLD_CHARS = 400_000
+"""PrefixCacheAffinityRouter's eviction_threshold_chars default (Ray 2.60, prefix_aware_router.py initialize_state):
+what an evictionTargetChars given alone must stay under."""
+
+
+class PrefixRoutingConfig(_Model):
+    """Ray Serve's prefix-aware router for a ray-serve model (Ray 2.60's PrefixCacheAffinityRouter): a request goes
+    to the replica whose earlier requests shared the longest start of its prompt, so that replica's vLLM prefix cache
+    answers the shared part instead of computing it again. Defaults: the router's own (Ray 2.60,
+    prefix_aware_router.py, initialize_state), except where a key says Triarch's."""
+
+    enabled: bool = Field(True, examples=[False])
+    """false: Ray Serve's default router (the less busy of two random replicas). Default: on for a generate model
+    on engine ray-serve with prefixCaching on and more than one replica at most."""
+    imbalanced_threshold: int | None = Field(None, ge=1, examples=[32])
+    """Requests in flight by which the busiest replica may lead the least busy before the router stops following
+    prefixes and balances load. Default (Triarch's): half the tuned batch (max_num_seqs), the load autoscaling
+    targets per replica; Ray's own default is never to balance."""
+    match_rate_threshold: float | None = Field(None, ge=0, le=1, examples=[0.2])
+    """Below this share of the prompt matched, the router sends the request to the replica that remembers the
+    least text. Ray's default: 0.1."""
+    eviction: bool = Field(True, examples=[False])
+    """Forget each replica's least recently routed prompts past evictionThresholdChars (Triarch's default; Ray's
+    is never to forget, and the router's prefix tree, in a Ray actor, then grows with every prompt)."""
+    eviction_threshold_chars: int | None = Field(None, ge=1, examples=[2_000_000])
+    """Characters of prompts remembered per replica above which the oldest are forgotten. Ray's default: 400000."""
+    eviction_target_chars: int | None = Field(None, ge=1, examples=[1_800_000])
+    """What each replica's remembered prompts are cut back to, at most evictionThresholdChars. Ray's default:
+    360000."""
+    eviction_interval_seconds: int | None = Field(None, ge=1, examples=[30])
+    """How often the prefix tree forgets. Ray's default: 10."""
+
+
 class ModelConfig(_Model):
     """One served model; its workload is placed on one node group, its engine args come from the tuner."""
 
@@ -264,6 +297,15 @@ class ModelConfig(_Model):
     """Alert when the p90 time to first token stays above this (with observability.prometheus)."""
     cache_gib: int | None = Field(None, ge=1, le=4096, alias="cacheGiB", examples=[200])
     """Size of the Hugging Face cache volume; default twice the weights, at least 20 GiB."""
+    prefix_caching: bool = Field(True, examples=[False])
+    """vLLM's automatic prefix caching: a request whose prompt starts like an earlier one reuses that start's KV
+    cache instead of computing it again. On by vLLM's default for every generate model Triarch sizes (0.29.0 and
+    0.33.0, ModelConfig.is_prefix_caching_supported); false turns it off (enable_prefix_caching: false,
+    `--no-enable-prefix-caching`)."""
+    prefix_routing: PrefixRoutingConfig | None = Field(None, examples=[{"enabled": False}])
+    """Engine ray-serve: route each request to the replica most likely to hold its prompt's start in its prefix
+    cache, tuned by the keys below. Default: on where it can pay, a generate model with prefixCaching on and more
+    than one replica at most."""
 
     @property
     def resolved_task(self) -> Literal["generate", "embed"]:

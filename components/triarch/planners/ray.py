@@ -18,6 +18,7 @@ import yaml
 
 from triarch.catalog import catalog
 from triarch.coldfacts import cold_start_facts
+from triarch.config.schema import PrefixRoutingConfig
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
 from triarch.planners.model_plan import ModelPlan
@@ -26,6 +27,8 @@ from triarch.planners.vllm import STREAMER_LOAD_FORMAT
 from triarch.scheduling import GPU_PRESENT_LABEL
 
 RAY_SERVICE = "llm"
+PREFIX_ROUTER = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"
+"""Ray Serve LLM's prefix-aware router, by the public path Ray 2.60 exports it at (ray/serve/llm/request_router.py)."""
 SPEC_AUTHORED_HERE = {"pulumi.com/patchForce": "true"}
 """The RayService's spec is Triarch's to write, so `pulumi up` takes its fields back instead of failing on a
 server-side-apply conflict. KubeRay 1.7.0 (and 1.6.2, ray-project/kuberay#4807 and #4909) adds its finalizer with
@@ -83,10 +86,39 @@ def prestop_script() -> str:
     return "\n".join(line for line in rendered.splitlines() if not line.lstrip().startswith("#")) + "\n"
 
 
+def prefix_routing(plan: ModelPlan) -> bool:
+    """Whether the model's Serve deployment routes by prefix: as its stack says, else where it can pay: a generate
+    model (the router reads a request's messages or prompt) whose vLLM keeps prefixes, with replicas to choose
+    between."""
+    if plan.config.prefix_routing is not None:
+        return plan.config.prefix_routing.enabled
+    return (plan.config.prefix_caching and plan.config.resolved_task == "generate"
+            and replica_bounds(plan)[1] > 1)
+
+
+def request_router(plan: ModelPlan, half_batch: int) -> dict[str, Any]:
+    """The deployment's request_router_config (ray.serve.config.RequestRouterConfig) for prefix-aware routing: the
+    router's kwargs are its initialize_state's (Ray 2.60), each left to Ray's default unless the stack or Triarch
+    sets it."""
+    routing = plan.config.prefix_routing or PrefixRoutingConfig()
+    kwargs: dict[str, Any] = {
+        # Ray's default (infinity) follows a hot prefix onto one replica however long its queue grows.
+        "imbalanced_threshold": routing.imbalanced_threshold or half_batch,
+        "do_eviction": routing.eviction,
+    }
+    given = {"match_rate_threshold": routing.match_rate_threshold,
+             "eviction_threshold_chars": routing.eviction_threshold_chars,
+             "eviction_target_chars": routing.eviction_target_chars,
+             "eviction_interval_secs": routing.eviction_interval_seconds}
+    kwargs.update({name: value for name, value in given.items() if value is not None})
+    return {"request_router_class": PREFIX_ROUTER, "request_router_kwargs": kwargs}
+
+
 def llm_config(plan: ModelPlan) -> dict[str, Any]:
     """Ray Serve LLM's LLMConfig for one model (field names of ray.serve.llm.LLMConfig)."""
     low, high = replica_bounds(plan)
     batch = int(plan.sizing.engine_args.get("max_num_seqs", 1))
+    half_batch = max(1, batch // 2)
     deployment: dict[str, Any] = {
         # A replica takes at most what vLLM batches at once; more would queue inside the engine unseen by Serve.
         "max_ongoing_requests": batch,
@@ -95,12 +127,17 @@ def llm_config(plan: ModelPlan) -> dict[str, Any]:
     if plan.config.autoscaling:
         # Scale out at half a batch per replica, before requests wait in vLLM's queue.
         deployment["autoscaling_config"] = {"min_replicas": low, "max_replicas": high,
-                                            "target_ongoing_requests": max(1, batch // 2)}
+                                            "target_ongoing_requests": half_batch}
     else:
         deployment["num_replicas"] = low
+    if prefix_routing(plan):
+        # LLMServer.get_deployment_options hands deployment_config to serve.deployment (Ray 2.60).
+        deployment["request_router_config"] = request_router(plan, half_batch)
     engine_kwargs = dict(plan.sizing.engine_args)
     if plan.serving_revision and not plan.config.weights_uri:
         engine_kwargs["revision"] = plan.serving_revision
+    if not plan.config.prefix_caching:
+        engine_kwargs["enable_prefix_caching"] = False
     source = plan.config.model
     if plan.config.weights_uri:
         # Ray Serve LLM hands an s3:// source to vLLM as the model when the load format streams (Ray 2.60,

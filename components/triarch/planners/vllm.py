@@ -24,6 +24,8 @@ SHUTDOWN_TIMEOUT_SECONDS = 60
 """vLLM's --shutdown-timeout: how long it keeps serving accepted requests after SIGTERM."""
 GRACE_MARGIN_SECONDS = 15
 PROBE_PERIOD_SECONDS = 10
+NO_PREFIX_CACHING = "--no-enable-prefix-caching"
+"""prefixCaching: false, as `vllm serve` takes it (vLLM turns prefix caching on by default)."""
 
 
 def grace_period_seconds() -> int:
@@ -39,6 +41,10 @@ def engine_flags(plan: ModelPlan) -> list[str]:
             args.append(flag)
         elif value is not False and value is not None:
             args += [flag, str(value)]
+    if not plan.config.prefix_caching:
+        # A boolean EngineArgs field is an argparse.BooleanOptionalAction: its --no- form turns off what vLLM turns
+        # on by default (vllm/engine/arg_utils.py, 0.33.0:384-386 and 0.29.0:387-389).
+        args.append(NO_PREFIX_CACHING)
     return args
 
 

@@ -1,0 +1,264 @@
+"""Prefix-aware routing of Ray Serve models (issue 37): on where it can pay, tunable, refused where it cannot work,
+and the serve config Triarch emits checked by Ray 2.60's own schema (ray[serve]==2.60.0, the release inside the
+pinned rayproject/ray-llm image), not only by ours. Expected values are written here by hand."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import inspect
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ray import serve
+from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import (
+    PrefixCacheAffinityRouter as InternalRouter,
+)
+from ray.serve.config import RequestRouterConfig
+from ray.serve.schema import ServeDeploySchema
+
+from conftest import MutatedConfig, reference_file, stack_document, stack_path, write_stack_file
+from test_engine_args import llm_configs, planned, vllm_container, with_model
+from triarch import cli
+from triarch.config.schema import RAY_EVICTION_THRESHOLD_CHARS
+from triarch.offline import read_stack_config
+
+
+def engine_args(release: str) -> set[str]:
+    return set(reference_file(release, "engine-args.txt").read_text(encoding="utf-8").split())
+
+
+PUBLIC_ROUTER = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"
+INTERNAL_ROUTER = f"{InternalRouter.__module__}.{InternalRouter.__name__}"
+"""The class the public path subclasses with no body of its own (checked below): importing the public path pulls
+in ray.serve.llm, which needs vLLM; the internal module imports with ray[serve] alone."""
+
+SHIPPED_ROUTING = {
+    "prod": {"chat": True, "qwen": True},   # generate models, autoscaled to 4 and 3 replicas
+    "large": {"llama": False},              # one replica: nothing to choose between
+    "fresh": {"embed": False},              # an embedding model: no prompt to route on
+    "lab": {"embed": False},
+}
+
+
+def serve_applications(config: dict[str, Any]) -> list[dict[str, Any]]:
+    [service] = [o for o in planned(config) if o["kind"] == "RayService"]
+    document = yaml.safe_load(service["spec"]["serveConfigV2"])
+    assert isinstance(document, dict)
+    validated = ServeDeploySchema.model_validate(document)  # Ray's own schema of a Serve config
+    assert [app.name for app in validated.applications] == [app["name"] for app in document["applications"]]
+    applications: list[dict[str, Any]] = document["applications"]
+    return applications
+
+
+def ray_deployment_options(llm: dict[str, Any]) -> Any:
+    """The LLMConfig's deployment_config as Ray Serve LLM hands it to serve.deployment (LLMServer
+    .get_deployment_options, Ray 2.60): Ray validates every option there, and the router config with
+    RequestRouterConfig, importing the router class and serializing it."""
+    options = dict(llm["deployment_config"])
+    if "request_router_config" in options:
+        router = dict(options["request_router_config"])
+        assert router["request_router_class"] == PUBLIC_ROUTER
+        options["request_router_config"] = RequestRouterConfig(**{**router, "request_router_class": INTERNAL_ROUTER})
+    class Stand:  # the deployment's class does not matter to its options
+        pass
+    return serve.deployment(Stand, **options)._deployment_config
+
+
+@pytest.mark.parametrize("stack", sorted(SHIPPED_ROUTING))
+def test_every_shipped_serve_config_passes_rays_own_schema(stack: str) -> None:
+    config = read_stack_config(stack_path(stack))[0]
+    routed = {}
+    for app in serve_applications(config):
+        [llm] = app["args"]["llm_configs"]
+        options = ray_deployment_options(llm)
+        routed[app["name"]] = options.request_router_config.request_router_class == INTERNAL_ROUTER
+        assert options.max_ongoing_requests == llm["deployment_config"]["max_ongoing_requests"]
+    assert routed == SHIPPED_ROUTING[stack]
+
+
+def test_the_public_router_path_is_the_internal_router_exported(tmp_path: Path) -> None:
+    """ray/serve/llm/request_router.py in the pinned wheel: the class Triarch names subclasses the router the test
+    imports and adds nothing."""
+    spec = importlib.util.find_spec("ray")
+    assert spec is not None and spec.submodule_search_locations
+    source = Path(next(iter(spec.submodule_search_locations))) / "serve" / "llm" / "request_router.py"
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    imported = {alias.asname: f"{node.module}.{alias.name}" for node in tree.body
+                if isinstance(node, ast.ImportFrom) for alias in node.names if alias.asname}
+    [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == PUBLIC_ROUTER.rsplit(".", 1)[1]]
+    [base] = [b.id for b in cls.bases if isinstance(b, ast.Name)]
+    assert imported[base] == INTERNAL_ROUTER
+    assert all(isinstance(s, ast.Pass | ast.Expr) for s in cls.body)  # a docstring and `pass`
+
+
+def test_the_defaults_triarch_names_as_rays_are_rays() -> None:
+    defaults = {name: p.default for name, p in inspect.signature(InternalRouter.initialize_state).parameters.items()
+                if name != "self"}
+    assert defaults["imbalanced_threshold"] == math.inf  # never balance: why Triarch sets its own
+    assert defaults["do_eviction"] is False             # never forget: why Triarch turns eviction on
+    assert (defaults["match_rate_threshold"], defaults["eviction_threshold_chars"], defaults["eviction_target_chars"],
+            defaults["eviction_interval_secs"]) == (0.1, 400_000, 360_000, 10)
+    assert defaults["eviction_threshold_chars"] == RAY_EVICTION_THRESHOLD_CHARS
+
+
+TUNED = {"imbalancedThreshold": 16, "matchRateThreshold": 0.25, "evictionThresholdChars": 2_000_000,
+         "evictionTargetChars": 1_500_000, "evictionIntervalSeconds": 30}
+
+
+def test_every_key_reaches_the_router_as_its_kwarg(mutated_config: MutatedConfig) -> None:
+    before = llm_configs(planned(mutated_config("prod", with_model(2))))
+    config = mutated_config("prod", with_model(2, prefixRouting=TUNED))
+    after = llm_configs(planned(config))
+    assert after["qwen"]["deployment_config"]["request_router_config"] == {
+        "request_router_class": PUBLIC_ROUTER,
+        "request_router_kwargs": {"imbalanced_threshold": 16, "do_eviction": True, "match_rate_threshold": 0.25,
+                                  "eviction_threshold_chars": 2_000_000, "eviction_target_chars": 1_500_000,
+                                  "eviction_interval_secs": 30}}
+    assert after["chat"] == before["chat"]
+    parameters = set(inspect.signature(InternalRouter.initialize_state).parameters)
+    kwargs = after["qwen"]["deployment_config"]["request_router_config"]["request_router_kwargs"]
+    assert set(kwargs) <= parameters
+    options = ray_deployment_options(after["qwen"])
+    assert options.request_router_config.request_router_kwargs == kwargs
+    serve_applications(config)
+
+
+def test_by_default_the_router_balances_past_half_a_batch_and_forgets(mutated_config: MutatedConfig) -> None:
+    """qwen on prod's L4 pool is tuned to a batch of 8 (max_ongoing_requests): autoscaling targets 4 per replica,
+    and the router balances load once the busiest replica leads by more than that."""
+    llm = llm_configs(planned(mutated_config("prod", with_model(2))))["qwen"]
+    deployment = llm["deployment_config"]
+    assert deployment["max_ongoing_requests"] == 8
+    assert deployment["request_router_config"]["request_router_kwargs"] == {"imbalanced_threshold": 4,
+                                                                            "do_eviction": True}
+
+
+def test_eviction_off_leaves_the_tree_unbounded_as_ray_does(mutated_config: MutatedConfig) -> None:
+    llm = llm_configs(planned(mutated_config("prod", with_model(1, prefixRouting={"eviction": False}))))["chat"]
+    assert llm["deployment_config"]["request_router_config"]["request_router_kwargs"]["do_eviction"] is False
+
+
+def test_routing_off_leaves_serves_default_router(mutated_config: MutatedConfig) -> None:
+    configs = llm_configs(planned(mutated_config("prod", with_model(1, prefixRouting={"enabled": False}))))
+    assert "request_router_config" not in configs["chat"]["deployment_config"]
+    assert "request_router_config" in configs["qwen"]["deployment_config"]
+    assert "enable_prefix_caching" not in configs["chat"]["engine_kwargs"]  # caching stays vLLM's default: on
+
+
+def test_caching_off_turns_routing_off_by_default_and_reaches_vllm(mutated_config: MutatedConfig) -> None:
+    configs = llm_configs(planned(mutated_config("prod", with_model(1, prefixCaching=False))))
+    assert configs["chat"]["engine_kwargs"]["enable_prefix_caching"] is False
+    assert "request_router_config" not in configs["chat"]["deployment_config"]
+    assert "enable_prefix_caching" in engine_args("vllm-0.29.0")  # the vLLM inside ray[llm] 2.60.0
+
+
+def test_caching_off_reaches_vllm_serve_as_its_no_flag(mutated_config: MutatedConfig) -> None:
+    assert "--no-enable-prefix-caching" not in vllm_container(planned(mutated_config("dev", with_model(0))),
+                                                              "embed")["args"]
+    args = vllm_container(planned(mutated_config("dev", with_model(0, prefixCaching=False))), "embed")["args"]
+    assert args[-1] == "--no-enable-prefix-caching"
+    assert "enable_prefix_caching" in engine_args("vllm-0.33.0")  # a bool EngineArgs field: --no- is its negation
+
+
+def test_one_replica_gets_no_router_unless_asked(mutated_config: MutatedConfig) -> None:
+    def fixed(config: dict[str, Any]) -> None:
+        config["triarch:models"][1].pop("autoscaling")
+        config["triarch:models"][1]["replicas"] = 1
+    assert "request_router_config" not in llm_configs(planned(mutated_config("prod", fixed)))["chat"][
+        "deployment_config"]
+
+    def asked(config: dict[str, Any]) -> None:
+        fixed(config)
+        config["triarch:models"][1]["prefixRouting"] = {"enabled": True}
+    assert "request_router_config" in llm_configs(planned(mutated_config("prod", asked)))["chat"][
+        "deployment_config"]
+
+
+def test_two_fixed_replicas_are_routed(mutated_config: MutatedConfig) -> None:
+    def two(config: dict[str, Any]) -> None:
+        config["triarch:models"][1].pop("autoscaling")
+        config["triarch:models"][1]["replicas"] = 2
+    deployment = llm_configs(planned(mutated_config("prod", two)))["chat"]["deployment_config"]
+    assert deployment["num_replicas"] == 2 and "request_router_config" in deployment
+
+
+# --- bad input: one line naming the key, exit 2 ------------------------------------------------------------------
+
+def refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], index: int, **settings: Any) -> str:
+    config = stack_document("prod")
+    config["triarch:models"][index].update(settings)
+    path = write_stack_file(tmp_path / "Pulumi.bad.yaml", config)
+    code = cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert code == 2, captured.out + captured.err
+    [line] = captured.err.splitlines()
+    assert line.startswith("error: ") and "Traceback" not in captured.err + captured.out
+    return line
+
+
+def test_routing_on_with_caching_off_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(tmp_path, capsys, 1, prefixCaching=False, prefixRouting={"enabled": True})
+    assert line.startswith("error: triarch:models[1].prefixRouting.enabled: True sends each request"), line
+    assert "prefixCaching is false" in line
+    assert line.endswith("allowed: prefixRouting.enabled: false, or prefixCaching: true"), line
+
+
+def test_tuning_the_router_with_caching_off_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(tmp_path, capsys, 2, prefixCaching=False, prefixRouting={"matchRateThreshold": 0.3})
+    assert "triarch:models[2].prefixRouting.enabled" in line and "prefixCaching is false" in line, line
+
+
+def test_routing_a_vllm_model_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(tmp_path, capsys, 0, prefixRouting={"enabled": True})
+    assert line.startswith("error: triarch:models[0].prefixRouting: {'enabled': True} configures Ray Serve's"), line
+    assert "only engine ray-serve" in line
+
+
+def test_routing_an_embedding_model_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(tmp_path, capsys, 2, task="embed", prefixRouting={"enabled": True})
+    assert line.startswith("error: triarch:models[2].prefixRouting.enabled: True routes on a request's messages"), line
+
+
+def test_a_tuning_key_beside_routing_off_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(tmp_path, capsys, 1, prefixRouting={"enabled": False, "imbalancedThreshold": 8})
+    assert line.startswith("error: triarch:models[1].prefixRouting.imbalancedThreshold: 8 would be ignored"), line
+
+
+def test_an_eviction_key_beside_eviction_off_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(tmp_path, capsys, 1, prefixRouting={"eviction": False, "evictionIntervalSeconds": 5})
+    assert line.startswith("error: triarch:models[1].prefixRouting.evictionIntervalSeconds: 5 would be ignored"), line
+
+
+@pytest.mark.parametrize(("routing", "limit"), [
+    ({"evictionThresholdChars": 1000, "evictionTargetChars": 1001}, "1000 characters"),
+    ({"evictionTargetChars": 400_001}, "400000 characters"),  # Ray's default threshold
+])
+def test_an_eviction_target_above_its_threshold_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           routing: dict[str, int], limit: str) -> None:
+    line = refused(tmp_path, capsys, 1, prefixRouting=routing)
+    target = routing["evictionTargetChars"]
+    assert line.startswith(f"error: triarch:models[1].prefixRouting.evictionTargetChars: {target} is more than "
+                           f"the {limit}"), line
+
+
+def test_an_eviction_target_at_its_threshold_is_accepted(mutated_config: MutatedConfig) -> None:
+    config = mutated_config("prod", with_model(1, prefixRouting={"evictionTargetChars": 400_000}))
+    kwargs = llm_configs(planned(config))["chat"]["deployment_config"]["request_router_config"]["request_router_kwargs"]
+    assert kwargs["eviction_target_chars"] == 400_000
+
+
+def test_a_match_rate_above_one_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(tmp_path, capsys, 1, prefixRouting={"matchRateThreshold": 1.5})
+    assert "triarch:models[1].prefixRouting.matchRateThreshold" in line, line
+
+
+
+def test_an_embedding_model_with_replicas_to_choose_between_gets_no_router(mutated_config: MutatedConfig) -> None:
+    """lab's embed on Ray Serve, at two replicas: the router would raise on its requests (no messages, no prompt)."""
+    configs = llm_configs(planned(mutated_config("lab", with_model(1, replicas=2))))
+    assert configs["embed"]["deployment_config"]["num_replicas"] == 2
+    assert "request_router_config" not in configs["embed"]["deployment_config"]
