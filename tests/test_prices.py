@@ -25,6 +25,7 @@ from triarch.offline import read_stack_config
 from triarch.paths import COMPAT_DIR
 from triarch.planners.models import plan_models
 from triarch.pricelist import OfferError, RegionPrices, region_prices, write_region
+from triarch.review import review_markdown
 
 SLICE = Path(__file__).resolve().parent / "fixtures" / "prices" / "AmazonEC2-us-east-1-slice.json"
 US_EAST_1 = "https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonEC2/current/us-east-1/index.json"
@@ -194,12 +195,16 @@ def test_a_priced_region_and_a_type_not_sold_on_demand_say_nothing(write_stack: 
     assert price_gaps(stack, only) is None
 
 
-def test_the_plan_says_it_once(write_stack: StackWriter, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_plan_and_its_review_say_it_once(write_stack: StackWriter, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
     path = write_stack(in_region(stack_document("dev"), "us-west-2"))
-    assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")]) == 0
+    out_dir = tmp_path / "review" / "head" / "test"
+    assert cli.main(["plan", "--stack-file", str(path), "--out", str(out_dir)]) == 0
     out = capsys.readouterr().out
     assert len(re.findall(r"triarch prices refresh --region us-west-2", out)) == 1
-    assert json.loads((tmp_path / "out" / "capacity.json").read_text())["priceGaps"]["region"] == "us-west-2"
+    assert json.loads((out_dir / "capacity.json").read_text())["priceGaps"]["region"] == "us-west-2"
+    comment = review_markdown(tmp_path / "review")
+    assert len(re.findall(r":warning: us-west-2: no price is recorded for g6\.xlarge", comment)) == 1
 
 
 def test_an_offer_that_is_not_a_mapping_is_refused() -> None:
