@@ -91,6 +91,12 @@ class Catalog:
     amis: dict[str, dict[str, AmiRelease]]
     cuda_minimum_driver: dict[str, str]
     minor_version_compatibility: dict[str, str]
+    refused: dict[str, str] = field(default_factory=dict)
+    """Instance families EKS runs that Triarch does not plan (instances.yaml `refused`), each with why."""
+
+    def refusal(self, instance_type: str) -> str | None:
+        """Why an instance type is not planned, where its family (the name before its first '.') is refused."""
+        return self.refused.get(instance_type.split(".", 1)[0])
 
     def image(self, ref: str) -> Image | None:
         return self.images.get(ref)
@@ -153,6 +159,7 @@ def load_catalog(directory: Path = COMPAT_DIR) -> Catalog:
         amis=amis,
         cuda_minimum_driver={str(k): str(v) for k, v in cuda["minimumDriver"].items()},
         minor_version_compatibility={str(k): str(v) for k, v in cuda["minorVersionCompatibility"].items()},
+        refused={str(k): " ".join(str(v).split()) for k, v in (raw_instances.get("refused") or {}).items()},
     )
 
 

@@ -18,6 +18,7 @@ from triarch.paths import COMPAT_DIR
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import replica_bounds
 from triarch.planners.nodegroups import BASELINE_PULL, image_pull, plan_pool
+from triarch.pricelist import REFRESH_COMMAND
 from triarch.tuner import GIB
 
 CAPACITY_FILE = "capacity.json"
@@ -177,12 +178,51 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
     at_max: list[float | None] = [row["monthlyUsdAtMax"] for row in [*pools, *fixed]]
     return {
         "stack": name, "region": region, "pricesRetrieved": table.retrieved, "hoursPerMonth": table.hours_per_month,
+        "priceGaps": price_gaps(stack, table) if cluster.create and region else None,
         "pools": pools, "fixed": fixed, "models": uses,
         "usage": usage_rates(stack, models, table) if cluster.create and region else [],
         "monthlyUsdIdle": _sum(at_idle) if region else None,
         "monthlyUsdAtMin": _sum(at_min) if region else None,
         "monthlyUsdAtMax": _sum(at_max) if region else None,
     }
+
+
+FIXED_PRICES = ("eksControlPlane", "natGateway", "publicIpv4")
+STORAGE_RATES = ("ebsGp3", "ebsGp3Throughput", "efsStandard")
+
+
+def price_gaps(stack: StackConfig, table: PriceTable) -> dict[str, Any] | None:
+    """What a created cluster's region has no recorded price for (its pools' and system nodes' instance types, the
+    fixed hourly prices, the storage rates), or None where nothing is missing. A type the region does not sell on
+    demand (notOffered) is not a gap: the table says why it has no price."""
+    region = stack.aws_region or ""
+    types = [g.instance_type for g in stack.node_groups if g.instance_type] + \
+        [stack.cluster.system_node_group.instance_type]
+    instances = sorted({t for t in types if table.instance(region, t) is None
+                        and t not in table.not_offered.get(region, {})})
+    others = [k for k in FIXED_PRICES if k not in table.fixed.get(region, {})] + \
+        [k for k in STORAGE_RATES if k not in table.storage.get(region, {})]
+    if not instances and not others:
+        return None
+    return {"region": region, "instances": instances, "others": others,
+            "recorded": bool(table.instances.get(region))}
+
+
+def price_gap_line(capacity: dict[str, Any]) -> str | None:
+    """The one line a plan says where its region lacks prices, naming the command that records them."""
+    gaps = capacity.get("priceGaps")
+    if not gaps:
+        return None
+    region = gaps["region"]
+    missing = [*gaps["instances"], *gaps["others"]]
+    what = "no on-demand prices are recorded" if not gaps["recorded"] else \
+        f"no price is recorded for {', '.join(missing)}"
+    fix = []
+    if gaps["instances"]:
+        fix.append(f"`{REFRESH_COMMAND.format(region=region)}` records the instance types' from AWS's price list")
+    if gaps["others"]:
+        fix.append(f"{', '.join(gaps['others'])}: add {region} rows with their sources")
+    return f"{region}: {what} in templates/compat/prices.yaml, so those costs are unknown; {'; '.join(fix)}"
 
 
 def fixed_costs(stack: StackConfig, models: list[ModelPlan], pools: list[dict[str, Any]],

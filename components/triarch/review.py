@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from triarch.cost import price_gap_line
 from triarch.report.changes import capacity_change_table, cold_start_table
 from triarch.report.summary import usage_line, usd
 
@@ -192,6 +193,9 @@ def _stack_section(directory: Path, stack: str) -> list[str]:
             lines += ["", f"On-demand list prices, {capacity['region']}, retrieved {capacity['pricesRetrieved']} "
                           "(templates/compat/prices.yaml)" + ("; spot pools at that price, an upper bound." if spot
                                                              else ".")]
+            gap = price_gap_line(capacity)
+            if gap:
+                lines += ["", f":warning: {gap}."]
         if capacity["models"]:
             lines += ["", *cold_start_table((diff or {}).get("capacity"), capacity)]
             lines += ["", *placement_diagram(capacity)]

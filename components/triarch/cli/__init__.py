@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import argparse
 
-from triarch.cli import check, comment, diff, local, model, plan, refdata, reference, review, tune, verify
+from triarch.cli import check, comment, diff, local, model, plan, prices, refdata, reference, review, tune, verify
 from triarch.cli.common import Commands, run
 
-COMMANDS = (plan, check, diff, verify, comment, tune, model, local, refdata, review, reference)
+COMMANDS = (plan, check, diff, verify, comment, tune, model, local, refdata, prices, review, reference)
 """Every command's module, in the order `triarch --help` lists them; each adds its own sub-parser and handler.
 (The help's first paragraph is this package's docstring.)"""
 

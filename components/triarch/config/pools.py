@@ -39,6 +39,10 @@ def check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fact
         if group.instance_type is None:
             raise ConfigError(f"{path}.instanceType", None, "is required when the cluster is created: the GPU "
                               "instance type of the pool's nodes", ", ".join(gpu_types))
+        refusal = facts.refusal(group.instance_type)
+        if refusal is not None:
+            raise ConfigError(f"{path}.instanceType", group.instance_type, f"is not planned by Triarch: {refusal}",
+                              "an NVIDIA GPU instance type of templates/compat/instances.yaml")
         if group.instance_type not in gpu_types:
             raise unknown(f"{path}.instanceType", group.instance_type, "GPU instance type", gpu_types,
                           "templates/compat/instances.yaml")

@@ -8,6 +8,7 @@ from typing import Any
 
 from triarch.catalog import Catalog, catalog, charts
 from triarch.config import NodeGroupConfig, StackConfig, driver_of, pool_provisioner
+from triarch.cost import price_gap_line
 from triarch.offline import Registered
 from triarch.planners.coldstart import duration, span
 from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
@@ -226,6 +227,9 @@ def capacity_lines(capacity: dict[str, Any]) -> list[str]:
     where = f"on-demand list prices in {capacity['region']}, {capacity['pricesRetrieved']}" if capacity["region"] \
         else "existing nodes: no price"
     lines = [f"Capacity and cost per month ({where}; {capacity['hoursPerMonth']:g} h)"]
+    gap = price_gap_line(capacity)
+    if gap:
+        lines.append(f"  {gap}")
     rows = [["pool", "instance", "nodes", "GPUs", "idle", "at min", "at max"]]
     for pool in capacity["pools"]:
         rows.append([pool["name"], pool["instanceType"] or "existing", f"{pool['minNodes']}-{pool['maxNodes']}",
