@@ -501,10 +501,12 @@ def test_destroy_leaves_no_release_and_only_the_crds_kept_by_design(fresh: Fresh
     namespaces = {n["metadata"]["name"] for n in fresh.get("namespaces")["items"]}
     assert not namespaces & {*RELEASES.values(), "llm"}
     kept = {c["metadata"]["name"]: c for c in fresh.get("crds")["items"]}
-    retained_by_triarch = {"ray.io", "leaderworkerset.x-k8s.io", "disaggregatedset.x-k8s.io"}
+    retained_by_triarch = {"ray.io", "leaderworkerset.x-k8s.io", "disaggregatedset.x-k8s.io",
+                           "inference.networking.k8s.io"}  # the InferencePool's, applied apart from the picker's chart
     helm_crds_dir = {"nfd.k8s-sigs.io"}  # node-feature-discovery's crds/ (a device plugin subchart): Helm keeps those
     for name, crd in kept.items():
         group = crd["spec"]["group"]
         keep = (crd["metadata"].get("annotations") or {}).get("helm.sh/resource-policy") == "keep"
         assert group in retained_by_triarch | helm_crds_dir or keep, f"{name} outlived its release"
-    assert {"rayservices.ray.io", "leaderworkersets.leaderworkerset.x-k8s.io"} <= set(kept)
+    assert {"rayservices.ray.io", "leaderworkersets.leaderworkerset.x-k8s.io",
+            "inferencepools.inference.networking.k8s.io"} <= set(kept)
