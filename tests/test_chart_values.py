@@ -4,6 +4,7 @@ nothing: Helm merges maps key by key, so a `drop` beside the chart's `add: [SYS_
 
 from __future__ import annotations
 
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ CHART_DEFAULTS = {
     ("lws", "v0.10.0"): "lws-v0.10.0/values.yaml",
     ("aws-efa-k8s-device-plugin", "v0.5.30"): "aws-efa-k8s-device-plugin-v0.5.30/values.yaml",
     ("kube-prometheus-stack", "88.5.3"): "prometheus-operator-v0.93.1/kube-prometheus-stack-88.5.3-values.yaml",
+    ("llm-d-router-standalone", "v0.10.0"): "charts/llm-d-router-standalone-v0.10.0.tgz",
 }
 """The chart's own values.yaml for each chart (by name, wherever it is pulled from: its repository, an OCI
 registry, a stack's mirror) and version Triarch pins (CRD-only charts have no pods)."""
@@ -62,8 +64,27 @@ def test_privileges_are_found_wherever_a_chart_nests_them() -> None:
 def _defaults(chart: str, version: str) -> dict[str, Any]:
     relative = CHART_DEFAULTS.get((chart.rsplit("/", 1)[-1], version))
     assert relative is not None, f"no reference values named for chart {chart} {version}: add it to CHART_DEFAULTS"
+    if relative.endswith(".tgz"):
+        return _archive_defaults(reference_file(relative))
     loaded: dict[str, Any] = yaml.safe_load(reference_file(relative).read_text(encoding="utf-8"))
     return loaded
+
+
+def _archive_defaults(archive: Path) -> dict[str, Any]:
+    """A packaged chart's values as Helm coalesces them: its own values.yaml over each subchart's, under the
+    subchart's alias (Chart.yaml's dependencies)."""
+    with tarfile.open(archive, "r:gz") as packed:
+        def read(member: str) -> dict[str, Any]:
+            handle = packed.extractfile(member)
+            assert handle is not None, member
+            loaded: dict[str, Any] = yaml.safe_load(handle.read()) or {}
+            return loaded
+        top = archive.name.rsplit("-v", 1)[0]
+        values = read(f"{top}/values.yaml")
+        for dependency in read(f"{top}/Chart.yaml").get("dependencies") or []:
+            alias = dependency.get("alias") or dependency["name"]
+            values[alias] = coalesce(read(f"{top}/charts/{dependency['name']}/values.yaml"), values.get(alias) or {})
+        return values
 
 
 def _releases(plan: StackPlan) -> list[tuple[str, dict[str, Any]]]:
@@ -142,13 +163,16 @@ def test_each_chart_image_is_where_its_values_say(name: str) -> None:
     """The values keys that move a chart's image to a mirror exist in the pinned chart's values.yaml, and name the
     image charts.yaml lists (its tag, or "" where the chart runs its appVersion)."""
     chart = CHARTS[name]
-    path = reference_file(CHART_DEFAULTS[(name, chart["version"])])
-    defaults = yaml.safe_load(path.read_text(encoding="utf-8"))
+    defaults = _defaults(name, chart["version"])
     if chart.get("registryKey"):
         assert _at(defaults, chart["registryKey"]) == ""
     for key, image in chart["images"].items():
         if "subchart" in image:
             continue  # keys of a subchart's own values.yaml (not in the reference data); the source line says where
+        if "reference" in image:  # one key takes the whole reference; where the chart keeps its default
+            assert _at(defaults, image["default"]) == image["image"], key
+            assert isinstance(_at(defaults, image["reference"].rsplit(".", 1)[0]), dict), key  # its map exists
+            continue
         upstream, _, tag = image["image"].rpartition(":")
         repository = _at(defaults, image["repository"])
         if "registry" in image:

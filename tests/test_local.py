@@ -3,6 +3,7 @@ the components a stack says the cluster already runs (`existing`). The plane its
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -376,8 +377,9 @@ def test_local_up_names_a_charts_directory_that_does_not_exist(tmp_path: Path,
 def test_the_fresh_stacks_mirror_serves_every_archive_and_the_crd_files_it_takes_apart(
         mutated_config: MutatedConfig) -> None:
     """The plane's mirror for a stack pulling from it: the archives given, and under /files/ each CRD file of
-    KubeRay's and LWS's charts at <chart>/<version>/<file>, as the charts package them in crds/; another stack's
-    plane serves nothing."""
+    KubeRay's and LWS's charts at <chart>/<version>/<file>, as the charts package them in crds/, and the
+    InferencePool's, which the endpoint picker's chart does not package (from the reference data, its sha256 pinned);
+    another stack's plane serves nothing."""
     from conftest import reference_dir
     from triarch.config import from_pulumi_config
     from triarch.local.stack import chart_mirror
@@ -390,7 +392,11 @@ def test_the_fresh_stacks_mirror_serves_every_archive_and_the_crd_files_it_takes
          ("rayclusters", "raycronjobs", "rayjobs", "rayservices")]
         + [f"crds/lws/v0.10.0/{name}.yaml" for name in
            ("disaggregatedset.x-k8s.io_disaggregatedsetrolescalers", "disaggregatedset.x-k8s.io_disaggregatedsets",
-            "leaderworkerset.x-k8s.io_leaderworkersets")])
+            "leaderworkerset.x-k8s.io_leaderworkersets")]
+        + ["crds/llm-d-router-standalone/v0.10.0/inference.networking.k8s.io_inferencepools.yaml"])
+    pool_crd = files["crds/llm-d-router-standalone/v0.10.0/inference.networking.k8s.io_inferencepools.yaml"]
+    assert hashlib.sha256(pool_crd).hexdigest() == \
+        "55e0dbf39c50c4bbdd60106493a4573df4bb44479f9ce46762f1af718883e5cd"
     lws_crd = files["crds/lws/v0.10.0/leaderworkerset.x-k8s.io_leaderworkersets.yaml"]
     assert b"kind: CustomResourceDefinition" in lws_crd
     assert chart_mirror(from_pulumi_config(mutated_config("lab", lambda c: None)), [charts]) == ((), {})

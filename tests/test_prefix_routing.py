@@ -212,10 +212,10 @@ def test_tuning_the_router_with_caching_off_is_refused(tmp_path: Path, capsys: p
     assert "triarch:models[2].prefixRouting.enabled" in line and "prefixCaching is false" in line, line
 
 
-def test_routing_a_vllm_model_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    line = refused(tmp_path, capsys, 0, prefixRouting={"enabled": True})
-    assert line.startswith("error: triarch:models[0].prefixRouting: {'enabled': True} configures Ray Serve's"), line
-    assert "only engine ray-serve" in line
+def test_routing_a_vllm_embedding_model_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(tmp_path, capsys, 0, prefixRouting={"enabled": True})  # prod's embed, engine vllm
+    assert line.startswith("error: triarch:models[0].prefixRouting.enabled: True routes by the prompt prefixes"), line
+    assert line.endswith("allowed: prefixRouting.enabled: false, or task: generate"), line
 
 
 def test_routing_an_embedding_model_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

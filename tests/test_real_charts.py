@@ -54,8 +54,10 @@ STACK = "fresh"
 PASSPHRASE = {"PULUMI_CONFIG_PASSPHRASE": "triarch-local"}
 RELEASES = {"nvidia-device-plugin": "nvidia-device-plugin", "kuberay-operator": "kuberay-system",
             "lws": "lws-system", "prometheus-operator-crds": "monitoring", "kube-prometheus-stack": "monitoring",
-            "dcgm-exporter": "gpu-monitoring", "keda": "keda"}
-"""Every release the fresh stack installs (each named as its chart) and its namespace."""
+            "dcgm-exporter": "gpu-monitoring", "keda": "keda", "chat-pool": "llm"}
+"""Every release the fresh stack installs and its namespace."""
+CHART_OF = {**{name: name for name in RELEASES}, "chat-pool": "llm-d-router-standalone"}
+"""Each release's chart: its own name, but the endpoint picker's, one release per routed model (`<model>-pool`)."""
 LWS_MUTATING = "lws-mutating-webhook-configuration"
 KEDA_API = "v1beta1.external.metrics.k8s.io"
 GATE = f"mutatingwebhookconfiguration-{LWS_MUTATING}-ready"
@@ -188,11 +190,11 @@ def test_every_release_is_deployed_at_its_pinned_chart_from_the_mirror(fresh: Fr
     for name, record in records.items():
         assert record["info"]["status"] == "deployed", name
         assert record["namespace"] == RELEASES[name], name
-        assert record["chart"]["metadata"]["version"] == pinned[name]["version"], name
+        assert record["chart"]["metadata"]["version"] == pinned[CHART_OF[name]]["version"], name
     state = json.loads(fresh.pulumi("stack", "export").stdout)
     charts = {r["inputs"]["name"]: r["inputs"]["chart"] for r in state["deployment"]["resources"]
               if r["type"] == "kubernetes:helm.sh/v3:Release"}
-    assert charts == {name: f"oci://127.0.0.1:5000/charts/{name}" for name in RELEASES}
+    assert charts == {name: f"oci://127.0.0.1:5000/charts/{CHART_OF[name]}" for name in RELEASES}
 
 
 def test_every_object_each_chart_renders_is_in_the_cluster(fresh: Fresh) -> None:
@@ -231,6 +233,38 @@ def test_the_charts_webhooks_are_served_by_the_real_operators(fresh: Fresh) -> N
     hook = fresh.get("mutatingwebhookconfiguration", LWS_MUTATING)
     assert hook["webhooks"][0]["clientConfig"]["service"]["name"] == "lws-webhook-service"
     assert fresh.get("rayclusters", "-n", "llm")["items"], "KubeRay made no RayCluster"
+
+
+def test_the_inference_pool_is_accepted_and_selects_the_models_pods_behind_the_picker(fresh: Fresh) -> None:
+    """chat routes by prefix: the chart's InferencePool is stored as inference.networking.k8s.io/v1 (the CRD
+    Triarch applies from the mirror, whose schema refuses a pool without targetPorts), selects exactly chat's vLLM
+    pods on vLLM's port and names the picker; the picker's Deployment is ready, and chat's Service sends to the
+    picker pod's proxy port, not to the vLLM pods."""
+    pool = fresh.get("inferencepools.inference.networking.k8s.io", "chat-pool", "-n", "llm")
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    assert pool["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "vllm",
+                                                       "app.kubernetes.io/instance": "chat"}
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+    assert pool["spec"]["endpointPickerRef"]["name"] == "chat-pool-epp"
+    selector = ",".join(f"{k}={v}" for k, v in pool["spec"]["selector"]["matchLabels"].items())
+    selected = fresh.get("pods", "-n", "llm", "-l", selector)["items"]
+    owners = {ref["name"].rsplit("-", 1)[0] for p in selected for ref in p["metadata"]["ownerReferences"]}
+    assert selected and owners == {"chat"}, owners  # the chat Deployment's ReplicaSet, and nothing else
+    picker = fresh.get("deployment", "chat-pool-epp", "-n", "llm")
+    assert picker["status"].get("availableReplicas") == 1
+    containers = {c["name"] for c in picker["spec"]["template"]["spec"]["containers"]}
+    assert containers == {"epp", "envoy-proxy"}
+    service = fresh.get("service", "chat", "-n", "llm")
+    assert service["spec"]["selector"] == {"llm-d-router-gateway": "chat-pool-epp"}
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == [8081]
+    backends = fresh.get("pods", "-n", "llm", "-l", "llm-d-router-gateway=chat-pool-epp")["items"]
+    assert [p["metadata"]["ownerReferences"][0]["name"].rsplit("-", 1)[0] for p in backends] == ["chat-pool-epp"]
+    broken = {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+              "metadata": {"name": "no-ports", "namespace": "llm"},
+              "spec": {"selector": {"matchLabels": {"a": "b"}}, "endpointPickerRef": {"name": "x", "port": {
+                  "number": 9002}}}}
+    refused = fresh.plane.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(broken), check=False)
+    assert refused.returncode != 0 and "targetPorts" in refused.stderr, refused.stderr
 
 
 def test_kedas_metrics_api_and_webhook_are_the_charts_served_by_the_real_operator(fresh: Fresh) -> None:
@@ -467,10 +501,12 @@ def test_destroy_leaves_no_release_and_only_the_crds_kept_by_design(fresh: Fresh
     namespaces = {n["metadata"]["name"] for n in fresh.get("namespaces")["items"]}
     assert not namespaces & {*RELEASES.values(), "llm"}
     kept = {c["metadata"]["name"]: c for c in fresh.get("crds")["items"]}
-    retained_by_triarch = {"ray.io", "leaderworkerset.x-k8s.io", "disaggregatedset.x-k8s.io"}
+    retained_by_triarch = {"ray.io", "leaderworkerset.x-k8s.io", "disaggregatedset.x-k8s.io",
+                           "inference.networking.k8s.io"}  # the InferencePool's, applied apart from the picker's chart
     helm_crds_dir = {"nfd.k8s-sigs.io"}  # node-feature-discovery's crds/ (a device plugin subchart): Helm keeps those
     for name, crd in kept.items():
         group = crd["spec"]["group"]
         keep = (crd["metadata"].get("annotations") or {}).get("helm.sh/resource-policy") == "keep"
         assert group in retained_by_triarch | helm_crds_dir or keep, f"{name} outlived its release"
-    assert {"rayservices.ray.io", "leaderworkersets.leaderworkerset.x-k8s.io"} <= set(kept)
+    assert {"rayservices.ray.io", "leaderworkersets.leaderworkerset.x-k8s.io",
+            "inferencepools.inference.networking.k8s.io"} <= set(kept)

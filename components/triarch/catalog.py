@@ -179,7 +179,8 @@ class ChartImage:
     image: str
     """The upstream reference the pinned chart version runs."""
     values: dict[str, str]
-    """registry / repository / tag / digest -> the dotted values key."""
+    """registry / repository / tag / digest -> the dotted values key; or reference -> the one key that takes the
+    whole reference (charts.yaml's `default` names where the chart keeps it when that key is unset)."""
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ def charts() -> dict[str, Chart]:
     raw = _read(COMPAT_DIR / "charts.yaml")["charts"]
     return {name: Chart(name, str(c["version"]), str(c["repository"]), c.get("image"),
                         tuple(ChartImage(key, str(i["image"]), {k: str(v) for k, v in i.items()
-                                                                if k not in ("image", "subchart")})
+                                                                if k not in ("image", "subchart", "default")})
                               for key, i in (c.get("images") or {}).items()),
                         c.get("registryKey"), c.get("pullSecretsKey"), (c.get("crds") or {}).get("url"),
                         tuple(sorted((str(f), str(h)) for f, h in ((c.get("crds") or {}).get("files") or {}).items())))

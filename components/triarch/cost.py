@@ -14,7 +14,9 @@ from typing import Any
 
 from triarch.catalog import Catalog, _read, catalog
 from triarch.config import StackConfig
+from triarch.guardrails.placement_pools import cpu_millicores, memory_mib
 from triarch.paths import COMPAT_DIR
+from triarch.planners import picker
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import replica_bounds
 from triarch.planners.nodegroups import BASELINE_PULL, image_pull, plan_pool
@@ -150,6 +152,8 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
         uses.append({"name": plan.name, "engine": plan.config.engine, "pool": plan.pool.name,
                      "gpusPerReplica": plan.gpus_per_replica, "replicasMin": low, "replicasMax": high,
                      "coldStart": plan.cold_start.document() if plan.cold_start else None})
+        if picker.routed(plan):
+            uses[-1]["picker"] = _picker_cost(stack, region, facts, table)
         if plan.hub is not None:  # what the sizing read from the Hub: the plan is reproducible at that commit
             uses[-1]["hub"] = {"repo": plan.hub.repo, "revision": plan.hub.revision, "commit": plan.hub.commit,
                                "pinned": plan.config.revision is not None}
@@ -223,6 +227,22 @@ def price_gap_line(capacity: dict[str, Any]) -> str | None:
     if gaps["others"]:
         fix.append(f"{', '.join(gaps['others'])}: add {region} rows with their sources")
     return f"{region}: {what} in templates/compat/prices.yaml, so those costs are unknown; {'; '.join(fix)}"
+
+
+def _picker_cost(stack: StackConfig, region: str | None, facts: Catalog, table: PriceTable) -> dict[str, Any]:
+    """An endpoint picker's pod (the picker and its proxy, planners/picker.py): what it requests, and on a created
+    cluster its share of a system node's price by CPU requested (the system nodes' own row counts the nodes; this
+    says how much of them the picker takes, never added to a total)."""
+    cpu = sum(cpu_millicores(r["requests"]["cpu"]) for r in (picker.PICKER_RESOURCES, picker.PROXY_RESOURCES))
+    memory = sum(memory_mib(r["requests"]["memory"]) for r in (picker.PICKER_RESOURCES, picker.PROXY_RESOURCES))
+    row: dict[str, Any] = {"pods": 1, "cpuMillicores": cpu, "memoryMiB": memory, "monthlyUsdShare": None}
+    system = stack.cluster.system_node_group
+    instance = facts.instances.get(system.instance_type)
+    price = table.instance(region, system.instance_type) if stack.cluster.create and region else None
+    if price is not None and instance is not None:
+        row["monthlyUsdShare"] = round(price.hourly_usd * table.hours_per_month * cpu / (instance.vcpus * 1000), 2)
+        row["of"] = f"{system.instance_type} ({instance.vcpus} vCPU)"
+    return row
 
 
 def fixed_costs(stack: StackConfig, models: list[ModelPlan], pools: list[dict[str, Any]],

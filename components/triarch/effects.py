@@ -187,6 +187,35 @@ def _service_names(plan: Mapping[str, Any]) -> set[str]:
     return {str(r["inputs"].get("metadata", {}).get("name")) for r in plan["resources"] if r["type"] == SERVICE}
 
 
+PICKER_SELECTOR = "llm-d-router-gateway"
+"""The label an endpoint picker's pod carries (planners/picker.py): a Service selecting it sends to the proxy."""
+
+
+def _service_backends(plan: Mapping[str, Any]) -> dict[str, str | None]:
+    """Service name -> the endpoint picker it sends to, or None where it selects the pods themselves."""
+    return {str(r["inputs"].get("metadata", {}).get("name")):
+            ((r["inputs"].get("spec") or {}).get("selector") or {}).get(PICKER_SELECTOR)
+            for r in plan["resources"] if r["type"] == SERVICE}
+
+
+def _picker_effects(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
+    """A vllm model's Service moving to its endpoint picker's proxy (prefixRouting on) or back (off)."""
+    before, after = _service_backends(base), _service_backends(head)
+    found = []
+    for name in sorted(set(before) & set(after)):
+        old, new = before[name], after[name]
+        if old is None and new is not None:
+            found.append(f"Service {name}: its backends move from the vLLM pods to the endpoint picker's proxy "
+                         f"({new}): open connections stay on their pod, new ones go through the proxy, which sends "
+                         "each request to the pod the picker chose by its prompt's start; one more pod (the picker "
+                         "and its Envoy proxy) runs beside the add-ons")
+        elif old is not None and new is None:
+            found.append(f"Service {name}: its backends move from the endpoint picker's proxy ({old}) back to the "
+                         "vLLM pods, connections spread over them without regard to their prefix caches; the "
+                         "picker's pod is removed")
+    return found
+
+
 def _serve_routes(plan: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     """RayService (its metadata name) -> {Serve application: its route prefix}, from serveConfigV2."""
     found: dict[str, dict[str, str]] = {}
@@ -308,6 +337,7 @@ def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, An
         came = sorted(_service_names(head) - _service_names(base))
         found.append(f"clients: Service(s) {', '.join(gone)} go" + (f", {', '.join(came)} come" if came else "")
                      + ": clients calling the old name (and served model name) fail until they change")
+    found += _picker_effects(base, head)
     found += _upgrade_drift(result, head)
     found += _serve_clients(base, head)
     found += _routing_effects(base, head, {d.name for d in result.differences

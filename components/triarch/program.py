@@ -15,6 +15,7 @@ from triarch.errors import ConfigError, TriarchError
 from triarch.existing import check_cluster
 from triarch.matrix import require_compatible
 from triarch.offline import PLAIN_TEXT_REFUSED, SECRET
+from triarch.planners import picker
 from triarch.planners.efa import efa_image_warnings
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import gated_model_warnings, plan_models
@@ -67,6 +68,8 @@ def main() -> Platform:
                 verify_crds(crd_sources("kuberay-operator", stack))
             if objects.lws:  # and the LeaderWorkerSet controller's
                 verify_crds(crd_sources("lws", stack))
+            if any(picker.routed(m) for m in models):  # and the InferencePool's, for the endpoint pickers
+                verify_crds(crd_sources(picker.PICKER_CHART, stack))
     except TriarchError as error:
         # RunError prints the sentence without a traceback under the Pulumi CLI.
         raise StackError(str(error)) from None

@@ -89,7 +89,8 @@ def pull_secret(resource_name: str, namespace: str, docker_config: pulumi.Input[
 
 
 def helm_release(name: str, chart: Chart, namespace: str, values: dict[str, Any], opts: pulumi.ResourceOptions,
-                 skip_crds: bool = False, docker_config: pulumi.Input[str] | None = None) -> k8s.helm.v3.Release:
+                 skip_crds: bool = False, docker_config: pulumi.Input[str] | None = None,
+                 postrender: str | None = None) -> k8s.helm.v3.Release:
     """A pinned chart, rolled back if it fails to become ready, named `name` in the cluster (a Helm release name
     shapes the names of what the chart creates, so it is never auto-named). Where the stack mirrors or pins the
     chart's images, those values win over the release's own. Null values allowed: without it the provider drops
@@ -105,7 +106,7 @@ def helm_release(name: str, chart: Chart, namespace: str, values: dict[str, Any]
         name, name=name, chart=chart.reference, version=chart.version,
         repository_opts=None if chart.is_oci else {"repo": chart.repository},
         namespace=namespace, create_namespace=False, atomic=True, cleanup_on_fail=True, skip_crds=skip_crds or None,
-        allow_null_values=True, values=values, opts=opts)
+        allow_null_values=True, values=values, postrender=postrender, opts=opts)
 
 
 WEBHOOK_PATCHES = {"MutatingWebhookConfiguration": k8s.admissionregistration.v1.MutatingWebhookConfigurationPatch,

@@ -9,7 +9,7 @@ from triarch.catalog import Catalog
 from triarch.components.cluster import AdoptedCluster, EksCluster
 from triarch.components.device_plugin import DevicePlugin
 from triarch.components.karpenter import Karpenter, KarpenterPool
-from triarch.components.manifests import webhook_gate
+from triarch.components.manifests import crd_files, helm_release, webhook_gate
 from triarch.components.nodegroups import ExistingGpuPool, ManagedNodeGroup, gpu_node_group
 from triarch.components.observability import ChartAddOn, Observability, PrometheusStack
 from triarch.components.serving import (
@@ -22,7 +22,7 @@ from triarch.components.serving import (
 )
 from triarch.components.storage import BlockStorage, SharedModelStore
 from triarch.config import SYSTEM_RELEASE_TABLE, StackConfig
-from triarch.planners import pods
+from triarch.planners import picker, pods
 from triarch.planners.device_plugin import device_plugin_values
 from triarch.planners.efa import EFA_CHART, EFA_RELEASE, efa_values
 from triarch.planners.lws import LWS_CHART, LWS_RELEASE, lws_values, webhook_gates
@@ -189,9 +189,28 @@ class Platform(pulumi.ComponentResource):
         grouped = pulumi.ResourceOptions(parent=self, depends_on=[*ready, *([self.lws.release] if self.lws else []),
                                                                   *self.lws_webhooks])
         self.weights_readers: list[WeightsReader] = []
+        # Endpoint pickers (prefixRouting on a vllm model): the InferencePool CRD once, then one release per model
+        # in the serving namespace, before the model's Service, which selects the picker's pod.
+        self.inference_pool_crds: list[pulumi.Resource] = []
+        self.pickers: dict[str, k8s.helm.v3.Release] = {}
+        routed = [plan for plan in models if picker.routed(plan)]
+        if routed:
+            self.inference_pool_crds = crd_files(
+                "inference-pool-crd", [(c.file, c.url) for c in crd_sources(picker.PICKER_CHART, stack)],
+                pulumi.ResourceOptions(parent=self, provider=self.provider))
+        for plan in routed:
+            self.pickers[plan.name] = helm_release(
+                picker.release_name(plan.name), self.charts[picker.PICKER_CHART], stack.serving.namespace,
+                picker.picker_values(stack, plan),
+                pulumi.ResourceOptions(parent=self, provider=self.provider,
+                                       depends_on=[*ready, *self.inference_pool_crds]),
+                skip_crds=True, postrender=picker.POSTRENDER)
         for plan in models:
             if plan.config.engine == "vllm":
                 opts = grouped if plan.multi_node else after
+                if plan.name in self.pickers:
+                    opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
+                        depends_on=[self.pickers[plan.name]]))
                 if plan.config.weights_uri and isinstance(self.cluster, EksCluster):
                     assert stack.aws_region is not None
                     reader = WeightsReader(f"{plan.name}-weights", cluster_name=self.cluster.cluster.name,

@@ -168,10 +168,9 @@ def _check_prefix_routing(model: ModelConfig, path: str) -> None:
     if routing is None:
         return
     key = f"{path}.prefixRouting"
-    if model.engine != "ray-serve":
-        raise ConfigError(key, routing.model_dump(by_alias=True, exclude_unset=True),
-                          "configures Ray Serve's prefix-aware router, which only engine ray-serve has",
-                          "remove it (a vllm model's Service spreads connections over its pods)")
+    if model.engine == "vllm":
+        _check_picker_routing(model, routing, key)
+        return
     if not routing.enabled:
         tuned = sorted(routing.model_fields_set - {"enabled"})
         if tuned:
@@ -205,6 +204,29 @@ def _check_prefix_routing(model: ModelConfig, path: str) -> None:
             raise ConfigError(f"{key}.evictionTargetChars", target,
                               f"is more than the {limit} characters at which eviction starts ({source}): a replica "
                               "would be cut back to more than it holds", f"1..{limit}")
+
+
+def _check_picker_routing(model: ModelConfig, routing: PrefixRoutingConfig, key: str) -> None:
+    """Engine vllm: the endpoint picker (an InferencePool) takes only `enabled`; the other keys tune Ray Serve's
+    router, and the picker pays only where vLLM keeps prefixes."""
+    tuned = sorted(routing.model_fields_set - {"enabled"})
+    if tuned:
+        field = PrefixRoutingConfig.model_fields[tuned[0]]
+        raise ConfigError(f"{key}.{field.alias}", getattr(routing, tuned[0]),
+                          "tunes Ray Serve's prefix-aware router; a vllm model's endpoint picker scores with its "
+                          "chart's own plugins", "only prefixRouting.enabled on engine vllm")
+    if not routing.enabled:
+        return
+    if not model.prefix_caching:
+        raise ConfigError(f"{key}.enabled", True,
+                          "puts the endpoint picker in front of the pods to send each request where its prompt's "
+                          "start is cached, but prefixCaching is false: no pod's vLLM keeps that start",
+                          "prefixRouting.enabled: false, or prefixCaching: true")
+    if model.resolved_task == "embed":
+        # schema.py prefixCaching: vLLM keeps prefixes for generate models only (is_prefix_caching_supported).
+        raise ConfigError(f"{key}.enabled", True,
+                          "routes by the prompt prefixes vLLM caches, and an embedding model keeps none",
+                          "prefixRouting.enabled: false, or task: generate")
 
 
 def _check_cold_start_settings(stack: StackConfig, model: ModelConfig, path: str) -> None:

@@ -303,9 +303,11 @@ class ModelConfig(_Model):
     0.33.0, ModelConfig.is_prefix_caching_supported); false turns it off (enable_prefix_caching: false,
     `--no-enable-prefix-caching`)."""
     prefix_routing: PrefixRoutingConfig | None = Field(None, examples=[{"enabled": False}])
-    """Engine ray-serve: route each request to the replica most likely to hold its prompt's start in its prefix
-    cache, tuned by the keys below. Default: on where it can pay, a generate model with prefixCaching on and more
-    than one replica at most."""
+    """Route each request to the replica most likely to hold its prompt's start in its prefix cache. Engine
+    ray-serve: Ray Serve's router, tuned by the keys below; default on where it can pay, a generate model with
+    prefixCaching on and more than one replica at most. Engine vllm: only `enabled`; true puts llm-d-router's
+    endpoint picker (an InferencePool over the model's pods, with an Envoy proxy) in front of them, and the model's
+    Service moves to the proxy; default off (it adds a pod on the system nodes)."""
 
     @property
     def resolved_task(self) -> Literal["generate", "embed"]:

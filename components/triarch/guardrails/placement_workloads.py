@@ -53,6 +53,8 @@ def requests_of(containers: Iterable[Mapping[str, Any]]) -> Amounts:
 # --- workloads ------------------------------------------------------------------------------------------------
 
 CHART_WORKLOADS = ("nvidia-device-plugin", "karpenter", "kuberay-operator")
+PICKER_CHART = "llm-d-router-standalone"
+"""The endpoint picker's chart (planners/picker.py), one release per routed model, each named for its model."""
 
 
 def workloads_of(resources: list[Any]) -> list[Workload]:
@@ -61,7 +63,8 @@ def workloads_of(resources: list[Any]) -> list[Workload]:
         kind = kind_of(r.type)
         if kind in POD_KINDS:
             found += _pod_workloads(r, kind)
-        elif r.type == "kubernetes:helm.sh/v3:Release" and r.props.get("name") in CHART_WORKLOADS:
+        elif r.type == "kubernetes:helm.sh/v3:Release" and (
+                r.props.get("name") in CHART_WORKLOADS or _is_picker(r)):
             found += _chart_workloads(r)
     return found
 
@@ -106,11 +109,24 @@ def _surge(value: Any, replicas: int) -> int:
     return as_int(text) or 0
 
 
+def _is_picker(r: Any) -> bool:
+    return str(r.props.get("chart") or "").rsplit("/", 1)[-1] == PICKER_CHART
+
+
 def _chart_workloads(r: Any) -> list[Workload]:
     """The pods a Helm release runs, placed as the chart places them with these values."""
     values = r.props.get("values") or {}
     name = str(r.props.get("name"))
     label = f"Helm release {name}"
+    if _is_picker(r):
+        # One pod (router.epp.replicas, 1 by default; the Deployment is Recreate, so no surge): the picker and its
+        # proxy sidecar, placed by router.epp.affinity and tolerations (routerlib _deployment.yaml, v0.10.0).
+        router = values.get("router") or {}
+        epp, proxy = router.get("epp") or {}, router.get("proxy") or {}
+        spec = {"affinity": epp.get("affinity") or {}, "tolerations": epp.get("tolerations") or []}
+        requests = requests_of([{"resources": epp.get("resources") or {}}, {"resources": proxy.get("resources") or {}}])
+        return [Workload(f"{label} (endpoint picker and proxy)", r.type, r.name, r.urn, spec, requests,
+                         as_int(epp.get("replicas")) or 1)]
     if name == "nvidia-device-plugin":
         spec = {"affinity": values.get("affinity") or {}, "tolerations": values.get("tolerations") or []}
         requests = requests_of([{"resources": values.get("resources") or {}}])

@@ -138,6 +138,11 @@ MIRROR_CHARTS = f"oci://{MIRROR_ADDRESS}/{MIRROR_PATH}"
 MIRROR_FILES = f"https://{MIRROR_ADDRESS}/files/"
 
 
+CRDS_BESIDE_CHART = {"llm-d-router-standalone": "gateway-api-inference-extension-v1.6.0"}
+"""Charts that ship no crds/ for an API they render, and the reference directory of that API's release: the
+standalone endpoint picker renders an InferencePool (the Gateway API Inference Extension's CRD, v1.6.0)."""
+
+
 def chart_mirror(stack: StackConfig, chart_dirs: list[Path]) -> tuple[tuple[Path, ...], dict[str, bytes]]:
     """What the plane's mirror serves for a stack that pulls from it (triarch:registry.charts at
     oci://127.0.0.1:5000/charts): every chart archive of the first directory given, else of the reference cache;
@@ -166,6 +171,11 @@ def chart_mirror(stack: StackConfig, chart_dirs: list[Path]) -> tuple[tuple[Path
             if not each.url.startswith(MIRROR_FILES):
                 continue
             data = read[name].file(f"crds/{each.file}") if name in read else None
+            if data is None and name in CRDS_BESIDE_CHART:
+                try:  # the reference cache holds it to the sha256 charts.yaml pins
+                    data = refdata.path(f"{CRDS_BESIDE_CHART[name]}/{each.file}").read_bytes()
+                except refdata.ReferenceMissing as absent:
+                    raise PlaneError(str(absent)) from None
             if data is None:
                 raise PlaneError(f"the chart {name} in {source} has no crds/{each.file}, which the stack takes from "
                                  f"{each.url}")

@@ -16,7 +16,7 @@ from triarch.catalog import Catalog
 from triarch.config import StackConfig
 from triarch.errors import ConfigError
 from triarch.matrix import deployed_images, images_by_engine
-from triarch.planners import karpenter, monitoring, pods
+from triarch.planners import karpenter, monitoring, picker, pods
 from triarch.planners.capacity import check_capacity
 from triarch.planners.dashboard import dashboard, dashboard_config_map
 from triarch.planners.device_plugin import NAMESPACE as DEVICE_PLUGIN_NAMESPACE
@@ -150,10 +150,19 @@ def plan_kubernetes(stack: StackConfig, models: list[ModelPlan], facts: Catalog,
                           f"{', '.join(ray_models)} (engine ray-serve) would answer without it",
                           "engine: vllm for every model, or no key (restrict callers with serving.clientNamespaces)",
                           show_value=False)
+    for i, model in enumerate(models):
+        routing = model.config.prefix_routing
+        if model.config.engine == "vllm" and routing is not None and routing.enabled and model.multi_node:
+            raise ConfigError(f"triarch:models[{i}].prefixRouting.enabled", True,
+                              f"puts an endpoint picker in front of the model's pods, but a replica spans "
+                              f"{model.nodes_per_replica} nodes (a LeaderWorkerSet) and the picker would route "
+                              "to its workers too",
+                              "prefixRouting.enabled: false, or a replica within one node")
+    with_pickers = any(picker.routed(m) for m in models)
     serving = [pods.namespace(settings.namespace, "restricted",
                               "inference pods run as non-root with no added capabilities"),
-               *network_policies(settings, with_ray, with_gangs=needs_lws(models)),
-               *scrape_policy(stack, settings.namespace, with_ray)]
+               *network_policies(settings, with_ray, with_gangs=needs_lws(models), with_pickers=with_pickers),
+               *scrape_policy(stack, settings.namespace, with_ray, with_pickers)]
     owners += [(Owner("triarch:serving.namespace", settings.namespace), o) for o in serving]
     for present, secret in ((settings.with_token, pods.HF_TOKEN_SECRET), (settings.with_api_key, pods.API_KEY_SECRET)):
         if present:

@@ -17,7 +17,7 @@ import yaml
 
 from triarch.config import StackConfig
 from triarch.paths import TEMPLATES_DIR
-from triarch.planners import pods
+from triarch.planners import picker, pods
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.nodegroups import PoolPlan
 from triarch.planners.ray import HEAD_PORTS, RAY_SERVICE, WorkerGroupKey
@@ -234,6 +234,14 @@ def observability_manifests(stack: StackConfig, models: list[ModelPlan], setting
                         "metadata": {"name": "vllm", "namespace": namespace, "labels": labels},
                         "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "vllm", **pods.MANAGED_BY}},
                                  "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}]}})
+    if any(picker.routed(m) for m in models):
+        # The endpoint pickers' own metrics (their container port `metrics`; the chart's metrics auth is off),
+        # for the dashboard; alerts and KEDA keep reading vLLM's.
+        objects.append({"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+                        "metadata": {"name": "endpoint-picker", "namespace": namespace, "labels": labels},
+                        "spec": {"selector": {"matchLabels": dict(picker.MODE_LABEL)},
+                                 "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics",
+                                                          "interval": "15s"}]}})
     with_ray = any(m.config.engine == "ray-serve" for m in models)
     if with_ray:
         # Every Ray node (head and workers) runs a metrics agent on the same port; the head alone names it.
@@ -294,12 +302,15 @@ def scaled_object(stack: StackConfig, plan: ModelPlan, namespace: str) -> dict[s
     }
 
 
-def scrape_policy(stack: StackConfig, namespace: str, with_ray: bool) -> list[dict[str, Any]]:
+def scrape_policy(stack: StackConfig, namespace: str, with_ray: bool,
+                  with_pickers: bool = False) -> list[dict[str, Any]]:
     """The serving namespace denies ingress by default: let the Prometheus namespace reach the metrics ports."""
     if stack.prometheus == "none":
         return []
     ports = [{"protocol": "TCP", "port": PORT}] + ([{"protocol": "TCP", "port": HEAD_PORTS["metrics"]}]
                                                    if with_ray else [])
+    if with_pickers:
+        ports.append({"protocol": "TCP", "port": picker.METRICS_PORT})
     source = {"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": stack.observability.namespace}}}
     return [{"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",

@@ -74,6 +74,9 @@ def _put_image(values: dict[str, Any], image: ChartImage, target: str) -> None:
     reference = parse(target)
     tag = reference.tag or image.image.rsplit(":", 1)[1]
     keys = image.values
+    if "reference" in keys:
+        _put(values, keys["reference"], target)
+        return
     if "registry" in keys:
         _put(values, keys["registry"], reference.host)
         _put(values, keys["repository"], reference.repository)

@@ -6,7 +6,7 @@ from ipaddress import ip_network
 from typing import Any
 
 from triarch.config import StackConfig
-from triarch.planners import pods
+from triarch.planners import picker, pods
 from triarch.planners.coldstart import compile_cache_on
 from triarch.planners.pods import BLOCK_STORAGE_CLASS, EFS_STORAGE_CLASS
 
@@ -66,7 +66,7 @@ LWS_POD = {"matchExpressions": [{"key": "leaderworkerset.sigs.k8s.io/name", "ope
 
 
 def network_policies(settings: pods.ServingSettings, with_ray: bool,
-                     with_gangs: bool = False) -> list[dict[str, Any]]:
+                     with_gangs: bool = False, with_pickers: bool = False) -> list[dict[str, Any]]:
     """The serving namespace's traffic, both ways.
 
     In: nothing by default; the OpenAI port from this namespace and the client namespaces the stack names; Ray
@@ -77,6 +77,9 @@ def network_policies(settings: pods.ServingSettings, with_ray: bool,
     Out: nothing by default; DNS; this namespace's own pods; HTTPS to the model hub, never inside the cluster's
     network (so not the API server, the nodes, or other namespaces); the Ray head, whose autoscaler asks the API
     server for workers, also HTTPS inside the cluster's network.
+    Endpoint pickers (prefixRouting on a vllm model): their proxy's port from the OpenAI clients (the model's Service
+    sends there); the picker watches its InferencePool and the pods through the API server (HTTPS inside the
+    cluster's network); the proxy reaches vLLM's port and the picker vLLM's metrics inside the namespace.
     """
     namespace = settings.namespace
 
@@ -107,6 +110,17 @@ def network_policies(settings: pods.ServingSettings, with_ray: bool,
     ]
     if with_gangs:
         policies.append(policy("allow-group-internal", LWS_POD, "Ingress", [{"from": [{"podSelector": LWS_POD}]}]))
+    # Where the policy agent matches after translation, the endpoint's own port counts: 443 on EKS, 6443 on kubeadm
+    # and kind clusters (an adopted cluster may be either).
+    api_ports = https if settings.vpc_cidr else [*https, {"protocol": "TCP", "port": 6443}]
+    api_server = [{"to": [{"ipBlock": {"cidr": r}} for r in internal], "ports": api_ports}]
+    if with_pickers:
+        pickers = {"matchLabels": dict(picker.MODE_LABEL)}
+        policies += [
+            policy("allow-picker-proxy", pickers, "Ingress",
+                   [{"from": clients, "ports": [{"protocol": "TCP", "port": picker.PROXY_PORT}]}]),
+            policy("allow-picker-api-server", pickers, "Egress", api_server),
+        ]
     if with_ray:
         ray_pods = {"matchLabels": dict(RAY_NODE_LABEL)}
         operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": KUBERAY_NAMESPACE}}}
@@ -116,10 +130,7 @@ def network_policies(settings: pods.ServingSettings, with_ray: bool,
                    [{"from": [operator], "ports": [{"protocol": "TCP", "port": 8265}]}]),
         ]
         # The head's autoscaler asks the API server for worker pods, at the Service's cluster IP (inside the
-        # cluster's ranges; 443). Where the policy agent matches after translation, the endpoint's own port counts:
-        # 443 on EKS, 6443 on kubeadm and kind clusters (an adopted cluster may be either).
-        ports = https if settings.vpc_cidr else [*https, {"protocol": "TCP", "port": 6443}]
-        api_server = [{"to": [{"ipBlock": {"cidr": r}} for r in internal], "ports": ports}]
+        # cluster's ranges; 443).
         policies.append(policy("allow-ray-head-api-server", HEAD_POD, "Egress", api_server))
     return policies
 

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from triarch.coldfacts import cold_start_facts
-from triarch.planners import pods
+from triarch.planners import picker, pods
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import pod_resources, replica_bounds, uses_efa
 from triarch.scheduling import POOL_LABEL, gpu_toleration
@@ -190,6 +190,11 @@ def _service_and_budget(plan: ModelPlan, settings: pods.ServingSettings, labels:
         "spec": {"type": "ClusterIP", "selector": selector,
                  "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]},
     }
+    if picker.routed(plan):
+        # Behind the endpoint picker: the Service's backends are the picker's pod, at its proxy's port; the proxy
+        # sends each request on to the vLLM pod the picker chose (the InferencePool's, on vLLM's port).
+        service["spec"] = {"type": "ClusterIP", "selector": picker.picker_pod_selector(plan.name), "ports": [
+            {"name": "http", "port": PORT, "targetPort": picker.PROXY_PORT, "protocol": "TCP"}]}
     budget = {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels},

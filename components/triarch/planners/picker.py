@@ -1,0 +1,90 @@
+"""Prefix-aware routing for a plain vLLM model: the Gateway API Inference Extension's InferencePool over the model's
+pods, with llm-d-router's endpoint picker (EPP) and its Envoy sidecar in front of them (the standalone chart, no
+Gateway). One release per model: an InferencePool selects one model's pods, and the picker's prefix index is per
+pool. The model's Service then selects the picker's pod (the proxy's port) instead of the vLLM pods; the proxy asks
+the picker which pod should answer and sends the request there, to vLLM's port."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from triarch.catalog import charts
+from triarch.config import StackConfig
+from triarch.images import parse
+from triarch.planners.model_plan import ModelPlan
+from triarch.scheduling import POOL_LABEL, SYSTEM_POOL
+
+PICKER_CHART = "llm-d-router-standalone"
+PROXY_PORT = 8081
+"""The Envoy sidecar's listener (the chart's envoy preset, listener `vllm`, and its extraServicePorts `http`)."""
+EXT_PROC_PORT = 9002
+"""The picker's ext_proc gRPC port (router.epp.extProcPort), which the proxy calls on localhost."""
+METRICS_PORT = 9090
+"""The picker's metrics (its container port `metrics`, the Service's `http-metrics`)."""
+VLLM_PORT = 8000
+"""The InferencePool's target port: vLLM's own (planners/vllm.py PORT)."""
+MODE_LABEL = {"llm-d.ai/igw-mode": "llm-d-router-gateway"}
+"""Every picker pod's label when the chart renders an InferencePool (routerlib _helpers.tpl, modeLabels)."""
+POSTRENDER = "triarch-restrict-pods"
+"""The Helm post-renderer (a console script of this package) that gives the chart's pods the restricted Pod Security
+context: the chart (v0.10.0) takes none for the picker's container or its pod from values, and the serving
+namespace enforces `restricted`."""
+
+
+PICKER_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+PROXY_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}
+"""Triarch's requests for the picker and its proxy, not a measurement: the chart's (EPP 8 CPU and 8 GiB, proxy 4 CPU
+and 8 GiB, sized for a large pool's traffic) fit no system node Triarch runs (m7i.large: 2 vCPU, 8 GiB) nor a local
+plane's; these fit one beside the add-ons (the placement proof checks it). Raise them for heavy traffic."""
+
+
+def routed(plan: ModelPlan) -> bool:
+    """Whether a vllm model runs behind the endpoint picker: only where its stack turns it on (it adds a pod and
+    moves the Service's backends), on one node per replica (an InferencePool selects pods, a LeaderWorkerSet's
+    workers are pods too)."""
+    routing = plan.config.prefix_routing
+    return plan.config.engine == "vllm" and routing is not None and routing.enabled and not plan.multi_node
+
+
+def release_name(model: str) -> str:
+    """The release (and InferencePool) of a model's picker: from its name, so no edit but a rename moves it."""
+    return f"{model}-pool"
+
+
+def picker_name(model: str) -> str:
+    """The chart's name for the picker's Deployment, Service and ServiceAccount: `<release>-epp` (routerlib
+    _helpers.tpl llm-d-router.name, the release name cut to 40 characters)."""
+    return f"{release_name(model)[:40]}-epp"
+
+
+def picker_pod_selector(model: str) -> dict[str, str]:
+    """The picker pod's own label (routerlib selectorLabels, InferencePool mode): what the model's Service selects."""
+    return {"llm-d-router-gateway": picker_name(model)}
+
+
+def model_pod_selector(model: str) -> dict[str, str]:
+    """What the InferencePool selects: the model's vLLM pods (planners/vllm.py selector)."""
+    return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": model}
+
+
+def picker_values(stack: StackConfig, plan: ModelPlan) -> dict[str, Any]:
+    """The chart's values for one model. Every key exists in the chart's values (v0.10.0, standalone values.yaml
+    and routerlib's under `router`): the pool over the model's pods on vLLM's port, the picker's image at the pinned
+    tag, pulled once; the proxy as a sidecar (the chart's default), failing open (a request still reaches a vLLM pod
+    when the picker is down); on the system nodes of a created cluster, with Triarch's requests (PICKER_RESOURCES,
+    PROXY_RESOURCES) in place of the chart's."""
+    endpoint_picker = next(i for i in charts()[PICKER_CHART].images if i.key == "endpointPicker")
+    router: dict[str, Any] = {
+        "modelServers": {"matchLabels": model_pod_selector(plan.name), "targetPorts": [{"number": VLLM_PORT}]},
+        "epp": {"image": {"tag": parse(endpoint_picker.image).tag, "pullPolicy": "IfNotPresent"},
+                "resources": PICKER_RESOURCES},
+        "proxy": {"enabled": True, "mode": "sidecar", "failOpen": True, "resources": PROXY_RESOURCES},
+        # Metrics without a bearer token (the EPP's --metrics-endpoint-auth=false): Triarch's PodMonitor scrapes
+        # them as it does vLLM's, inside a namespace whose policies admit only Prometheus' namespace there.
+        "monitoring": {"prometheus": {"auth": {"enabled": False}}},
+    }
+    if stack.cluster.create:
+        router["epp"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": POOL_LABEL, "operator": "In", "values": [SYSTEM_POOL]}]}]}}}
+    return {"router": router}

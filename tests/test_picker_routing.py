@@ -1,0 +1,236 @@
+"""Prefix-aware routing of plain vLLM models (issue 37 D3): an InferencePool over one model's pods and llm-d-router's
+endpoint picker with its Envoy sidecar (the standalone chart, v0.10.0) in front of them; the model's Service moved to
+the proxy; the serving namespace's policies let clients reach the proxy and the picker the API server; the picker's
+metrics scraped; its pod placed; bad input refused in one line. Expected values are written here by hand, from the
+chart's templates (routerlib, v0.10.0) and the Gateway API Inference Extension's v1 CRD."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import MutatedConfig, StackPlan, plan_config, stack_document, write_stack_file
+from test_effects import document
+from test_engine_args import planned, with_model
+from test_network_policy import API_ENDPOINT, API_SERVICE, HUB, Pod, connects
+from triarch import cli
+from triarch.catalog import charts
+from triarch.config import from_pulumi_config
+from triarch.diff import diff_plans
+from triarch.effects import traffic_effects
+from triarch.planners.registry import image_values
+from triarch.postrender import restrict
+
+RELEASE = "kubernetes:helm.sh/v3:Release"
+CHAT_PODS = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": "chat"}
+PICKER_POD = Pod("llm", {"llm-d-router-gateway": "chat-pool-epp", "llm-d.ai/igw-mode": "llm-d-router-gateway"},
+                 "10.0.30.1")
+"""The chat picker's pod as the chart labels it (selectorLabels and modeLabels, InferencePool mode)."""
+
+
+def picker_release(plan: StackPlan, name: str = "chat-pool") -> dict[str, Any]:
+    [release] = [r for r in plan.of_type(RELEASE) if r.inputs.get("name") == name]
+    return dict(release.inputs)
+
+
+def service(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    [found] = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == name]
+    return found
+
+
+def test_the_routed_models_pool_selects_its_vllm_pods_on_vllms_port(shipped: dict[str, StackPlan]) -> None:
+    plan = shipped["fresh"]
+    release = picker_release(plan)
+    assert release["chart"] == "oci://127.0.0.1:5000/charts/llm-d-router-standalone"
+    assert release["version"] == "v0.10.0" and release["namespace"] == "llm"
+    assert release["skipCrds"] is True and release["postrender"] == "triarch-restrict-pods"
+    router = release["values"]["router"]
+    assert router["modelServers"] == {"matchLabels": CHAT_PODS, "targetPorts": [{"number": 8000}]}
+    assert router["epp"]["image"] == {"tag": "v0.10.0", "pullPolicy": "IfNotPresent"}
+    assert router["proxy"] == {"enabled": True, "mode": "sidecar", "failOpen": True, "resources": {
+        "requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}}
+    assert router["monitoring"] == {"prometheus": {"auth": {"enabled": False}}}
+    [deployment] = [d for d in plan.objects("Deployment") if d["metadata"]["name"] == "chat"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert CHAT_PODS.items() <= labels.items()
+    # Only chat is routed: one release, and the InferencePool's CRD once, from the stack's mirror.
+    assert [r.inputs["name"] for r in plan.of_type(RELEASE)
+            if str(r.inputs["chart"]).endswith("/llm-d-router-standalone")] == ["chat-pool"]
+    crds = [r for r in plan.of_type("kubernetes:yaml/v2:ConfigFile") if "inferencepools" in r.name]
+    assert [r.inputs["file"] for r in crds] == [
+        "https://127.0.0.1:5000/files/crds/llm-d-router-standalone/v0.10.0/"
+        "inference.networking.k8s.io_inferencepools.yaml"]
+
+
+def test_the_routed_models_service_sends_to_the_pickers_proxy(shipped: dict[str, StackPlan]) -> None:
+    chat = service(shipped["fresh"].objects(), "chat")
+    assert chat["spec"]["selector"] == {"llm-d-router-gateway": "chat-pool-epp"}
+    assert chat["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": 8081, "protocol": "TCP"}]
+
+
+def test_the_service_waits_for_the_picker(shipped: dict[str, StackPlan]) -> None:
+    """The Service selects the picker's pod, so `pulumi up` waits for its endpoints only after the release."""
+    plan = shipped["fresh"]
+    [release] = [r for r in plan.of_type(RELEASE) if r.inputs.get("name") == "chat-pool"]
+    [chat] = [r for r in plan.of_type("kubernetes:core/v1:Service") if r.name.endswith("llm-chat")]
+    waits = set(plan.dependencies[chat.urn])
+    parent = chat.parent
+    while parent:  # a component's dependencies hold its children back too
+        waits |= set(plan.dependencies.get(parent, []))
+        parent = next((r.parent for r in plan.resources if r.urn == parent), None)
+    assert release.urn in waits
+
+
+def test_turning_routing_off_moves_the_service_back_to_the_vllm_pods(mutated_config: MutatedConfig) -> None:
+    objects = planned(mutated_config("fresh", with_model(0, prefixRouting={"enabled": False})))
+    chat = service(objects, "chat")
+    assert chat["spec"]["selector"] == CHAT_PODS
+    assert chat["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    names = {o["metadata"]["name"] for o in objects if o["kind"] in ("NetworkPolicy", "PodMonitor")}
+    assert not names & {"allow-picker-proxy", "allow-picker-api-server", "endpoint-picker"}
+
+
+def test_clients_reach_the_proxy_and_the_picker_reaches_vllm_and_the_api_server(
+        shipped: dict[str, StackPlan]) -> None:
+    policies = shipped["fresh"].objects("NetworkPolicy")
+    server = Pod("llm", {**CHAT_PODS, "app.kubernetes.io/managed-by": "triarch"}, "10.0.30.2")
+    client = Pod("llm", {"app": "smoke-test"}, "10.0.30.3")
+    assert connects(policies, client, PICKER_POD, 8081)
+    assert connects(policies, PICKER_POD, server, 8000)  # the proxy to vLLM, the picker to its metrics
+    assert connects(policies, PICKER_POD, API_SERVICE, 443) and connects(policies, PICKER_POD, API_ENDPOINT, 6443)
+    assert connects(policies, Pod("monitoring", {"app": "prometheus"}), PICKER_POD, 9090)
+    for namespace in ("default", "kube-system", "keda"):
+        assert not connects(policies, Pod(namespace), PICKER_POD, 8081), namespace
+    assert not connects(policies, client, PICKER_POD, 9002)  # the ext_proc port is the sidecar's, on localhost
+    assert not connects(policies, server, API_SERVICE, 443)  # the vLLM pods stay off the API server
+    assert not connects(policies, PICKER_POD, HUB, 80)
+
+
+def test_the_pickers_metrics_are_scraped_and_the_alerts_keep_vllms(shipped: dict[str, StackPlan]) -> None:
+    plan = shipped["fresh"]
+    [monitor] = [m for m in plan.objects("PodMonitor") if m["metadata"]["name"] == "endpoint-picker"]
+    assert monitor["spec"]["selector"] == {"matchLabels": {"llm-d.ai/igw-mode": "llm-d-router-gateway"}}
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    [scaled] = [s for s in plan.objects("ScaledObject") if s["metadata"]["name"] == "chat"]
+    assert all("vllm:" in t["metadata"]["query"] for t in scaled["spec"]["triggers"])
+
+
+def test_the_proxy_image_moves_to_a_mirror_in_its_one_key(mutated_config: MutatedConfig) -> None:
+    def mirrored(config: dict[str, Any]) -> None:
+        config["triarch:registry"]["images"] = "registry.example.com/mirror"
+    stack = from_pulumi_config(mutated_config("fresh", mirrored))
+    values = image_values(charts()["llm-d-router-standalone"], stack)
+    assert values == {"router": {
+        "epp": {"image": {"registry": "registry.example.com",
+                          "repository": "mirror/llm-d/llm-d-router-endpoint-picker", "tag": "v0.10.0"}},
+        "proxy": {"image": "registry.example.com/mirror/envoyproxy/envoy:distroless-v1.33.2"}}}
+
+
+def test_the_post_renderer_gives_the_chart_pods_the_restricted_context() -> None:
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "chat-pool-epp"},
+                  "spec": {"template": {"spec": {"containers": [
+                      {"name": "envoy-proxy", "securityContext": {"readOnlyRootFilesystem": True}},
+                      {"name": "epp"}]}}}}
+    spec = restrict(deployment)["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 1000
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    envoy, epp = spec["containers"]
+    assert epp["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False,
+                                      "readOnlyRootFilesystem": False, "capabilities": {"drop": ["ALL"]}}
+    assert envoy["securityContext"]["readOnlyRootFilesystem"] is True  # what the chart set stays
+    assert envoy["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    other = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}, "spec": {"ports": []}}
+    assert restrict(dict(other)) == other
+
+
+# --- bad input: one line naming the key, exit 2 ------------------------------------------------------------------
+
+def refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], index: int, **settings: Any) -> str:
+    config = stack_document("fresh")
+    config["triarch:models"][index].update(settings)
+    path = write_stack_file(tmp_path / "Pulumi.bad.yaml", config)
+    code = cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert code == 2, captured.out + captured.err
+    [line] = captured.err.splitlines()
+    assert line.startswith("error: ") and "Traceback" not in captured.err + captured.out
+    return line
+
+
+def test_a_ray_router_key_on_a_vllm_model_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(tmp_path, capsys, 0, prefixRouting={"enabled": True, "imbalancedThreshold": 8})
+    assert line.startswith("error: triarch:models[0].prefixRouting.imbalancedThreshold: 8 tunes Ray Serve's"), line
+    assert line.endswith("allowed: only prefixRouting.enabled on engine vllm"), line
+
+
+def test_the_picker_with_caching_off_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(tmp_path, capsys, 0, prefixCaching=False)
+    assert line.startswith("error: triarch:models[0].prefixRouting.enabled: True puts the endpoint picker"), line
+    assert line.endswith("allowed: prefixRouting.enabled: false, or prefixCaching: true"), line
+
+
+def test_the_picker_for_a_replica_across_nodes_is_refused(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(tmp_path, capsys, 1, prefixRouting={"enabled": True})
+    assert line.startswith("error: triarch:models[1].prefixRouting.enabled: True puts an endpoint picker"), line
+    assert "spans 2 nodes" in line, line
+
+
+# --- what turning it on or off does to running traffic (triarch diff), and where its pod goes -------------------
+
+def fresh_effects(shipped: dict[str, StackPlan], enabled: bool, tmp_path: Path) -> list[str]:
+    """The effects of chat's routing turned to `enabled`, against the shipped fresh stack (where it is on); off
+    first and back on for the other direction."""
+    config = stack_document("fresh")
+    config["triarch:models"][0]["prefixRouting"] = {"enabled": False}
+    off = document(plan_config("fresh", config, tmp_path / "off"))
+    on = document(shipped["fresh"])
+    base, head = (off, on) if enabled else (on, off)
+    return traffic_effects(diff_plans(base, head), base, head, None, None)
+
+
+def test_turning_the_picker_on_says_the_services_backends_move_to_the_proxy(shipped: dict[str, StackPlan],
+                                                                           tmp_path: Path) -> None:
+    found = [line for line in fresh_effects(shipped, True, tmp_path) if line.startswith("Service ")]
+    assert found == ["Service chat: its backends move from the vLLM pods to the endpoint picker's proxy "
+                     "(chat-pool-epp): open connections stay on their pod, new ones go through the proxy, which "
+                     "sends each request to the pod the picker chose by its prompt's start; one more pod (the picker "
+                     "and its Envoy proxy) runs beside the add-ons"]
+
+
+def test_turning_the_picker_off_says_the_service_goes_back_to_the_pods(shipped: dict[str, StackPlan],
+                                                                       tmp_path: Path) -> None:
+    found = [line for line in fresh_effects(shipped, False, tmp_path) if line.startswith("Service ")]
+    assert found == ["Service chat: its backends move from the endpoint picker's proxy (chat-pool-epp) back to the "
+                     "vLLM pods, connections spread over them without regard to their prefix caches; the picker's "
+                     "pod is removed"]
+
+
+def test_the_pickers_pod_is_placed_on_the_system_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """prod with its vllm model made a generate model and routed: the placement proof places the picker with its
+    proxy (750m CPU, 1280 MiB requested: 500m + 250m, 1 GiB + 256 MiB) on the system pool, and nothing breaks."""
+    config = stack_document("prod")
+    config["triarch:models"][0].update(model="Qwen/Qwen3-8B", prefixRouting={"enabled": True})
+    path = write_stack_file(tmp_path / "Pulumi.routed.yaml", config)
+    code = cli.main(["check", "--stack-file", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "Helm release embed-pool (endpoint picker and proxy): on system (m7i.xlarge); asks 750m CPU, 1280 MiB" \
+        in out, out
+    assert "triarch-guardrails: no violations" in out
+
+
+def test_the_cost_report_counts_the_pickers_pod(tmp_path: Path) -> None:
+    """capacity.json: the routed model's picker pod (750m CPU, 1280 MiB requested) and its share of an m7i.xlarge
+    system node by CPU: $0.2016/h (prices.yaml, us-east-1) x 730 h x 0.75 / 4 vCPU = $27.59 a month."""
+    config = stack_document("prod")
+    config["triarch:models"][0].update(model="Qwen/Qwen3-8B", prefixRouting={"enabled": True})
+    path = write_stack_file(tmp_path / "Pulumi.routed.yaml", config)
+    assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")]) == 0
+    capacity = json.loads((tmp_path / "out" / "capacity.json").read_text())
+    pickers = {m["name"]: m.get("picker") for m in capacity["models"]}
+    assert pickers == {"embed": {"pods": 1, "cpuMillicores": 750, "memoryMiB": 1280, "monthlyUsdShare": 27.59,
+                                 "of": "m7i.xlarge (4 vCPU)"}, "chat": None, "qwen": None}
