@@ -69,7 +69,7 @@ def preview_findings(lab: Lab, policy_config: Path) -> tuple[set[Finding], int]:
     """The policy events of a real preview (the CLI streams its engine events as JSON lines)."""
     done = lab.pulumi("preview", "--json", "--policy-pack", str(POLICIES), "--policy-pack-config", str(policy_config),
                       check=False, env={"PULUMI_ENABLE_STREAMING_JSON_PREVIEW": "true"})
-    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    events = engine_events(done.stdout, done.stderr)
     found: set[Finding] = set()
     for line in events:
         event = line.get("policyEvent")
@@ -79,9 +79,14 @@ def preview_findings(lab: Lab, policy_config: Path) -> tuple[set[Finding], int]:
         resource_type = urn.split("::")[2].rsplit("$", 1)[-1] if urn else ""
         found.add((event["policyName"], event["enforcementLevel"], resource_type, urn.split("::")[-1] if urn else "",
                    event["message"].strip()))
-    assert any("summaryEvent" in e for e in events), (
-        f"the preview did not finish:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}")
     return found, done.returncode
+
+
+def engine_events(out: str, err: str) -> list[dict[str, Any]]:
+    """The engine events a `--json` preview streams, one JSON object a line; the preview must have finished."""
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert any("summaryEvent" in e for e in events), f"the preview did not finish:\n{out[-3000:]}\n{err[-3000:]}"
+    return events
 
 
 def edited_preview_findings(lab: Lab, config: dict[str, Any], policy_config: Path) -> tuple[set[Finding], int]:
@@ -398,8 +403,7 @@ def _read_preview(process: subprocess.Popen[str]) -> CasesPreview:
     from triarch.guardrails.base import Resource
 
     out, err = process.communicate(timeout=600)
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert any("summaryEvent" in e for e in lines), f"the preview did not finish:\n{out[-3000:]}\n{err[-3000:]}"
+    lines = engine_events(out, err)
     failed = [d["message"] for line in lines if (d := line.get("diagnosticEvent")) and d.get("severity") == "error"
               and "Preview failed" in d["message"]]
     assert failed == [], failed  # every object, violating or not, is one the API server accepts
