@@ -1,6 +1,6 @@
 """How the cold-start prediction's parts compare with every public start-up timing we could source.
 
-    uv run --extra test python bench/cold_start_calibration.py     # the Markdown table the README carries
+    uv run --extra test python bench/cold_start_calibration.py     # the Markdown table docs/cold-start.md carries
 
 Each case of bench/cold-start-timings.yaml is one measured part of a start (the weights' read, or vLLM's own start
 from the weights loaded to serving); it is held against the range the prediction gives that part for the same path

@@ -26,7 +26,7 @@ from triarch import refdata
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path("components/triarch")
 COPIED = ("components", "tests", "templates", "policies", "stacks", "bench", "tools", "docs", "Pulumi.yaml",
-          "__main__.py", "pyproject.toml", "uv.lock", "README.md")
+          "__main__.py", "pyproject.toml", "uv.lock", "README.md", ".ci")
 
 
 @dataclass(frozen=True)

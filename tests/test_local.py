@@ -692,8 +692,8 @@ def test_up_names_the_plane_per_user_and_host_unless_named(tmp_path: Path, monke
 def test_down_and_exec_without_a_name_take_the_users_one_plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """Another user's plane (a shared state root) and another host's (a home shared between hosts) are not the
-    user's: `down` and `exec` as the README writes them take the user's own; a plane recorded before owners were is
-    taken as the user's."""
+    user's: `down` and `exec` as docs/real-engines.md writes them take the user's own; a plane recorded before owners
+    were is taken as the user's."""
     from triarch.cli import main
 
     monkeypatch.setenv("TRIARCH_LOCAL_HOME", str(tmp_path))

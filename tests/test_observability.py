@@ -189,7 +189,7 @@ def hpa_desired(replicas: int, total: float, trigger: dict[str, Any]) -> int:
 
 def test_keda_adds_a_replica_before_the_kv_cache_fills(plan: Any) -> None:
     """Two replicas whose KV caches are each 90% full: KEDA asks for a third, while the KV-cache-full alert (above
-    95%, README's runbook) has not fired; at 78% each, nothing changes. The query sums over replicas, so the HPA
+    95%, docs/runbook.md) has not fired; at 78% each, nothing changes. The query sums over replicas, so the HPA
     compares the average with the threshold."""
     _, _, objects = plan
     [scaled] = of_kind(objects, "ScaledObject")
@@ -318,14 +318,24 @@ def test_the_program_registers_them_and_the_guardrails_pass(tmp_path: Path) -> N
 
 
 def test_every_metric_the_runbook_names_is_exported_by_a_pinned_release() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Runbook: which layer is failing", 1)[1].split("\n## ", 1)[0]
+    section = (Path(__file__).resolve().parents[1] / "docs" / "runbook.md").read_text(encoding="utf-8")
     spans = re.findall(r"`([^`]+)`", section)
     names = {re.match(r"[A-Za-z_:][A-Za-z0-9_:]*", span).group(0) for span in spans  # type: ignore[union-attr]
              if re.match(r"(vllm:|ray_|DCGM_|kube_|kuberay_)[a-z_A-Z]", span)}
     names = {n for n in names if not n.endswith("_")}  # "ray_vllm_*" as a family, not a metric
     assert {"vllm:kv_cache_usage_perc", "DCGM_FI_DEV_XID_ERRORS", "kuberay_service_condition_ready"} <= names
     assert sorted(n for n in names if not known(n)) == []
+
+
+def test_every_alert_links_the_runbook_page(plan: Any) -> None:
+    """An alert's `runbook` annotation is what an on-call engineer follows: it names the page that holds the runbook's
+    table (tests/test_docs.py holds every link of the docs themselves)."""
+    _, _, objects = plan
+    [rule] = of_kind(objects, "PrometheusRule")
+    alerts = [r for group in rule["spec"]["groups"] for r in group["rules"] if "alert" in r]
+    assert alerts and {r["annotations"]["runbook"] for r in alerts} == {"docs/runbook.md"}
+    page = Path(__file__).resolve().parents[1] / "docs" / "runbook.md"
+    assert page.read_text(encoding="utf-8").startswith("# Runbook: which layer is failing\n")
 
 
 def test_the_dcgm_exporter_runs_on_gpu_nodes_only_with_keys_its_chart_has(plan: Any) -> None:

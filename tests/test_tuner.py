@@ -515,7 +515,7 @@ LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
 
 
 def test_the_70b_on_a100_is_sized_for_the_pessimistic_end() -> None:
-    """The README's promise: a derived max_model_len fits at the pessimistic end. On two A100s the 70B's 65.7 GiB of
+    """docs/tuning.md's promise: a derived max_model_len fits at the pessimistic end. On two A100s the 70B's 65.7 GiB of
     weights per GPU leave a KV cache nominally and none at the pessimistic end, so the search goes on to four."""
     sizing = tune(load_arch(LLAMA_70B), gpu("a100-80gb"))
     assert sizing.tensor_parallel_size == 4 and sizing.sized_for == "pessimistic"

@@ -153,7 +153,7 @@ FITS_KEYS = {"tensor_parallel_size": "tensorParallelSize: {}", "max_model_len": 
 
 def _may_not_start(index: int, model: str, on: str, sizing: Sizing, *, sliced: bool) -> ConfigError:
     """A model whose one request fits only at the nominal end of the memory estimate: vLLM may refuse to start
-    it, so the plan does, naming what would fit at the pessimistic end too (the README's promise)."""
+    it, so the plan does, naming what would fit at the pessimistic end too (docs/tuning.md's promise)."""
     fits = [FITS_KEYS[key].format(value) for key, value in sizing.fits_instead]
     if not any(key == "tensor_parallel_size" for key, _ in sizing.fits_instead):
         fits.append("a bigger slice (fewer timeSlicing replicas per GPU)" if sliced

@@ -34,7 +34,8 @@ KV_FULL = 0.95
 KV_SCALE_TARGET = 0.8
 """KEDA adds a replica when the replicas' KV caches are on average this full."""
 GPU_IDLE_PERCENT = 50
-RUNBOOK = "README.md#runbook-which-layer-is-failing"
+RUNBOOK = "docs/runbook.md"
+"""Each alert's `runbook` annotation: the page that says, per symptom, which layer to look at."""
 XID_FILE = TEMPLATES_DIR / "compat" / "xid.yaml"
 XID_WINDOW_MINUTES = 15
 """How long an alert on a new Xid stays firing: the exporter's value is the last Xid and never resets, so the

@@ -1,0 +1,144 @@
+"""The README and docs/ as a reader follows them: every relative link and anchor lands, every page is found from the
+README and leads back to it, the alerts' runbook link names a page that exists, the README's test command is the one
+CI runs, and the mutation benchmark's count is stated once. Links break silently when a page or heading moves."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from triarch.planners.observability import RUNBOOK
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+GENERATED = {"stack-keys.md"}  # written by `triarch reference`, not by hand
+LINK = re.compile(r"\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)\)")
+CODE_SPAN = re.compile(r"`[^`]*`")
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def prose_lines(text: str) -> list[tuple[int, str]]:
+    """Lines outside fenced code blocks, numbered from 1."""
+    out, fence = [], ""
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip()
+        if fence:
+            if stripped.startswith(fence):
+                fence = ""
+            continue
+        if stripped.startswith(("```", "~~~")):
+            fence = stripped[:3]
+            continue
+        out.append((number, line))
+    return out
+
+
+def links(path: Path) -> list[tuple[int, str]]:
+    """Every Markdown link's target on a prose line, leaving out those inside an inline code span."""
+    found = []
+    for number, line in prose_lines(path.read_text(encoding="utf-8")):
+        spans = [m.span() for m in CODE_SPAN.finditer(line)]
+        for match in LINK.finditer(line):
+            if not any(start < match.start() < end for start, end in spans):
+                found.append((number, match.group("target")))
+    return found
+
+
+def anchor(heading: str) -> str:
+    """GitHub's id for a heading: links reduced to their text, lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    ids = set()
+    for _, line in prose_lines(path.read_text(encoding="utf-8")):
+        match = re.match(r"#{1,6} +(.+?) *#*$", line)
+        if match:
+            base = anchor(match.group(1))
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            ids.add(base if count == 0 else f"{base}-{count}")
+    return ids
+
+
+def broken(path: Path, target: str) -> str | None:
+    """Why a relative link from `path` does not land, or None when it does."""
+    file_part, _, fragment = target.partition("#")
+    dest = path if not file_part else (path.parent / unquote(file_part)).resolve()
+    if not dest.exists():
+        return f"{dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest} does not exist"
+    if not dest.is_relative_to(ROOT):
+        return "points outside the repository"
+    if fragment and dest.suffix == ".md" and fragment not in anchors(dest):
+        return f"{dest.relative_to(ROOT)} has no heading #{fragment}"
+    return None
+
+
+def test_the_github_anchor_of_a_heading() -> None:
+    assert anchor("A first `pulumi up`") == "a-first-pulumi-up"
+    assert anchor("Day 2: metrics, alerts, autoscaling and verifying a live cluster") == \
+        "day-2-metrics-alerts-autoscaling-and-verifying-a-live-cluster"
+    assert anchor("Cold start: from no node to a Ready replica") == "cold-start-from-no-node-to-a-ready-replica"
+
+
+def test_a_broken_link_and_a_missing_anchor_are_found(tmp_path: Path) -> None:
+    """The check itself: a page that does not exist, and a heading that does not, are both reported."""
+    page = DOCS / "runbook.md"
+    assert broken(page, "../README.md#a-first-review") is None
+    assert broken(page, "no-such-page.md") is not None
+    assert broken(page, "../README.md#no-such-heading") is not None
+    assert broken(page, "#runbook-which-layer-is-failing") is None
+
+
+@pytest.mark.parametrize("path", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_and_anchor_lands(path: Path) -> None:
+    found = [(n, t) for n, t in links(path) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]  # http:, https:, mailto:
+    problems = [f"{path.relative_to(ROOT)}:{n}: ({t}) {why}" for n, t in found if (why := broken(path, t))]
+    assert problems == []
+
+
+def test_every_docs_page_is_found_from_the_readme_and_leads_back() -> None:
+    from_readme = {(ROOT / t.partition("#")[0]).resolve() for _, t in links(ROOT / "README.md")}
+    missing = [p.name for p in sorted(DOCS.glob("*.md")) if p.resolve() not in from_readme]
+    assert missing == [], "docs pages the README does not link"
+    no_way_back = [p.name for p in sorted(DOCS.glob("*.md")) if p.name not in GENERATED
+                   and not any(t.partition("#")[0] == "../README.md" for _, t in links(p))]
+    assert no_way_back == [], "docs pages without a link back to the README"
+
+
+def test_each_docs_page_opens_with_a_title_and_what_it_answers() -> None:
+    for path in sorted(DOCS.glob("*.md")):
+        if path.name in GENERATED:
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        assert lines[0].startswith("# "), path.name
+        assert lines[1] == "" and lines[2] and not lines[2].startswith(("#", "```", "|", "- ")), path.name
+
+
+def test_the_alerts_runbook_link_names_a_page_that_exists() -> None:
+    assert broken(ROOT / "README.md", RUNBOOK) is None, RUNBOOK
+    assert "| symptom | layer |" in (ROOT / RUNBOOK.partition("#")[0]).read_text(encoding="utf-8")
+
+
+def test_the_readme_test_command_is_what_ci_runs() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    try_it = readme.split("## Try it", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
+    assert try_it[0] == "pip install uv && uv run triarch plan --stack prod --out out/prod"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert try_it[1] in ci, f"the README's test command {try_it[1]!r} is not a line of .ci/run"
+
+
+def test_the_mutation_benchmarks_count_is_stated_once() -> None:
+    """The count is edited by hand as mutants are added: in two places, one would go stale."""
+    count = re.compile(r"\*\*\d+ mutants, \d+ caught\*\*")
+    places = [(p.name, len(count.findall(p.read_text(encoding="utf-8")))) for p in pages()]
+    assert [p for p in places if p[1]] == [("development.md", 1)]
