@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import functools
 import importlib.util
 import json
 import os
@@ -16,11 +17,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
+import jsonschema
 import pytest
 import yaml
 from pulumi.runtime.mocks import MockMonitor
 
 from triarch import refdata
+from triarch.datafiles import read_yaml
 from triarch.offline import PlanRun, Registered, manifests, read_stack_config, run_program
 
 # A model outside the catalog is read from the Hugging Face Hub: no test may reach the real one (or read the
@@ -157,11 +160,23 @@ def reference_dir(*parts: str) -> Path:
 
 
 def crd_schema(*parts: str, version: str = "v1") -> dict[str, Any]:
-    """The openAPIV3Schema the API server enforces for one served version of a CRD in the reference data."""
-    crd = yaml.safe_load(reference_file(*parts).read_text(encoding="utf-8"))
-    [served] = [v for v in crd["spec"]["versions"] if v["name"] == version]
-    schema: dict[str, Any] = served["schema"]["openAPIV3Schema"]
+    """The openAPIV3Schema the API server enforces for one served version of a CRD in the reference data (a copy:
+    the file is parsed once per process, a CRD's schema is megabytes of YAML)."""
+    [served] = [v for v in _crd(parts)["spec"]["versions"] if v["name"] == version]
+    schema: dict[str, Any] = copy.deepcopy(served["schema"]["openAPIV3Schema"])
     return schema
+
+
+@functools.cache
+def _crd(parts: tuple[str, ...]) -> dict[str, Any]:
+    crd: dict[str, Any] = read_yaml(reference_file(*parts))
+    return crd
+
+
+def schema_validate(instance: Any, schema: dict[str, Any]) -> None:
+    """jsonschema.validate without checking the schema itself on every call (seconds for a CRD's): the CRDs are
+    upstream's, and the API server has accepted them."""
+    jsonschema.validators.validator_for(schema)(schema).validate(instance)
 
 
 def unknown_fields(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:

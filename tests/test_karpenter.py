@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 import yaml
 
-from conftest import StackPlan, crd_schema, reference_file, unknown_fields, unknown_paths
+from conftest import StackPlan, crd_schema, reference_file, schema_validate, unknown_fields, unknown_paths
 from triarch.planners import karpenter
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -91,7 +91,7 @@ def test_each_pool_is_one_node_pool_and_one_node_class(shipped: dict[str, StackP
 def test_karpenter_objects_validate_against_the_crds(shipped: dict[str, StackPlan], stack: str) -> None:
     for obj in karpenter_objects(shipped[stack]):
         schema = schema_of(obj["kind"])
-        jsonschema.validate(obj, schema)
+        schema_validate(obj, schema)
         body = {k: v for k, v in obj.items() if k != "metadata"}
         assert unknown_fields(body, schema) == [], obj["metadata"]["name"]
         assert cel_failures(body, schema) == [], obj["metadata"]["name"]
@@ -124,7 +124,7 @@ def test_the_crd_checks_catch_what_the_api_server_would_refuse(shipped: dict[str
     with pytest.raises(jsonschema.ValidationError):
         broken = copy.deepcopy(node_class)
         broken["spec"]["metadataOptions"]["httpTokens"] = "sometimes"
-        jsonschema.validate(broken, class_schema)
+        schema_validate(broken, class_schema)
 
 
 # --- the controller, its chart and its AWS side ---------------------------------------------------------------

@@ -8,11 +8,10 @@ import copy
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 import yaml
 
-from conftest import crd_schema, reference_file, unknown_fields, unknown_paths
+from conftest import crd_schema, reference_file, schema_validate, unknown_fields, unknown_paths
 from triarch.offline import manifests, read_stack_config, run_program
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +51,7 @@ def test_ray_services_validate_against_the_crd(ray_objects: dict[str, list[dict[
     schema = kuberay_schema("ray.io_rayservices.yaml")
     for obj in ray_objects[name]:
         assert obj["kind"] == "RayService"
-        jsonschema.validate(obj, schema)
+        schema_validate(obj, schema)
         assert unknown_fields({k: v for k, v in obj.items() if k != "metadata"}, schema) == []
 
 
@@ -60,7 +59,7 @@ def test_ray_cluster_config_validates_as_a_ray_cluster_spec(ray_objects: dict[st
     schema = kuberay_schema("ray.io_rayclusters.yaml")
     [service] = ray_objects["prod"]
     cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "spec": service["spec"]["rayClusterConfig"]}
-    jsonschema.validate(cluster, schema)
+    schema_validate(cluster, schema)
     assert unknown_fields(cluster, schema) == []
 
 

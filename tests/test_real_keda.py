@@ -31,6 +31,7 @@ import yaml
 
 from conftest import ROOT
 from engine_tier import Lab, eventually, scratch_project
+from triarch.datafiles import read_yaml_documents
 from triarch.local import engines
 from triarch.local.crds import crd_files
 from triarch.local.lifecycle import start_operator, stop_operator
@@ -237,7 +238,7 @@ def keda_stack(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Itera
     waiting requests. Afterwards the plane is as this module found it: the lab's cluster has no KEDA, and other
     modules rely on that."""
     plane = deployed.plane
-    documents = [d for f in crd_files(["keda"], []) for d in yaml.safe_load_all(f.read_text()) if d]
+    documents = [d for f in crd_files(["keda"], []) for d in read_yaml_documents(f) if d]
     plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(documents))
     plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                   *[f"crd/{d['metadata']['name']}" for d in documents])

@@ -10,8 +10,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from triarch.datafiles import read_yaml
 from triarch.paths import COMPAT_DIR
 
 
@@ -103,8 +102,7 @@ class Catalog:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    with path.open(encoding="utf-8") as handle:
-        data = yaml.safe_load(handle)
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
     return data

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from triarch.catalog import catalog
+from triarch.datafiles import read_yaml
 from triarch.errors import ConfigError
 from triarch.images import IMAGE_RELEASE
 from triarch.paths import COMPAT_DIR
@@ -400,7 +401,7 @@ def _containers(value: Any) -> list[Mapping[str, Any]]:
 
 @cache
 def vllm_changes() -> list[dict[str, Any]]:
-    data = yaml.safe_load((COMPAT_DIR / "vllm-changes.yaml").read_text(encoding="utf-8"))
+    data = read_yaml(COMPAT_DIR / "vllm-changes.yaml")
     return list(data["changes"])
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from triarch.catalog import InstanceType, catalog
+from triarch.datafiles import read_yaml
 from triarch.guardrails.workloads import kind_of, name_of
 from triarch.paths import COMPAT_DIR
 from triarch.scheduling import DEVICE_PLUGIN_CONFIG_LABEL, GPU_RESOURCE
@@ -100,7 +101,7 @@ def memory_mib(value: Any) -> int:
 
 @cache
 def overhead() -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load((COMPAT_DIR / "node-overhead.yaml").read_text(encoding="utf-8"))
+    data: dict[str, Any] = read_yaml(COMPAT_DIR / "node-overhead.yaml")
     return data
 
 

@@ -9,8 +9,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-import yaml
-
+from triarch.datafiles import read_yaml
 from triarch.guardrails.base import Config, Resource, rule, stack_rule
 from triarch.guardrails.common import NODE_CLASS, gpu_templates, known
 from triarch.guardrails.workloads import (
@@ -42,7 +41,7 @@ def _exempt(resource: Resource, exemptions: list[Mapping[str, Any]]) -> bool:
 @cache
 def agent_needs() -> tuple[dict[str, str], ...]:
     """The privileges node agents document a need for (templates/compat/node-agent-needs.yaml)."""
-    data = yaml.safe_load((COMPAT_DIR / "node-agent-needs.yaml").read_text(encoding="utf-8"))
+    data = read_yaml(COMPAT_DIR / "node-agent-needs.yaml")
     return tuple(data["needs"])
 
 

@@ -8,9 +8,8 @@ import re
 from functools import cache
 from typing import Any
 
-import yaml
-
 from triarch.config import StackConfig
+from triarch.datafiles import read_yaml
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
 from triarch.planners.model_plan import ModelPlan
@@ -59,7 +58,7 @@ def efa_values(stack: StackConfig, pools: list[PoolPlan]) -> dict[str, Any]:
 @cache
 def efa_image_patterns() -> tuple[re.Pattern[str], ...]:
     """Images known to carry libfabric and aws-ofi-nccl (templates/compat/efa-images.yaml)."""
-    data = yaml.safe_load((TEMPLATES_DIR / "compat" / "efa-images.yaml").read_text(encoding="utf-8"))
+    data = read_yaml(TEMPLATES_DIR / "compat" / "efa-images.yaml")
     return tuple(re.compile(entry["pattern"]) for entry in data["images"])
 
 

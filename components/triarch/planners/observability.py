@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-import yaml
-
 from triarch.config import StackConfig
+from triarch.datafiles import read_yaml
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import picker, pods
 from triarch.planners.model_plan import ModelPlan
@@ -48,8 +47,7 @@ keeps the target's own labels (honorLabels false, which Triarch sets), so Promet
 
 @cache
 def metric_names() -> dict[str, Any]:
-    with METRICS_FILE.open(encoding="utf-8") as handle:
-        return dict(yaml.safe_load(handle))
+    return dict(read_yaml(METRICS_FILE))
 
 
 def vllm_metric(plan: ModelPlan, name: str) -> str:
@@ -95,8 +93,7 @@ def queued(plan: ModelPlan, namespace: str) -> str:
 @cache
 def xid_classes() -> dict[str, list[int]]:
     """Xid class -> codes (templates/compat/xid.yaml)."""
-    with XID_FILE.open(encoding="utf-8") as handle:
-        loaded = yaml.safe_load(handle)
+    loaded = read_yaml(XID_FILE)
     return {name: sorted(int(code) for code in loaded[name]) for name in ("application", "pending", "node")}
 
 

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal
 
-import yaml
-
+from triarch.datafiles import read_yaml
 from triarch.paths import TEMPLATES_DIR
 from triarch.tuner.context import ContextFields, read_context_fields
 from triarch.tuner.errors import LengthRefused as LengthRefused
@@ -152,8 +151,7 @@ def _tower_parameters(d: Mapping[str, Any]) -> int:
 
 @cache
 def _config_defaults() -> dict[str, Any]:
-    with CONFIG_DEFAULTS_FILE.open(encoding="utf-8") as handle:
-        return dict(yaml.safe_load(handle))
+    return dict(read_yaml(CONFIG_DEFAULTS_FILE))
 
 
 def _with_type_defaults(cfg: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:

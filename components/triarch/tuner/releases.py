@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
 
-import yaml
-
+from triarch.datafiles import read_yaml
 from triarch.paths import TEMPLATES_DIR
 from triarch.tuner.errors import TuneError
 
@@ -82,8 +81,7 @@ def _release(version: str, raw: Mapping[str, Any]) -> VllmRelease:
 @cache
 def modelled_releases() -> dict[str, VllmRelease]:
     """The releases the tuner models, oldest first."""
-    with RELEASES_FILE.open(encoding="utf-8") as handle:
-        raw = yaml.safe_load(handle)["releases"]
+    raw = read_yaml(RELEASES_FILE)["releases"]
     return {v: _release(v, raw[v]) for v in sorted(raw, key=_version_key)}
 
 
@@ -137,7 +135,6 @@ class Spread:
 
 @cache
 def estimate_spread() -> Spread:
-    with RELEASES_FILE.open(encoding="utf-8") as handle:
-        raw = yaml.safe_load(handle)["estimateSpread"]
+    raw = read_yaml(RELEASES_FILE)["estimateSpread"]
     return Spread(float(raw["weights"]), float(raw["weightsQuantizedOrMultimodal"]), float(raw["activationPeak"]),
                   float(raw["nonTorch"]), float(raw["cudaGraphs"]))
