@@ -20,11 +20,13 @@ from conftest import ROOT, MutatedConfig, StackPlan, plan_config, stack_document
 from test_effects import document
 from test_engine_args import planned, with_model
 from test_network_policy import API_ENDPOINT, API_SERVICE, HUB, Pod, connects
+from test_observability import known
 from triarch import cli
 from triarch.catalog import charts
 from triarch.config import from_pulumi_config
 from triarch.diff import diff_plans
 from triarch.effects import traffic_effects
+from triarch.planners.queries import selected_metrics as selectors
 from triarch.planners.registry import image_values
 from triarch.postrender import restrict
 
@@ -120,6 +122,63 @@ def test_the_pickers_metrics_are_scraped_and_the_alerts_keep_vllms(shipped: dict
     assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
     [scaled] = [s for s in plan.objects("ScaledObject") if s["metadata"]["name"] == "chat"]
     assert all("vllm:" in t["metadata"]["query"] for t in scaled["spec"]["triggers"])
+
+
+def _board(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    [config_map] = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "triarch-layers"]
+    [body] = config_map["data"].values()
+    board: dict[str, Any] = json.loads(body)
+    return board
+
+
+PICKER_SERIES = '{namespace="llm", pod=~"chat-pool-epp-[^-]+-[^-]+"}'
+POOL_SERIES = '{namespace="llm", name="chat-pool"}'
+
+
+def test_the_dashboard_shows_the_routed_models_picker_on_its_own_metrics(shipped: dict[str, StackPlan]) -> None:
+    """The fresh stack's chat is routed: a Routing row after When with chat's four picker panels, on the names the
+    picker of llm-d-router v0.10.0 registers (llm_d_router_metrics.go, approximateprefix/metrics.go at 71f4f09),
+    selecting the picker pod's series and its pool's (named as the release), each name in the pinned list."""
+    board = _board(shipped["fresh"].objects())
+    rows = [p["title"].split(":")[0] for p in board["panels"] if p["type"] == "row"]
+    assert rows[-1] == "Routing" and rows.count("Routing") == 1
+    titles = [p.get("title", "") for p in board["panels"]]
+    routing = board["panels"][titles.index("Routing: endpoint pickers send each request to a pod") + 1:]
+    assert [p["title"] for p in routing] == [
+        "chat: requests through the endpoint picker", "chat: latency through the endpoint picker",
+        "chat: the pool's ready endpoints and queue", "chat: share of each prompt in the picker's prefix index"]
+    queries = [t["expr"] for p in routing for t in p["targets"]]
+    names = {name for expr in queries for name in selectors(expr)}
+    assert names == {"llm_d_epp_request_total", "llm_d_epp_request_error_total",
+                     "llm_d_epp_request_duration_seconds_bucket", "llm_d_epp_request_ttft_seconds_bucket",
+                     "llm_d_epp_scheduler_e2e_duration_seconds_bucket", "llm_d_epp_ready_endpoints",
+                     "llm_d_epp_average_queue_size", "llm_d_epp_prefix_indexer_hit_ratio_sum",
+                     "llm_d_epp_prefix_indexer_hit_ratio_count"}
+    assert sorted(n for n in names if not known(n)) == []
+    assert f"sum(rate(llm_d_epp_request_total{PICKER_SERIES}[5m]))" in queries
+    assert f"max(llm_d_epp_ready_endpoints{POOL_SERIES})" in queries
+    assert f"max(llm_d_epp_average_queue_size{POOL_SERIES})" in queries
+    assert ("histogram_quantile(0.9, sum by (le) (rate(llm_d_epp_request_duration_seconds_bucket"
+            f"{PICKER_SERIES}[5m])))") in queries
+    # chat's vLLM panels stay on vLLM's own names, and the alerts and KEDA too
+    assert any('vllm:kv_cache_usage_perc{namespace="llm", model_name="chat"}' in t["expr"]
+               for p in board["panels"] if p["type"] == "timeseries" for t in p["targets"])
+
+
+def test_the_pinned_picker_list_refuses_what_the_release_does_not_export() -> None:
+    assert known("llm_d_epp_ready_endpoints") and known("llm_d_epp_request_total")
+    assert known("llm_d_epp_request_duration_seconds_bucket") and known("llm_d_epp_prefix_indexer_hit_ratio_count")
+    assert not known("llm_d_epp_ready_pods")  # the deprecated inference_pool_ready_pods' twin is ready_endpoints
+    assert not known("llm_d_epp_request_total_bucket") and not known("llm_d_epp_ready_endpoints_sum")
+    assert not known("llm_d_epp_request_duration_seconds")  # a histogram's series carry a suffix
+    assert not known("inference_pool_ready_pods")  # deprecated names are not read
+
+
+def test_without_routing_the_dashboard_has_no_picker_panels(mutated_config: MutatedConfig) -> None:
+    objects = planned(mutated_config("fresh", with_model(0, prefixRouting={"enabled": False})))
+    board = _board(objects)
+    assert "Routing" not in [p["title"].split(":")[0] for p in board["panels"] if p["type"] == "row"]
+    assert "llm_d_epp_" not in json.dumps(board)
 
 
 def test_the_proxy_image_moves_to_a_mirror_in_its_one_key(mutated_config: MutatedConfig) -> None:
