@@ -97,6 +97,9 @@ def scratch_project(directory: Path, program: str | None = None) -> Path:
         (directory / "program.py").write_text(program)
         project["main"] = "program.py"
     (directory / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
+    venv = directory / ".venv"  # where a Release's post-renderer path points, from the program's directory
+    if not venv.exists():
+        venv.symlink_to(sys.prefix, target_is_directory=True)
     return directory
 
 

@@ -58,6 +58,8 @@ class Model:
     group_size: int = 1
     """Pods per LeaderWorkerSet group, where a vllm replica spans nodes (LWS names them <set>-<group> for the
     leader, <set>-<group>-<index> for the workers)."""
+    routed: bool = False
+    """A vllm model behind an endpoint picker (prefixRouting.enabled in the stack file)."""
 
     @property
     def pod(self) -> str:
@@ -298,7 +300,9 @@ def world_of(plan: StackPlan) -> World:
             group = groups.get((entry["nodeGroup"], gpus)) or next(
                 name for (pool, per_pod), name in groups.items() if pool == entry["nodeGroup"] and gpus % per_pod == 0)
         models.append(Model(entry["name"], entry.get("engine", "vllm"), entry["nodeGroup"], group,
-                            entry.get("timeToFirstTokenSloSeconds"), sizes.get(entry["name"], 1)))
+                            entry.get("timeToFirstTokenSloSeconds"), sizes.get(entry["name"], 1),
+                            entry.get("engine", "vllm") == "vllm"
+                            and bool((entry.get("prefixRouting") or {}).get("enabled"))))
     return World(namespace, models, sorted({m.pool for m in models}))
 
 
@@ -394,6 +398,8 @@ def busy_world(world: World) -> Series:
         for histogram in ("time_to_first_token_seconds", "inter_token_latency_seconds"):
             series += [s(world.vllm(f"{histogram}_bucket", model, le=le), f"0+{rate}x30")
                        for le, rate in (("0.05", "5"), ("0.5", "8"), ("+Inf", "10"))]
+        if model.routed:
+            series += picker_series(world, model)
         if model.engine == "ray-serve":
             deployment = {"application": model.name, "deployment": f"LLMServer:{model.name}"}
             series += [
@@ -405,6 +411,28 @@ def busy_world(world: World) -> Series:
                 s("ray_serve_autoscaling_target_replicas" + labels(**world.pod_job(
                     "ray", "llm-x7k2p-head-b8r2m", **deployment)), "1x30"),
             ]
+    return series
+
+
+def picker_series(world: World, model: Model) -> Series:
+    """A routed model's endpoint picker under load, as the picker of llm-d-router v0.10.0 labels its series and the
+    PodMonitor endpoint-picker scrapes them from the chart's pod (Deployment <model>-pool-epp)."""
+    def picker(metric: str, **rest: str) -> str:
+        return metric + labels(**{**world.pod_job("endpoint-picker", f"{model.name}-pool-epp-6c9f8d7b5-k2x7q",
+                                                   container="epp", endpoint="metrics"), **rest})
+    request = {"model_name": model.name, "target_model_name": model.name, "fairness_id": "", "priority": "0"}
+    series = [s(picker("llm_d_epp_request_total", **request), "0+60x30"),
+              s(picker("llm_d_epp_request_error_total", **request, error_code="ServiceUnavailable"), "0+1x30"),
+              s(picker("llm_d_epp_ready_endpoints", name=f"{model.name}-pool"), "2x30"),
+              s(picker("llm_d_epp_average_queue_size", name=f"{model.name}-pool"), "1x30")]
+    for histogram, extra in (("llm_d_epp_request_duration_seconds", request),
+                             ("llm_d_epp_request_ttft_seconds", {**request, "streaming": "true"}),
+                             ("llm_d_epp_scheduler_e2e_duration_seconds", {})):
+        series += [s(picker(f"{histogram}_bucket", **extra, le=le), f"0+{rate}x30")
+                   for le, rate in (("0.001", "5"), ("0.5", "8"), ("+Inf", "10"))]
+    prefix = {"plugin_name": "approx-prefix-cache-producer", "plugin_type": "approx-prefix-cache-producer"}
+    series += [s(picker("llm_d_epp_prefix_indexer_hit_ratio_sum", **prefix), "0+6x30"),
+               s(picker("llm_d_epp_prefix_indexer_hit_ratio_count", **prefix), "0+10x30")]
     return series
 
 

@@ -93,6 +93,12 @@ def known(name: str) -> bool:
         return "vllm:" + base.removeprefix(prefix) in reference_lines("vllm-0.29.0", "metrics.txt")
     if name.startswith("DCGM_"):
         return name in reference_lines("dcgm-exporter-4.8.2", "default-counters.csv")
+    if name.startswith("llm_d_epp_"):  # the endpoint picker of llm-d-router v0.10.0, as its registry names them
+        picker = data["endpointPicker"]["names"]
+        if name in picker:  # a counter with its _total, or a gauge
+            return "HistogramVec" not in picker[name]
+        histogram = re.sub(r"_(bucket|sum|count)$", "", name)
+        return histogram != name and "HistogramVec" in picker.get(histogram, "")
     return any(base in data[source]["names"] for source in ("ray", "kuberay", "kubeStateMetrics"))
 
 

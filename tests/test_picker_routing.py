@@ -7,20 +7,26 @@ chart's templates (routerlib, v0.10.0) and the Gateway API Inference Extension's
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from conftest import MutatedConfig, StackPlan, plan_config, stack_document, write_stack_file
+from conftest import ROOT, MutatedConfig, StackPlan, plan_config, stack_document, write_stack_file
 from test_effects import document
 from test_engine_args import planned, with_model
 from test_network_policy import API_ENDPOINT, API_SERVICE, HUB, Pod, connects
+from test_observability import known
 from triarch import cli
 from triarch.catalog import charts
 from triarch.config import from_pulumi_config
 from triarch.diff import diff_plans
 from triarch.effects import traffic_effects
+from triarch.planners.queries import selected_metrics as selectors
 from triarch.planners.registry import image_values
 from triarch.postrender import restrict
 
@@ -46,7 +52,7 @@ def test_the_routed_models_pool_selects_its_vllm_pods_on_vllms_port(shipped: dic
     release = picker_release(plan)
     assert release["chart"] == "oci://127.0.0.1:5000/charts/llm-d-router-standalone"
     assert release["version"] == "v0.10.0" and release["namespace"] == "llm"
-    assert release["skipCrds"] is True and release["postrender"] == "triarch-restrict-pods"
+    assert release["skipCrds"] is True and release["postrender"] == "./.venv/bin/triarch-restrict-pods"
     router = release["values"]["router"]
     assert router["modelServers"] == {"matchLabels": CHAT_PODS, "targetPorts": [{"number": 8000}]}
     assert router["epp"]["image"] == {"tag": "v0.10.0", "pullPolicy": "IfNotPresent"}
@@ -118,6 +124,63 @@ def test_the_pickers_metrics_are_scraped_and_the_alerts_keep_vllms(shipped: dict
     assert all("vllm:" in t["metadata"]["query"] for t in scaled["spec"]["triggers"])
 
 
+def _board(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    [config_map] = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "triarch-layers"]
+    [body] = config_map["data"].values()
+    board: dict[str, Any] = json.loads(body)
+    return board
+
+
+PICKER_SERIES = '{namespace="llm", pod=~"chat-pool-epp-[^-]+-[^-]+"}'
+POOL_SERIES = '{namespace="llm", name="chat-pool"}'
+
+
+def test_the_dashboard_shows_the_routed_models_picker_on_its_own_metrics(shipped: dict[str, StackPlan]) -> None:
+    """The fresh stack's chat is routed: a Routing row after When with chat's four picker panels, on the names the
+    picker of llm-d-router v0.10.0 registers (llm_d_router_metrics.go, approximateprefix/metrics.go at 71f4f09),
+    selecting the picker pod's series and its pool's (named as the release), each name in the pinned list."""
+    board = _board(shipped["fresh"].objects())
+    rows = [p["title"].split(":")[0] for p in board["panels"] if p["type"] == "row"]
+    assert rows[-1] == "Routing" and rows.count("Routing") == 1
+    titles = [p.get("title", "") for p in board["panels"]]
+    routing = board["panels"][titles.index("Routing: endpoint pickers send each request to a pod") + 1:]
+    assert [p["title"] for p in routing] == [
+        "chat: requests through the endpoint picker", "chat: latency through the endpoint picker",
+        "chat: the pool's ready endpoints and queue", "chat: share of each prompt in the picker's prefix index"]
+    queries = [t["expr"] for p in routing for t in p["targets"]]
+    names = {name for expr in queries for name in selectors(expr)}
+    assert names == {"llm_d_epp_request_total", "llm_d_epp_request_error_total",
+                     "llm_d_epp_request_duration_seconds_bucket", "llm_d_epp_request_ttft_seconds_bucket",
+                     "llm_d_epp_scheduler_e2e_duration_seconds_bucket", "llm_d_epp_ready_endpoints",
+                     "llm_d_epp_average_queue_size", "llm_d_epp_prefix_indexer_hit_ratio_sum",
+                     "llm_d_epp_prefix_indexer_hit_ratio_count"}
+    assert sorted(n for n in names if not known(n)) == []
+    assert f"sum(rate(llm_d_epp_request_total{PICKER_SERIES}[5m]))" in queries
+    assert f"max(llm_d_epp_ready_endpoints{POOL_SERIES})" in queries
+    assert f"max(llm_d_epp_average_queue_size{POOL_SERIES})" in queries
+    assert ("histogram_quantile(0.9, sum by (le) (rate(llm_d_epp_request_duration_seconds_bucket"
+            f"{PICKER_SERIES}[5m])))") in queries
+    # chat's vLLM panels stay on vLLM's own names, and the alerts and KEDA too
+    assert any('vllm:kv_cache_usage_perc{namespace="llm", model_name="chat"}' in t["expr"]
+               for p in board["panels"] if p["type"] == "timeseries" for t in p["targets"])
+
+
+def test_the_pinned_picker_list_refuses_what_the_release_does_not_export() -> None:
+    assert known("llm_d_epp_ready_endpoints") and known("llm_d_epp_request_total")
+    assert known("llm_d_epp_request_duration_seconds_bucket") and known("llm_d_epp_prefix_indexer_hit_ratio_count")
+    assert not known("llm_d_epp_ready_pods")  # the deprecated inference_pool_ready_pods' twin is ready_endpoints
+    assert not known("llm_d_epp_request_total_bucket") and not known("llm_d_epp_ready_endpoints_sum")
+    assert not known("llm_d_epp_request_duration_seconds")  # a histogram's series carry a suffix
+    assert not known("inference_pool_ready_pods")  # deprecated names are not read
+
+
+def test_without_routing_the_dashboard_has_no_picker_panels(mutated_config: MutatedConfig) -> None:
+    objects = planned(mutated_config("fresh", with_model(0, prefixRouting={"enabled": False})))
+    board = _board(objects)
+    assert "Routing" not in [p["title"].split(":")[0] for p in board["panels"] if p["type"] == "row"]
+    assert "llm_d_epp_" not in json.dumps(board)
+
+
 def test_the_proxy_image_moves_to_a_mirror_in_its_one_key(mutated_config: MutatedConfig) -> None:
     def mirrored(config: dict[str, Any]) -> None:
         config["triarch:registry"]["images"] = "registry.example.com/mirror"
@@ -144,6 +207,78 @@ def test_the_post_renderer_gives_the_chart_pods_the_restricted_context() -> None
     assert envoy["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     other = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}, "spec": {"ports": []}}
     assert restrict(dict(other)) == other
+
+
+def test_the_post_renderer_names_the_pull_secret_only_when_asked() -> None:
+    def deployment() -> dict[str, Any]:
+        return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "chat-pool-epp"},
+                "spec": {"template": {"spec": {"containers": [{"name": "epp"}]}}}}
+    assert "imagePullSecrets" not in restrict(deployment())["spec"]["template"]["spec"]
+    pulled = restrict(deployment(), "triarch-registry")["spec"]["template"]["spec"]
+    assert pulled["imagePullSecrets"] == [{"name": "triarch-registry"}]
+    assert pulled["securityContext"]["runAsNonRoot"] is True  # and restricted as before
+    own = deployment()
+    own["spec"]["template"]["spec"]["imagePullSecrets"] = [{"name": "theirs"}]
+    assert restrict(own, "triarch-registry")["spec"]["template"]["spec"]["imagePullSecrets"] == [
+        {"name": "theirs"}, {"name": "triarch-registry"}]  # the chart's kept, ours once
+    again = restrict(restrict(deployment(), "triarch-registry"), "triarch-registry")
+    assert again["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "triarch-registry"}]
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}, "spec": {"ports": []}}
+    assert restrict(dict(service), "triarch-registry") == service
+
+
+def _credentials(config: dict[str, Any]) -> None:
+    config["triarch:registry"].update(images="harbor.example.com/proxy", username="robot$triarch")
+    config["triarch:registryPassword"] = {"secure": "v1:robot-token"}
+
+
+def test_with_registry_credentials_the_release_runs_the_pulling_post_renderer(tmp_path: Path) -> None:
+    """The fresh stack (chat routed) pulling through a registry that takes credentials: the picker's Release names
+    the post-renderer that adds the pull Secret, in the same directory; the Secret is in the release's namespace."""
+    config = stack_document("fresh")
+    _credentials(config)
+    plan = plan_config("fresh", config, tmp_path)
+    release = picker_release(plan)
+    assert release["postrender"] == "./.venv/bin/triarch-restrict-pods-pulling"
+    secrets = [r for r in plan.of_type("kubernetes:core/v1:Secret")
+               if r.inputs["metadata"]["name"] == "triarch-registry"]
+    assert "llm" in {r.inputs["metadata"]["namespace"] for r in secrets}
+    assert "imagePullSecrets" not in json.dumps(release["values"])  # the chart has no value for it
+
+
+def test_the_post_renderers_path_is_the_projects_virtualenv() -> None:
+    """The Release's path is relative to the project's root, where the provider runs (no `main` in Pulumi.yaml,
+    so the CLI's plugin directory is the root) and where the uv toolchain makes the virtualenv Pulumi.yaml names;
+    both commands are this package's console scripts."""
+    project = yaml.safe_load((ROOT / "Pulumi.yaml").read_text(encoding="utf-8"))
+    assert "main" not in project and project["runtime"]["options"]["virtualenv"] == ".venv"
+    scripts = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'triarch-restrict-pods = "triarch.postrender:main"' in scripts
+    assert 'triarch-restrict-pods-pulling = "triarch.postrender:main_pulling"' in scripts
+
+
+@pytest.mark.parametrize(("command", "secrets"), [
+    ("./.venv/bin/triarch-restrict-pods", None),
+    ("./.venv/bin/triarch-restrict-pods-pulling", [{"name": "triarch-registry"}]),
+])
+def test_the_post_renderer_runs_as_helm_runs_it(tmp_path: Path, command: str, secrets: Any) -> None:
+    """As Helm execs it (pkg/postrender): the Release's relative path from the provider's working directory (a
+    project root whose .venv is this environment), no PATH entry holding it, the rendered chart on stdin."""
+    (tmp_path / ".venv").symlink_to(sys.prefix, target_is_directory=True)
+    rendered = yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "chat-pool-epp"}},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "chat-pool-epp"},
+         "spec": {"template": {"spec": {"containers": [{"name": "epp"}, {"name": "envoy-proxy"}]}}}}])
+    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and not (Path(d) / "triarch-restrict-pods").exists())
+    done = subprocess.run([command], input=rendered, cwd=tmp_path, env={**os.environ, "PATH": path},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    account, deployment = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert account == {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "chat-pool-epp"}}
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec.get("imagePullSecrets") == secrets
+    assert [c["securityContext"]["capabilities"] for c in spec["containers"]] == [{"drop": ["ALL"]}] * 2
 
 
 # --- bad input: one line naming the key, exit 2 ------------------------------------------------------------------

@@ -69,6 +69,22 @@ GATE_SECONDS = 30
 """How long the first up's webhook gates wait (Triarch's own wait is five minutes): the manager never starts."""
 
 
+def pulumi_env(plane: Plane) -> dict[str, str]:
+    """The environment every `pulumi` here runs in: the plane's, with no PATH directory that holds the endpoint
+    picker's post-renderer (`uv run` puts .venv/bin first), as under pulumi/actions in CI: the Release names the
+    post-renderer by a path from the project's root, which Helm resolves in the provider's working directory."""
+    env = {**plane.env(), **PASSPHRASE}
+    env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep)
+                                  if not (d and (Path(d) / "triarch-restrict-pods").exists()))
+    return env
+
+
+def pulumi_command(plane: Plane, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """argv inside the plane's namespace, and the environment it runs with (pulumi_env)."""
+    env = pulumi_env(plane)
+    return plane.namespace().command(argv, env), env
+
+
 def use_program(project: Path, what: str = "", patches: str = "") -> None:
     """Point the scratch project at Triarch's program, or at one that first swaps one of its inputs (`patches`):
     a test's stand-in for a Triarch whose pins differ, the program otherwise Triarch's own."""
@@ -93,9 +109,10 @@ class Fresh:
     starts only then)."""
 
     def pulumi(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        argv = [str(engines.binary("pulumi")), *args, "--stack", STACK, "--non-interactive"]
-        done = subprocess.run(self.plane.command(argv), env={**self.plane.env(), **PASSPHRASE}, cwd=self.project,
-                              capture_output=True, text=True, timeout=TIMEOUT, check=False)
+        argv, env = pulumi_command(self.plane, [str(engines.binary("pulumi")), *args, "--stack", STACK,
+                                                "--non-interactive"])
+        done = subprocess.run(argv, env=env, cwd=self.project, capture_output=True, text=True, timeout=TIMEOUT,
+                              check=False)
         if check and done.returncode != 0:
             raise AssertionError(f"pulumi {' '.join(args)} exited {done.returncode}:\n{done.stdout[-4000:]}\n"
                                  f"{done.stderr[-3000:]}")
@@ -148,8 +165,9 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fresh]:
         use_program(project)
         argv = [str(engines.binary("pulumi")), "up", "--yes", "--skip-preview", "--stack", STACK,
                 "--non-interactive"]
-        running = subprocess.Popen(plane.command(argv), env={**plane.env(), **PASSPHRASE}, cwd=project,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        command, env = pulumi_command(plane, argv)
+        running = subprocess.Popen(command, env=env, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True)
         assert running.stdout is not None
         printed = []
         for line in running.stdout:  # the manager starts once the up says it is at the LWS webhook's gate
@@ -254,6 +272,17 @@ def test_the_inference_pool_is_accepted_and_selects_the_models_pods_behind_the_p
     assert picker["status"].get("availableReplicas") == 1
     containers = {c["name"] for c in picker["spec"]["template"]["spec"]["containers"]}
     assert containers == {"epp", "envoy-proxy"}
+    # The post-renderer ran (the chart gives the epp container no context of its own), found by the Release's path
+    # from the project's root while no PATH directory of the ups held it.
+    assert picker["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    [epp] = [c for c in picker["spec"]["template"]["spec"]["containers"] if c["name"] == "epp"]
+    assert epp["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "imagePullSecrets" not in picker["spec"]["template"]["spec"]  # the fresh stack's registry takes none
+    assert shutil.which("triarch-restrict-pods", path=pulumi_env(fresh.plane)["PATH"]) is None
+    state = json.loads(fresh.pulumi("stack", "export").stdout)
+    [release] = [r for r in state["deployment"]["resources"]
+                 if r["type"] == "kubernetes:helm.sh/v3:Release" and r.get("inputs", {}).get("name") == "chat-pool"]
+    assert release["inputs"]["postrender"] == "./.venv/bin/triarch-restrict-pods"
     service = fresh.get("service", "chat", "-n", "llm")
     assert service["spec"]["selector"] == {"llm-d-router-gateway": "chat-pool-epp"}
     assert [p["targetPort"] for p in service["spec"]["ports"]] == [8081]

@@ -204,7 +204,7 @@ class Platform(pulumi.ComponentResource):
                 picker.picker_values(stack, plan),
                 pulumi.ResourceOptions(parent=self, provider=self.provider,
                                        depends_on=[*ready, *self.inference_pool_crds]),
-                skip_crds=True, postrender=picker.POSTRENDER)
+                skip_crds=True, postrender=picker.postrender("registryPassword" in secrets))
         for plan in models:
             if plan.config.engine == "vllm":
                 opts = grouped if plan.multi_node else after

@@ -307,7 +307,8 @@ class ModelConfig(_Model):
     ray-serve: Ray Serve's router, tuned by the keys below; default on where it can pay, a generate model with
     prefixCaching on and more than one replica at most. Engine vllm: only `enabled`; true puts llm-d-router's
     endpoint picker (an InferencePool over the model's pods, with an Envoy proxy) in front of them, and the model's
-    Service moves to the proxy; default off (it adds a pod on the system nodes)."""
+    Service moves to the proxy; default off (it adds a pod on the system nodes); refused for a replica across nodes
+    (a LeaderWorkerSet), whose workers the picker would route to too."""
 
     @property
     def resolved_task(self) -> Literal["generate", "embed"]:

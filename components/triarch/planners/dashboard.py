@@ -4,7 +4,9 @@ dashboard sidecar loads (kube-prometheus-stack's Grafana watches ConfigMaps labe
 Where: GPUs each pool advertises and the pods request, GPU nodes per pool, GPU use and memory per pod.
 How: Ray Serve replicas, queued and ongoing requests. When: running and waiting requests, KV cache use, time to
 first token and between tokens, tokens per second and preemptions, per model (vLLM's own names, or Ray's
-ray_vllm_ ones)."""
+ray_vllm_ ones). Routing, for each vllm model behind an endpoint picker: requests and errors through it, their
+latency and the picker's own, the pool's ready endpoints and queue, how much of each prompt its prefix index had seen
+(the picker's own names, llm-d-router v0.10.0, templates/compat/metrics.yaml endpointPicker)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from grafana_foundation_sdk.builders.timeseries import Panel
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from triarch.config import StackConfig
-from triarch.planners import pods
+from triarch.planners import picker, pods
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.observability import (
     DCGM_NAMESPACE_LABEL,
@@ -99,6 +101,42 @@ def _when(plan: ModelPlan, namespace: str) -> list[Panel]:
     ]
 
 
+def picker_selector(plan: ModelPlan, namespace: str) -> str:
+    """The series scraped from a routed model's picker pod: the PodMonitor's `pod` label, the chart's Deployment
+    name (`<release>-epp`) then its ReplicaSet's hash and the pod's suffix, so no other Deployment's pods match."""
+    return f'{{namespace="{namespace}", pod=~"{picker.picker_name(plan.name)}-[^-]+-[^-]+"}}'
+
+
+def pool_selector(plan: ModelPlan, namespace: str) -> str:
+    """A routed model's pool gauges: the picker labels them with its InferencePool's name (the release's)."""
+    return f'{{namespace="{namespace}", name="{picker.release_name(plan.name)}"}}'
+
+
+def _routing(plan: ModelPlan, namespace: str) -> list[Panel]:
+    sel = picker_selector(plan, namespace)
+    pool = pool_selector(plan, namespace)
+
+    def quantile(q: float, name: str) -> str:
+        return f"histogram_quantile({q}, sum by (le) (rate({name}_bucket{sel}[5m])))"
+
+    return [
+        _panel(f"{plan.name}: requests through the endpoint picker", "reqps",
+               (f"sum(rate(llm_d_epp_request_total{sel}[5m]))", "requests/s"),
+               (f"sum(rate(llm_d_epp_request_error_total{sel}[5m]))", "errors/s")),
+        _panel(f"{plan.name}: latency through the endpoint picker", "s",
+               (quantile(0.5, "llm_d_epp_request_duration_seconds"), "end to end p50"),
+               (quantile(0.9, "llm_d_epp_request_duration_seconds"), "end to end p90"),
+               (quantile(0.9, "llm_d_epp_request_ttft_seconds"), "TTFT p90"),
+               (quantile(0.9, "llm_d_epp_scheduler_e2e_duration_seconds"), "picking a pod p90")),
+        _panel(f"{plan.name}: the pool's ready endpoints and queue", "short",
+               (f"max(llm_d_epp_ready_endpoints{pool})", "ready endpoints"),
+               (f"max(llm_d_epp_average_queue_size{pool})", "requests queued per endpoint")),
+        _panel(f"{plan.name}: share of each prompt in the picker's prefix index", "percentunit",
+               (f"sum(rate(llm_d_epp_prefix_indexer_hit_ratio_sum{sel}[5m])) / "
+                f"sum(rate(llm_d_epp_prefix_indexer_hit_ratio_count{sel}[5m]))", "mean match")),
+    ]
+
+
 def dashboard(stack: StackConfig, models: list[ModelPlan], namespace: str) -> dict[str, Any]:
     """The dashboard model (Grafana's JSON) for this stack's pools and models."""
     board = (Dashboard("Triarch: where, how, when").uid(DASHBOARD_UID).tags(["triarch", stack.cluster.name])
@@ -114,6 +152,12 @@ def dashboard(stack: StackConfig, models: list[ModelPlan], namespace: str) -> di
     for plan in sorted(models, key=lambda m: m.name):  # by name: reordering the stack's models changes nothing
         for panel in _when(plan, namespace):
             board = board.with_panel(panel)
+    routed = sorted((m for m in models if picker.routed(m)), key=lambda m: m.name)
+    if routed:
+        board = board.with_row(Row("Routing: endpoint pickers send each request to a pod"))
+        for plan in routed:
+            for panel in _routing(plan, namespace):
+                board = board.with_panel(panel)
     built: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
     return built
 

@@ -25,10 +25,29 @@ VLLM_PORT = 8000
 """The InferencePool's target port: vLLM's own (planners/vllm.py PORT)."""
 MODE_LABEL = {"llm-d.ai/igw-mode": "llm-d-router-gateway"}
 """Every picker pod's label when the chart renders an InferencePool (routerlib _helpers.tpl, modeLabels)."""
-POSTRENDER = "triarch-restrict-pods"
+POSTRENDER_DIR = "./.venv/bin"
+"""Where the post-renderer is, as the Release names it: the project's virtualenv (Pulumi.yaml: `virtualenv: .venv`,
+no `main`), relative to the project's root, the same string on every machine (an absolute path would differ between
+a laptop and CI, and every `pulumi up` from the other would update the Release). Helm (v3.18.6 in the
+pulumi-kubernetes provider 4.25.0, pkg/postrender/exec.go getFullPath) looks a name without a separator up on PATH,
+and resolves a path with one against its working directory; the provider runs in the Pulumi CLI's plugin working
+directory, the project's root (pkg/engine/project.go getPwdMain, sdk/go/common/resource/plugin/plugin.go
+`cmd.Dir = pwd`), where the uv toolchain makes .venv. So the post-renderer is found with .venv/bin off the PATH,
+as under pulumi/actions in CI."""
+POSTRENDER_COMMAND = "triarch-restrict-pods"
 """The Helm post-renderer (a console script of this package) that gives the chart's pods the restricted Pod Security
 context: the chart (v0.10.0) takes none for the picker's container or its pod from values, and the serving
 namespace enforces `restricted`."""
+POSTRENDER_PULLING_COMMAND = "triarch-restrict-pods-pulling"
+"""The same, that also names the registry's pull Secret in every pod (the chart has no value for it): for a stack
+whose registry takes credentials (triarch:registryPassword)."""
+
+
+def postrender(with_pull_secret: bool) -> str:
+    """The Release's post-renderer: which one says whether the chart's pods pull with the registry's Secret, so the
+    Release's inputs carry it (a stack gaining credentials updates the release, and its pods roll)."""
+    command = POSTRENDER_PULLING_COMMAND if with_pull_secret else POSTRENDER_COMMAND
+    return f"{POSTRENDER_DIR}/{command}"
 
 
 PICKER_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}

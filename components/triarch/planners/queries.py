@@ -59,7 +59,7 @@ def exported(name: str) -> bool:
     if name.startswith(prefix):
         return base.removeprefix(prefix) in vllm
     return any(name in data[source]["names"] or base in data[source]["names"]
-               for source in ("ray", "kuberay", "kubeStateMetrics", "dcgm"))
+               for source in ("ray", "kuberay", "kubeStateMetrics", "dcgm", "endpointPicker"))
 
 
 def check_queries(queries: Iterable[tuple[str, str]]) -> None:
