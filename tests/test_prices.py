@@ -243,6 +243,14 @@ def test_the_rates_a_plan_does_not_price_are_not_named(write_stack: StackWriter)
                       "logsIngested", "logsStored"]  # the model caches are not on EFS: no EFS rate is missing
 
 
+def test_gp3_throughput_is_named_where_a_pool_provisions_more_than_the_included(write_stack: StackWriter) -> None:
+    config = in_region(stack_document("dev"), "us-west-2")
+    config["triarch:nodeGroups"][0]["diskThroughputMiBps"] = 500
+    stack = from_pulumi_config(read_stack_config(write_stack(config))[0])
+    others = price_gaps(stack, price_table())["others"]  # type: ignore[index]
+    assert others[:5] == ["eksControlPlane", "natGateway", "publicIpv4", "ebsGp3", "ebsGp3Throughput"]
+
+
 def test_a_region_with_no_rows_says_so(write_stack: StackWriter) -> None:
     stack = from_pulumi_config(read_stack_config(write_stack(in_region(stack_document("dev"), "ap-southeast-4")))[0])
     line = price_gap_line({"priceGaps": price_gaps(stack, price_table())})
