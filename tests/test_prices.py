@@ -222,6 +222,19 @@ def test_a_stack_in_a_gpu_region_prices_its_pools_and_names_the_rest_once(
         f"costs are unknown; add those {region} rows by hand, with their sources")
 
 
+def test_a_nat_price_recorded_for_a_region_is_counted_and_not_named(write_stack: StackWriter) -> None:
+    # us-east-2: "$0.045/hour in US East" and $0.045 per GB (cloudburn, 2026-02-24); ap-southeast-1: $0.059 for both.
+    table = price_table()
+    assert (table.fixed["ap-southeast-1"]["natGateway"].hourly_usd,
+            table.usage["ap-southeast-1"]["natGatewayProcessed"].usd) == (0.059, 0.059)
+    stack = from_pulumi_config(read_stack_config(write_stack(in_region(stack_document("dev"), "us-east-2")))[0])
+    report = capacity_report("dev", stack, plan_models(stack, catalog()), catalog())
+    nat = {row["key"]: row for row in report["fixed"]}["natGateways"]
+    assert (nat["monthlyUsdIdle"], nat["monthlyUsdAtMax"]) == (32.85, 32.85)  # one gateway: 0.045 x 730 h
+    assert {row["key"]: row["usd"] for row in report["usage"]}["natGatewayProcessed"] == 0.045
+    assert report["priceGaps"]["others"] == [k for k in DEV_OTHERS if k not in ("natGateway", "natGatewayProcessed")]
+
+
 def test_a_type_the_region_lacks_is_named_with_the_command(write_stack: StackWriter) -> None:
     stack = from_pulumi_config(read_stack_config(write_stack(in_region(stack_document("dev"), "us-west-1")))[0])
     report = capacity_report("dev", stack, plan_models(stack, catalog()), catalog())
