@@ -75,9 +75,10 @@ def test_a_stack_on_p6_b200_plans_and_prices_what_is_recorded(write_stack: Stack
     path = write_stack(large_on("p6-b200.48xlarge"))
     assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    # No us-east-1 price for p6-b200 was sourced: the plan says so once, naming the refresh command.
-    assert out.count("no price is recorded for p6-b200.48xlarge") == 1
-    assert "triarch prices refresh --region us-east-1" in out
+    # SkyPilot's catalog (prices.yaml, skypilot) gives p6-b200.48xlarge's us-east-1 price: $113.9328 an hour.
+    assert "no price is recorded" not in out and "triarch prices refresh" not in out
+    capacity = json.loads((tmp_path / "out" / "capacity.json").read_text(encoding="utf-8"))
+    assert {p["instanceType"]: p["hourlyUsdPerNode"] for p in capacity["pools"]}["p6-b200.48xlarge"] == 113.9328
 
 
 def test_tune_sizes_for_the_t4s_memory(capsys: pytest.CaptureFixture[str]) -> None:

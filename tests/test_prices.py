@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import StackWriter, stack_document
+from conftest import StackWriter, compat_data, stack_document
 from triarch import cli
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
@@ -152,37 +152,123 @@ def in_region(config: dict[str, Any], region: str) -> dict[str, Any]:
     return config
 
 
+GPU_REGIONS = {"af-south-1", "ap-east-1", "ap-northeast-1", "ap-northeast-2", "ap-northeast-3", "ap-south-1",
+               "ap-southeast-1", "ap-southeast-2", "ap-southeast-3", "ca-central-1", "eu-central-1", "eu-north-1",
+               "eu-south-1", "eu-south-2", "eu-west-1", "eu-west-2", "eu-west-3", "me-central-1", "me-south-1",
+               "us-east-1", "us-east-2", "us-west-1", "us-west-2"}
+SKYPILOT = "https://github.com/skypilot-org/skypilot-catalog/blob/00148f2af3672e2229b4f7bf8157d5a3f36e3c35/" \
+    "catalogs/v8/aws/vms.csv"
+# The fixed prices and the rates the shipped dev stack's plan prices (no pool above gp3's included throughput).
+DEV_OTHERS = ["eksControlPlane", "natGateway", "publicIpv4", "ebsGp3", "efsStandard", "natGatewayProcessed",
+              "efsElasticRead", "efsElasticWrite", "logsIngested", "logsStored"]
+
+
 def test_every_region_shipped_is_a_gpu_region_with_a_source() -> None:
-    table = yaml.safe_load((COMPAT_DIR / "prices.yaml").read_text(encoding="utf-8"))
-    header = (COMPAT_DIR / "prices.yaml").read_text(encoding="utf-8").split("retrieved:")[0]
-    assert set(table["regions"]) == {"us-east-1", "us-east-2", "us-west-2", "us-west-1", "eu-north-1",
-                                     "ap-northeast-1", "ap-northeast-2", "ap-southeast-1", "eu-central-1",
-                                     "eu-south-2"}
-    for region in set(table["regions"]) - {"us-east-1", "us-east-2", "us-west-1", "eu-north-1"}:
-        assert region in header  # named in the header with the source that shows GPUs on sale there
+    text = (COMPAT_DIR / "prices.yaml").read_text(encoding="utf-8")
+    table, header = yaml.safe_load(text), text.split("retrieved:")[0]
+    assert set(table["regions"]) == GPU_REGIONS  # the regions listed before (p5en, g5g) are among them
+    gpus = {name for name, row in compat_data("instances")["instances"].items() if row.get("gpus")}
     for region, entries in table["regions"].items():
-        for name, row in (entries.get("instances") or {}).items():
+        assert region in header  # named in the header, which says why it is listed
+        rows = entries.get("instances") or {}
+        assert any(rows[t]["hourlyUsd"] for t in gpus & set(rows)), region  # an NVIDIA GPU type priced there
+        for name, row in rows.items():
             assert row["source"] in table["sources"] or row["source"].startswith("https://"), (region, name)
 
 
-def test_us_west_2_says_once_what_it_lacks_and_the_command(write_stack: StackWriter) -> None:
-    stack = from_pulumi_config(read_stack_config(write_stack(in_region(stack_document("dev"), "us-west-2")))[0])
+@pytest.mark.parametrize(("region", "instance_type", "hourly"), [
+    # The catalog's Price of the type in the region, as read (skypilot-catalog@00148f2a, catalogs/v8/aws/vms.csv).
+    ("us-west-2", "g6.xlarge", 0.8048), ("ap-northeast-1", "g6.xlarge", 1.1672), ("eu-north-1", "g5.12xlarge", 6.01593),
+    ("eu-south-2", "g6e.48xlarge", 31.75027), ("ap-south-1", "p5.48xlarge", 66.048), ("ca-central-1", "p4d.24xlarge",
+    25.25174), ("me-south-1", "g4dn.xlarge", 0.645), ("ap-southeast-1", "p4de.24xlarge", 32.93646),
+    ("eu-west-1", "m6i.large", 0.107), ("ap-northeast-2", "m7i.2xlarge", 0.4956), ("us-east-1", "g4dn.metal", 7.824),
+    ("us-west-2", "p6-b200.48xlarge", 113.9328),
+])
+def test_a_catalog_row_is_the_regions_price(region: str, instance_type: str, hourly: float) -> None:
+    price = price_table().instance(region, instance_type)
+    assert price is not None and (price.hourly_usd, price.source) == (hourly, SKYPILOT)
+
+
+def test_p5e_without_an_on_demand_price_is_not_offered_and_a_type_a_region_lacks_has_no_row() -> None:
+    table = price_table()
+    assert "p5e.48xlarge" in table.not_offered["us-west-2"] and table.instance("us-west-2", "p5e.48xlarge") is None
+    assert table.instance("us-west-1", "g6.xlarge") is None and "g6.xlarge" not in table.not_offered["us-west-1"]
+
+
+@pytest.mark.parametrize(("region", "hourly", "idle", "at_max", "system_min", "system_max"), [
+    # dev: one g6.xlarge pool (0-2 nodes, 1 held idle by its model) and m7i.large system nodes (2-4); by hand from
+    # the catalog's prices: g6.xlarge x 730 h, m7i.large x 730 h, rounded to cents.
+    ("us-west-2", 0.8048, 587.5, 1175.01, 147.17, 294.34),       # 0.8048, 0.1008
+    ("ap-northeast-1", 1.1672, 852.06, 1704.11, 190.09, 380.18),  # 1.1672, 0.1302
+    ("eu-north-1", 0.8536, 623.13, 1246.26, 156.37, 312.73),      # 0.8536, 0.1071
+])
+def test_a_stack_in_a_gpu_region_prices_its_pools_and_names_the_rest_once(
+        region: str, hourly: float, idle: float, at_max: float, system_min: float, system_max: float,
+        write_stack: StackWriter) -> None:
+    stack = from_pulumi_config(read_stack_config(write_stack(in_region(stack_document("dev"), region)))[0])
     report = capacity_report("dev", stack, plan_models(stack, catalog()), catalog())
-    assert report["monthlyUsdAtMax"] is None
-    assert report["priceGaps"] == {"region": "us-west-2", "instances": ["g6.xlarge", "m7i.large"],
-                                   "others": ["eksControlPlane", "natGateway", "publicIpv4", "ebsGp3",
-                                              "ebsGp3Throughput", "efsStandard"], "recorded": True}
+    (pool,) = report["pools"]
+    assert (pool["hourlyUsdPerNode"], pool["monthlyUsdIdle"], pool["monthlyUsdAtMin"], pool["monthlyUsdAtMax"],
+            pool["priceSource"]) == (hourly, idle, 0.0, at_max, SKYPILOT)
+    fixed = {row["key"]: row for row in report["fixed"]}
+    system = fixed.pop("systemNodes")
+    assert (system["monthlyUsdIdle"], system["monthlyUsdAtMin"], system["monthlyUsdAtMax"]) == \
+        (system_min, system_min, system_max)
+    assert all(row["monthlyUsdAtMax"] is None for row in fixed.values())  # control plane, NAT, IPv4, volumes, EFS
+    assert report["monthlyUsdAtMax"] is None  # a total with an unknown part is unknown, never a guess
+    assert report["priceGaps"] == {"region": region, "instances": [], "others": DEV_OTHERS, "recorded": True}
+    assert price_gap_line(report) == (
+        f"{region}: no price is recorded for {', '.join(DEV_OTHERS)} in templates/compat/prices.yaml, so those "
+        f"costs are unknown; add those {region} rows by hand, with their sources")
+
+
+def test_a_nat_price_recorded_for_a_region_is_counted_and_not_named(write_stack: StackWriter) -> None:
+    # us-east-2: "$0.045/hour in US East" and $0.045 per GB (cloudburn, 2026-02-24); ap-southeast-1: $0.059 for both.
+    table = price_table()
+    assert (table.fixed["ap-southeast-1"]["natGateway"].hourly_usd,
+            table.usage["ap-southeast-1"]["natGatewayProcessed"].usd) == (0.059, 0.059)
+    stack = from_pulumi_config(read_stack_config(write_stack(in_region(stack_document("dev"), "us-east-2")))[0])
+    report = capacity_report("dev", stack, plan_models(stack, catalog()), catalog())
+    nat = {row["key"]: row for row in report["fixed"]}["natGateways"]
+    assert (nat["monthlyUsdIdle"], nat["monthlyUsdAtMax"]) == (32.85, 32.85)  # one gateway: 0.045 x 730 h
+    assert {row["key"]: row["usd"] for row in report["usage"]}["natGatewayProcessed"] == 0.045
+    assert report["priceGaps"]["others"] == [k for k in DEV_OTHERS if k not in ("natGateway", "natGatewayProcessed")]
+
+
+def test_a_type_the_region_lacks_is_named_with_the_command(write_stack: StackWriter) -> None:
+    stack = from_pulumi_config(read_stack_config(write_stack(in_region(stack_document("dev"), "us-west-1")))[0])
+    report = capacity_report("dev", stack, plan_models(stack, catalog()), catalog())
+    assert report["pools"][0]["monthlyUsdAtMax"] is None  # no g6 in us-west-1's catalog rows
+    assert report["priceGaps"]["instances"] == ["g6.xlarge"]
     line = price_gap_line(report)
-    assert line is not None
-    assert line.startswith("us-west-2: no price is recorded for g6.xlarge, m7i.large, eksControlPlane")
-    assert "`triarch prices refresh --region us-west-2`" in line
+    assert line == ("us-west-1: no price is recorded for g6.xlarge, " + ", ".join(DEV_OTHERS) + " in "
+                    "templates/compat/prices.yaml, so those costs are unknown; `triarch prices refresh --region "
+                    "us-west-1` records the instance types' from AWS's price list; add the other us-west-1 rows by "
+                    "hand, with their sources")
+
+
+def test_the_rates_a_plan_does_not_price_are_not_named(write_stack: StackWriter) -> None:
+    config = in_region(stack_document("dev"), "us-west-2")
+    config["triarch:serving"] = {**(config.get("triarch:serving") or {}), "storageClass": "gp3"}
+    stack = from_pulumi_config(read_stack_config(write_stack(config))[0])
+    others = price_gaps(stack, price_table())["others"]  # type: ignore[index]
+    assert others == ["eksControlPlane", "natGateway", "publicIpv4", "ebsGp3", "natGatewayProcessed",
+                      "logsIngested", "logsStored"]  # the model caches are not on EFS: no EFS rate is missing
+
+
+def test_gp3_throughput_is_named_where_a_pool_provisions_more_than_the_included(write_stack: StackWriter) -> None:
+    config = in_region(stack_document("dev"), "us-west-2")
+    config["triarch:nodeGroups"][0]["diskThroughputMiBps"] = 500
+    stack = from_pulumi_config(read_stack_config(write_stack(config))[0])
+    others = price_gaps(stack, price_table())["others"]  # type: ignore[index]
+    assert others[:5] == ["eksControlPlane", "natGateway", "publicIpv4", "ebsGp3", "ebsGp3Throughput"]
 
 
 def test_a_region_with_no_rows_says_so(write_stack: StackWriter) -> None:
-    stack = from_pulumi_config(read_stack_config(write_stack(in_region(stack_document("dev"), "eu-central-1")))[0])
+    stack = from_pulumi_config(read_stack_config(write_stack(in_region(stack_document("dev"), "ap-southeast-4")))[0])
     line = price_gap_line({"priceGaps": price_gaps(stack, price_table())})
-    assert line is not None and line.startswith("eu-central-1: no on-demand prices are recorded in ")
-    assert "triarch prices refresh --region eu-central-1" in line
+    assert line is not None and line.startswith("ap-southeast-4: no on-demand prices are recorded in ")
+    assert "triarch prices refresh --region ap-southeast-4" in line
 
 
 def test_a_priced_region_and_a_type_not_sold_on_demand_say_nothing(write_stack: StackWriter) -> None:
@@ -197,14 +283,14 @@ def test_a_priced_region_and_a_type_not_sold_on_demand_say_nothing(write_stack: 
 
 def test_the_plan_and_its_review_say_it_once(write_stack: StackWriter, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    path = write_stack(in_region(stack_document("dev"), "us-west-2"))
+    path = write_stack(in_region(stack_document("dev"), "us-west-1"))
     out_dir = tmp_path / "review" / "head" / "test"
     assert cli.main(["plan", "--stack-file", str(path), "--out", str(out_dir)]) == 0
     out = capsys.readouterr().out
-    assert len(re.findall(r"triarch prices refresh --region us-west-2", out)) == 1
-    assert json.loads((out_dir / "capacity.json").read_text())["priceGaps"]["region"] == "us-west-2"
+    assert len(re.findall(r"triarch prices refresh --region us-west-1", out)) == 1
+    assert json.loads((out_dir / "capacity.json").read_text())["priceGaps"]["region"] == "us-west-1"
     comment = review_markdown(tmp_path / "review")
-    assert len(re.findall(r":warning: us-west-2: no price is recorded for g6\.xlarge", comment)) == 1
+    assert len(re.findall(r":warning: us-west-1: no price is recorded for g6\.xlarge", comment)) == 1
 
 
 def test_an_offer_that_is_not_a_mapping_is_refused() -> None:

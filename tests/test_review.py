@@ -99,11 +99,8 @@ def test_the_shipped_price_table_prices_every_instance_type_in_the_stacks_region
     for region in regions:
         assert region is not None
         missing = sorted(set(facts.instances) - set(table.instances[region]) - set(table.not_offered[region]))
-        # Types added for issue 36 whose us-east-1 price no source here gave: a plan on one says so in one line,
-        # naming `triarch prices refresh` (tests/test_prices.py, tests/test_instance_types.py).
-        unsourced = ["g4dn.12xlarge", "g4dn.16xlarge", "g4dn.2xlarge", "g4dn.4xlarge", "g4dn.8xlarge", "g4dn.metal",
-                     "g4dn.xlarge", "p5.4xlarge", "p6-b200.48xlarge"]
-        assert missing == unsourced, f"{region}: no price for {missing}"
+        # Every type Triarch knows has a us-east-1 row (SkyPilot's catalog gave g4dn, p5.4xlarge and p6-b200 too).
+        assert missing == [], f"{region}: no price for {missing}"
         assert set(table.instances[region]).isdisjoint(table.not_offered[region])
         assert set(table.fixed[region]) == {"eksControlPlane", "natGateway", "publicIpv4"}
         assert set(table.storage[region]) == {"ebsGp3", "ebsGp3Throughput", "efsStandard"}

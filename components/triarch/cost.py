@@ -193,19 +193,36 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
 
 FIXED_PRICES = ("eksControlPlane", "natGateway", "publicIpv4")
 STORAGE_RATES = ("ebsGp3", "ebsGp3Throughput", "efsStandard")
+USAGE_RATES = ("natGatewayProcessed", "efsElasticRead", "efsElasticWrite", "logsIngested", "logsStored")
+
+
+def _faster_pull(stack: StackConfig) -> dict[str, int]:
+    """Per pool, the root volume throughput its nodes provision above gp3's included 125 MiB/s."""
+    return {group.name: image_pull(group, catalog()).root_mib_s - BASELINE_PULL.root_mib_s
+            for group in stack.node_groups if group.instance_type}
+
+
+def _rates_priced(stack: StackConfig) -> list[str]:
+    """The storage and usage rates a stack's plan prices (fixed_costs, usage_rates): gp3 throughput only where a pool
+    provisions more than the included, the EFS rates only where the model caches are on EFS."""
+    efs = stack.serving.storage_class is None
+    faster = any(_faster_pull(stack).values())
+    return [k for k in (*STORAGE_RATES, *USAGE_RATES)
+            if (efs or not k.startswith("efs")) and (faster or k != "ebsGp3Throughput")]
 
 
 def price_gaps(stack: StackConfig, table: PriceTable) -> dict[str, Any] | None:
     """What a created cluster's region has no recorded price for (its pools' and system nodes' instance types, the
-    fixed hourly prices, the storage rates), or None where nothing is missing. A type the region does not sell on
-    demand (notOffered) is not a gap: the table says why it has no price."""
+    fixed hourly prices, the storage and usage rates its plan prices), or None where nothing is missing. A
+    type the region does not sell on demand (notOffered) is not a gap: the table says why it has no price."""
     region = stack.aws_region or ""
     types = [g.instance_type for g in stack.node_groups if g.instance_type] + \
         [stack.cluster.system_node_group.instance_type]
     instances = sorted({t for t in types if table.instance(region, t) is None
                         and t not in table.not_offered.get(region, {})})
+    recorded = {**table.storage.get(region, {}), **table.usage.get(region, {})}
     others = [k for k in FIXED_PRICES if k not in table.fixed.get(region, {})] + \
-        [k for k in STORAGE_RATES if k not in table.storage.get(region, {})]
+        [k for k in _rates_priced(stack) if k not in recorded]
     if not instances and not others:
         return None
     return {"region": region, "instances": instances, "others": others,
@@ -225,7 +242,9 @@ def price_gap_line(capacity: dict[str, Any]) -> str | None:
     if gaps["instances"]:
         fix.append(f"`{REFRESH_COMMAND.format(region=region)}` records the instance types' from AWS's price list")
     if gaps["others"]:
-        fix.append(f"{', '.join(gaps['others'])}: add {region} rows with their sources")
+        # The refresh reads EC2's offer only: EKS, VPC, EBS, EFS and CloudWatch prices are rows added by hand.
+        which = f"the other {region} rows" if gaps["instances"] else f"those {region} rows"
+        fix.append(f"add {which} by hand, with their sources")
     return f"{region}: {what} in templates/compat/prices.yaml, so those costs are unknown; {'; '.join(fix)}"
 
 
@@ -276,8 +295,7 @@ def fixed_costs(stack: StackConfig, models: list[ModelPlan], pools: list[dict[st
     rows.append(_fixed("ebsRootVolumes", name,
                        _stored(gp3, gib["idle"]), _stored(gp3, gib["min"]), _stored(gp3, gib["max"]), gp3))
     # Throughput above gp3's included 125 MiB/s, where a pool's nodes unpack images on the root volume in parallel.
-    faster = {group.name: image_pull(group, catalog()).root_mib_s - BASELINE_PULL.root_mib_s
-              for group in stack.node_groups if group.instance_type}
+    faster = _faster_pull(stack)
     if any(faster.values()):
         mib_s = {when: sum(faster.get(p["name"], 0) * int(p[nodes]) for p in pools)
                  for when, nodes in (("idle", "nodesIdle"), ("min", "minNodes"), ("max", "maxNodes"))}
