@@ -255,6 +255,9 @@ def observability_manifests(stack: StackConfig, models: list[ModelPlan], setting
     for pool in sorted(pools):
         alerts += pool_alerts(pools[pool])
     for plan in sorted(models, key=lambda m: m.name):  # by name: reordering the stack's models changes nothing
+        if plan.role == "prefill":
+            # its engines report under the model's name, as the decode role's do: the model's alerts read both
+            continue
         alerts += model_alerts(plan, namespace)
     groups = [{"name": f"triarch-{layer}", "rules": [a.rule() for a in alerts if a.layer == layer]}
               for layer in ("where", "how", "when") if any(a.layer == layer for a in alerts)]
