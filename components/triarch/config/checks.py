@@ -282,7 +282,10 @@ def _check_disaggregation(stack: StackConfig, model: ModelConfig, path: str, fac
                           f"is not a KV connector of vLLM {vllm} (triarch:images.rayLlm {release})",
                           f"{DEFAULT_KV_CONNECTOR} (vLLM {vllm} registers {', '.join(known)})")
     if split.connector not in pd_facts().planned:
-        raise ConfigError(f"{key}.connector", split.connector, pd_facts().not_planned, DEFAULT_KV_CONNECTOR)
+        raise ConfigError(f"{key}.connector", split.connector,
+                          f"is a KV connector of vLLM {vllm} that Triarch plans no split with "
+                          f"({pd_facts().not_planned})",
+                          DEFAULT_KV_CONNECTOR)
 
 
 def _check_picker_routing(model: ModelConfig, routing: PrefixRoutingConfig, key: str) -> None:
