@@ -27,6 +27,7 @@ from triarch.effects import traffic_effects
 from triarch.guardrails.base import Resource
 from triarch.guardrails.check import evaluate, resources_of_plan
 from triarch.guardrails.placement import prove
+from triarch.guardrails.workloads import llm_configs
 from triarch.offline import plan_document
 from triarch.planners.efa import efa_image_warnings
 from triarch.planners.models import plan_models
@@ -167,6 +168,17 @@ def test_a_role_on_another_pool_is_tuned_there(mutated_config: MutatedConfig) ->
     assert plans["qwen-prefill"].role == "prefill" and plans["qwen"].role == "decode"
 
 
+def test_without_a_length_the_prefill_role_takes_the_decode_roles(mutated_config: MutatedConfig) -> None:
+    """No maxModelLen: decode's length is derived on the L4 (below Qwen3-8B's 40960), and prefill on the A100,
+    which would derive a longer one, takes decode's: a request decode takes must fit prefill."""
+    def derived(config: dict[str, Any]) -> None:
+        split_qwen(config, prefill={"replicas": 1, "nodeGroup": "a100"})
+        config["triarch:models"][2].pop("maxModelLen")
+    args = applications(planned(mutated_config("prod", derived)))["qwen"]["args"]
+    length = args["decode_config"]["engine_kwargs"]["max_model_len"]
+    assert length < 40960 and args["prefill_config"]["engine_kwargs"]["max_model_len"] == length
+
+
 # --- what the pods need -----------------------------------------------------------------------------------------
 
 def efa_split(config: dict[str, Any]) -> None:
@@ -195,6 +207,31 @@ def test_over_efa_the_roles_use_libfabric_and_their_gpus_share_of_the_interfaces
     [warning] = [w for w in efa_image_warnings(stack, plan_models(stack, catalog())) if "'llama'" in w]
     assert "NIXL's LIBFABRIC backend" in warning and "libfabric.so.1" in warning
     assert "triarch:images.rayLlm" in warning
+
+
+def test_one_role_off_efa_hands_over_with_ucx_and_asks_for_no_interfaces(mutated_config: MutatedConfig) -> None:
+    """Decode on a second p5 pool without EFA: RDMA needs both ends, so UCX, and no role asks for EFA."""
+    def mixed(config: dict[str, Any]) -> None:
+        efa_split(config)
+        config["triarch:nodeGroups"].append({"name": "h100-tcp", "instanceType": "p5.48xlarge",
+                                             "amiRelease": "v20260714", "min": 0, "max": 2})
+        config["triarch:models"][1]["disaggregation"] = {**SPLIT, "decode": {"replicas": 2, "nodeGroup": "h100-tcp"}}
+    objects = planned(mutated_config("large", mixed))
+    args = applications(objects)["llama"]["args"]
+    for role in ("prefill_config", "decode_config"):
+        assert args[role]["engine_kwargs"]["kv_transfer_config"]["kv_connector_extra_config"] == {"backends": ["UCX"]}
+    [service] = [o for o in objects if o["kind"] == "RayService"]
+    for name in ("h100-1gpu", "h100-tcp-1gpu"):
+        [group] = [g for g in service["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == name]
+        assert "vpc.amazonaws.com/efa" not in group["template"]["spec"]["containers"][0]["resources"]["requests"]
+
+
+def test_the_guardrails_see_both_roles_engines(split_objects: list[dict[str, Any]]) -> None:
+    """Every rule that reads a RayService's LLMConfigs (vLLM's memory, parallelism, Serve's shutdown) reads each role
+    as an engine of its own."""
+    [service] = [o for o in split_objects if o["kind"] == "RayService"]
+    found = {app: llm["engine_kwargs"]["max_num_seqs"] for app, llm in llm_configs(service)}
+    assert found == {"chat": 256, "qwen prefill": 1, "qwen decode": 8}
 
 
 def test_the_roles_reach_each_other_through_the_ray_pods_policy(split_objects: list[dict[str, Any]]) -> None:
