@@ -202,6 +202,9 @@ def test_over_efa_the_roles_use_libfabric_and_their_gpus_share_of_the_interfaces
     assert container["resources"]["requests"]["vpc.amazonaws.com/efa"] == "4"
     assert container["resources"]["limits"]["vpc.amazonaws.com/efa"] == "4"
     assert group["minReplicas"] == group["maxReplicas"] == 3  # one prefill, two decode
+    # the nodes' EFA interfaces carry the security group open to itself (EC2's requirement for EFA traffic)
+    [node_class] = [o for o in objects if o["kind"] == "EC2NodeClass" and o["metadata"]["name"] == "h100"]
+    assert {"tags": {"triarch.dev/efa": "llm-large"}} in node_class["spec"]["securityGroupSelectorTerms"]
     # the stock ray-llm image has no libfabric for NIXL's LIBFABRIC plugin: said before anything is launched
     stack = from_pulumi_config(config)
     [warning] = [w for w in efa_image_warnings(stack, plan_models(stack, catalog())) if "'llama'" in w]
@@ -259,11 +262,15 @@ def test_the_placement_proof_covers_both_roles_on_their_pools(tmp_path: Path) ->
     assert prefill.workload.replicas == 1 and decode.workload.replicas == 2
 
 
-def test_the_cost_report_counts_both_roles(tmp_path: Path) -> None:
+def test_the_plan_says_the_split_and_the_cost_report_counts_both_roles(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = stack_document("prod")
     split_qwen(config)
     path = write_stack_file(tmp_path / "Pulumi.split.yaml", config)
     assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")]) == 0
+    said = capsys.readouterr().out
+    assert ("    qwen: prefill 1 x 1 GPU on 'l4' (batch 1), decode 2 x 1 GPU on 'l4' (batch 8); the KV cache crosses "
+            "over NIXL's UCX backend: TCP between nodes without EFA (see the kv-transfer-over-tcp advisory)\n") in said
     import json
     capacity = json.loads((tmp_path / "out" / "capacity.json").read_text(encoding="utf-8"))
     uses = {m["name"]: m for m in capacity["models"]}
