@@ -237,6 +237,19 @@ def test_the_guardrails_see_both_roles_engines(split_objects: list[dict[str, Any
     assert found == {"chat": 256, "qwen prefill": 1, "qwen decode": 8}
 
 
+def test_the_models_alerts_and_panels_read_both_roles_under_its_name(split_objects: list[dict[str, Any]]) -> None:
+    """vLLM labels both roles' metrics with the served model name (qwen): the model's alerts and panels select it,
+    and the prefill role gets none of its own (they would select a name no engine reports)."""
+    import json
+    [rules] = [o for o in split_objects if o["kind"] == "PrometheusRule"]
+    boards = [o for o in split_objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "triarch-layers"]
+    assert boards
+    for text in (json.dumps(rules), *(json.dumps(b) for b in boards)):
+        assert "qwen-prefill" not in text
+    assert 'model_name=\\"qwen\\"' in json.dumps(rules)
+    assert "qwen: KV cache use" in json.dumps(boards)
+
+
 def test_the_roles_reach_each_other_through_the_ray_pods_policy(split_objects: list[dict[str, Any]]) -> None:
     """NIXL's side channel (20000 + rank x GPUs, 22000 + ...) and UCX's own ports are picked at run time: the
     Ray pods admit each other on every port, and nothing else in."""

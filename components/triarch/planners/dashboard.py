@@ -112,6 +112,8 @@ def dashboard(stack: StackConfig, models: list[ModelPlan], namespace: str) -> di
             board = board.with_panel(panel)
     board = board.with_row(Row("When: vLLM schedules each request"))
     for plan in sorted(models, key=lambda m: m.name):  # by name: reordering the stack's models changes nothing
+        if plan.role == "prefill":
+            continue  # its engines report under the model's name: the model's panels show both roles
         for panel in _when(plan, namespace):
             board = board.with_panel(panel)
     built: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
