@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 import yaml
-from ray import serve
 from ray.serve.schema import ServeDeploySchema
 
 from conftest import MutatedConfig, plan_config, reference_file, stack_document, write_stack_file
 from test_engine_args import planned
+from test_prefix_routing import INTERNAL_ROUTER, ray_deployment_options
 from triarch import cli
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
@@ -60,14 +60,9 @@ def applications(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def deployment_options(llm: dict[str, Any]) -> Any:
-    """A role's deployment_config as serve.deployment takes it (Ray validates every option); the router class by
-    its internal path (the public one imports vLLM), as test_prefix_routing does."""
-    options = dict(llm["deployment_config"])
-    options.pop("request_router_config", None)  # held to RequestRouterConfig in test_prefix_routing
-
-    class Stand:
-        pass
-    return serve.deployment(Stand, **options)._deployment_config
+    """A role's deployment_config as serve.deployment takes it: Ray validates every option, and the router with
+    RequestRouterConfig (test_prefix_routing's reading, the router class by its internal path)."""
+    return ray_deployment_options(llm)
 
 
 def class_fields(source: Path, name: str) -> set[str]:
@@ -115,6 +110,10 @@ def test_the_split_model_is_rays_pd_application(split_objects: list[dict[str, An
         assert set(role["engine_kwargs"]) <= set(reference_file("vllm-0.29.0", "engine-args.txt")
                                                  .read_text(encoding="utf-8").split())
         assert set(role["engine_kwargs"]["kv_transfer_config"]) <= KV_TRANSFER_FIELDS
+    # Ray 2.60 takes a router on each role's deployment: routed by prefix where the role has replicas to choose
+    # between (decode's two), Serve's default for the one prefill replica
+    assert deployment_options(decode).request_router_config.request_router_class == INTERNAL_ROUTER
+    assert "request_router_config" not in prefill["deployment_config"]
 
 
 def test_the_builder_is_rays_public_path() -> None:
