@@ -152,6 +152,8 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
         uses.append({"name": plan.name, "engine": plan.config.engine, "pool": plan.pool.name,
                      "gpusPerReplica": plan.gpus_per_replica, "replicasMin": low, "replicasMax": high,
                      "coldStart": plan.cold_start.document() if plan.cold_start else None})
+        if plan.role is not None:  # a split model's role: its decode role under the model's name
+            uses[-1]["role"] = plan.role
         if picker.routed(plan):
             uses[-1]["picker"] = _picker_cost(stack, region, facts, table)
         if plan.hub is not None:  # what the sizing read from the Hub: the plan is reproducible at that commit

@@ -331,9 +331,15 @@ def engine_args(plan: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
                     found[inputs["metadata"]["name"]] = _flags(container.get("args") or [])
         elif resource["type"] == "kubernetes:ray.io/v1:RayService":
             for app in serve_applications(resource) or []:
-                for config in (app.get("args") or {}).get("llm_configs") or []:
+                args = app.get("args") or {}
+                for config in args.get("llm_configs") or []:
                     model = (config.get("model_loading_config") or {}).get("model_id", app.get("name"))
                     found[str(model)] = dict(config.get("engine_kwargs") or {})
+                for role in ("prefill", "decode"):  # a split model's roles (build_pd_openai_app)
+                    config = args.get(f"{role}_config")
+                    if isinstance(config, Mapping):
+                        model = (config.get("model_loading_config") or {}).get("model_id", app.get("name"))
+                        found[f"{model} ({role})"] = dict(config.get("engine_kwargs") or {})
     return found
 
 

@@ -93,8 +93,64 @@ def _prefix_routed(plan: Mapping[str, Any]) -> dict[str, dict[str, bool]]:
             str(app.get("name")): any(
                 str(((llm.get("deployment_config") or {}).get("request_router_config") or {}).get(
                     "request_router_class", "")).endswith(PREFIX_ROUTER)
-                for llm in (app.get("args") or {}).get("llm_configs") or [])
+                for llm in _app_llm_configs(app))
             for app in apps}
+    return found
+
+
+PD_BUILDER = ":build_pd_openai_app"
+"""How a Serve application names Ray Serve LLM's P/D builder (planners/ray.py)."""
+
+
+def _app_llm_configs(app: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """An application's LLMConfigs: its models (build_openai_app), or its two roles (build_pd_openai_app)."""
+    args = app.get("args") or {}
+    roles = [args.get(key) for key in ("prefill_config", "decode_config")]
+    return [*(args.get("llm_configs") or []), *(r for r in roles if isinstance(r, Mapping))]
+
+
+def _split_apps(plan: Mapping[str, Any]) -> dict[str, dict[str, bool]]:
+    """RayService (its resource name) -> {Serve application: whether it is a P/D application}."""
+    found: dict[str, dict[str, bool]] = {}
+    for resource in plan["resources"]:
+        apps = serve_applications(resource) if resource["type"] == RAY_SERVICE else None
+        if apps is not None:
+            found[str(resource["name"])] = {str(app.get("name")): str(app.get("import_path", "")).endswith(PD_BUILDER)
+                                            for app in apps}
+    return found
+
+
+def _split_changes(base: Mapping[str, Any], head: Mapping[str, Any]) -> dict[str, tuple[list[str], list[str]]]:
+    """RayService -> (applications the split turns on for, off for), of the applications in both plans."""
+    after = _split_apps(head)
+    found = {}
+    for service, apps in sorted(_split_apps(base).items()):
+        kept = {app: split for app, split in apps.items() if app in after.get(service, {})}
+        on = sorted(app for app, split in kept.items() if not split and after[service][app])
+        off = sorted(app for app, split in kept.items() if split and not after[service][app])
+        if on or off:
+            found[service] = (on, off)
+    return found
+
+
+def _split_effects(base: Mapping[str, Any], head: Mapping[str, Any], new_clusters: set[str]) -> list[str]:
+    """The prefill/decode split turned on or off for a model that stays. Its application's builder changes
+    (build_openai_app <-> build_pd_openai_app), and with it the deployments: LLMServer:<model> against
+    Prefill:<model> and Decode:<model> (Ray 2.60 core/server/builder.py name_prefix, prefill_decode/builder.py).
+    Serve deletes a deployment the new target lacks in the same step it deploys the new ones (ray 2.60
+    serve/_private/application_state.py, "Delete outdated deployments"), without waiting for them to serve."""
+    found = []
+    for service, (on, off) in _split_changes(base, head).items():
+        what = " and ".join(f"turns {way} for {', '.join(names)}" for way, names in (("on", on), ("off", off)) if names)
+        if service in new_clusters:
+            found.append(f"RayService {service}: the prefill/decode split {what} on the new Ray cluster, where every "
+                         "model starts anyway")
+            continue
+        found.append(f"RayService {service}: the prefill/decode split {what}: the application's deployments are "
+                     "replaced (LLMServer:<model> by Prefill:<model> and Decode:<model>, or back), and Ray Serve "
+                     "stops the old ones as it starts the new, each old replica finishing its requests first: the "
+                     "model answers nothing until the new replicas have loaded it (its cold start), and its requests "
+                     "in the meantime fail or wait in the proxy")
     return found
 
 
@@ -106,8 +162,11 @@ def _routing_effects(base: Mapping[str, Any], head: Mapping[str, Any], new_clust
     rolling_update_percentage 0.2) and each stopped before its replacement starts (max_surge_percent 0, config.py)."""
     found = []
     after = _prefix_routed(head)
+    split = _split_changes(base, head)
     for service, apps in sorted(_prefix_routed(base).items()):
-        kept = {app: routed for app, routed in apps.items() if app in after.get(service, {})}
+        # an application the split turns on or off is replaced whole: said once, by _split_effects
+        moved = {app for changed in split.get(service, ([], [])) for app in changed}
+        kept = {app: routed for app, routed in apps.items() if app in after.get(service, {}) and app not in moved}
         on = sorted(app for app, routed in kept.items() if not routed and after[service][app])
         off = sorted(app for app, routed in kept.items() if routed and not after[service][app])
         if not on and not off:
@@ -340,8 +399,9 @@ def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, An
     found += _picker_effects(base, head)
     found += _upgrade_drift(result, head)
     found += _serve_clients(base, head)
-    found += _routing_effects(base, head, {d.name for d in result.differences
-                                           if d.type == RAY_SERVICE and _new_ray_cluster(d)})
+    new_clusters = {d.name for d in result.differences if d.type == RAY_SERVICE and _new_ray_cluster(d)}
+    found += _routing_effects(base, head, new_clusters)
+    found += _split_effects(base, head, new_clusters)
     found += claim_growth_notes(base, head)
     if base_capacity and head_capacity:
         found += _transient_gpus(base_capacity, head_capacity)

@@ -294,10 +294,21 @@ def violations() -> None:
 
 
 def ray_violations(service: dict[str, Any]) -> None:
-    """Edits of the prod RayService itself: Serve's shutdown too short for the chat application."""
+    """Edits of the prod RayService itself: Serve's shutdown too short for the chat application; the qwen
+    application split into prefill and decode (Ray 2.60's P/D application) handing its KV cache over UCX, as
+    Triarch plans a split on pools without EFA."""
     text = service["spec"]["serveConfigV2"]
-    service["spec"]["serveConfigV2"] = text.replace("graceful_shutdown_timeout_s: 30", "graceful_shutdown_timeout_s: 5",
-                                                    1)
+    text = text.replace("graceful_shutdown_timeout_s: 30", "graceful_shutdown_timeout_s: 5", 1)
+    config = yaml.safe_load(text)
+    [qwen] = [app for app in config["applications"] if app["name"] == "qwen"]
+    [llm] = qwen["args"]["llm_configs"]
+    roles = {}
+    for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+        roles[f"{role}_config"] = copy.deepcopy(llm)
+        roles[f"{role}_config"]["engine_kwargs"]["kv_transfer_config"] = {
+            "kv_connector": "NixlConnector", "kv_role": kv_role, "kv_connector_extra_config": {"backends": ["UCX"]}}
+    qwen["import_path"], qwen["args"] = "ray.serve.llm:build_pd_openai_app", roles
+    service["spec"]["serveConfigV2"] = yaml.safe_dump(config, sort_keys=False)
 
 
 if config.require("set") == "violating":

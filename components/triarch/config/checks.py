@@ -18,14 +18,19 @@ from triarch.config.pools import (
     unknown,
 )
 from triarch.config.schema import (
+    DEFAULT_KV_CONNECTOR,
     RAY_EVICTION_THRESHOLD_CHARS,
     SUPPORTED_KUBERNETES,
     UPSTREAM_IMAGES,
+    DisaggregationConfig,
     ModelConfig,
     PrefixRoutingConfig,
+    RoleConfig,
     StackConfig,
     admin_key,
 )
+from triarch.disaggregation import PREFILL_SUFFIX, ROLES
+from triarch.disaggregation import facts as pd_facts
 from triarch.errors import ConfigError
 from triarch.images import ImageError, chart_release, parse_host, parse_prefix, release_of
 
@@ -140,6 +145,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
             raise ConfigError(f"{path}.routePrefix", model.route_prefix, "only applies to engine ray-serve",
                               "remove it (a vllm model gets its own Service)")
         _check_prefix_routing(model, path)
+        _check_disaggregation(stack, model, path, facts)
         if model.autoscaling is not None:
             if "replicas" in model.model_fields_set:
                 raise ConfigError(f"{path}.replicas", model.replicas,
@@ -204,6 +210,82 @@ def _check_prefix_routing(model: ModelConfig, path: str) -> None:
             raise ConfigError(f"{key}.evictionTargetChars", target,
                               f"is more than the {limit} characters at which eviction starts ({source}): a replica "
                               "would be cut back to more than it holds", f"1..{limit}")
+
+
+def _check_disaggregation(stack: StackConfig, model: ModelConfig, path: str, facts: Catalog) -> None:
+    """A split is Ray Serve LLM's P/D application: a generate model on engine ray-serve, each role's replicas fixed
+    and on a pool of this stack, over a KV connector the image's vLLM registers and Ray 2.60 has a backend for."""
+    split = model.disaggregation
+    if split is None:
+        return
+    key = f"{path}.disaggregation"
+    if not split.enabled:
+        tuned = sorted(split.model_fields_set - {"enabled"})
+        if tuned:
+            raise ConfigError(f"{key}.{DisaggregationConfig.model_fields[tuned[0]].alias}",
+                              getattr(split, tuned[0]) if tuned[0] == "connector" else
+                              getattr(split, tuned[0]).model_dump(by_alias=True, exclude_unset=True),
+                              "would be ignored: disaggregation.enabled is false",
+                              "remove it, or disaggregation.enabled: true")
+        return
+    if model.engine != "ray-serve":
+        raise ConfigError(f"{key}.enabled", True,
+                          "splits prefill from decode with Ray Serve LLM's P/D application (build_pd_openai_app), "
+                          "which a vllm model does not run in", "engine: ray-serve, or remove disaggregation")
+    if model.resolved_task == "embed":
+        raise ConfigError(f"{key}.enabled", True,
+                          "splits a request's prompt from its generated tokens, and an embedding request generates "
+                          "none", "remove disaggregation, or task: generate")
+    if model.autoscaling is not None:
+        raise ConfigError(f"{path}.autoscaling", model.autoscaling.model_dump(by_alias=True),
+                          "would be ignored beside disaggregation (each role's replicas are fixed)",
+                          "disaggregation.prefill.replicas and disaggregation.decode.replicas, or remove "
+                          "disaggregation")
+    if "replicas" in model.model_fields_set:
+        raise ConfigError(f"{path}.replicas", model.replicas,
+                          "would be ignored beside disaggregation (each role has its own replicas)",
+                          "disaggregation.prefill.replicas and disaggregation.decode.replicas")
+    taken = f"{model.name}{PREFILL_SUFFIX}"
+    if any(other.name == taken for other in stack.models):
+        raise ConfigError(f"{path}.name", model.name,
+                          f"names its prefill role '{taken}', which is the name of another model",
+                          "distinct names (a split model's prefill role is <name>-prefill)")
+    names = [group.name for group in stack.node_groups]
+    for role in ROLES:
+        given: RoleConfig = getattr(split, role)
+        pool = given.node_group or model.node_group
+        if given.node_group is not None and given.node_group not in names:
+            raise ConfigError(f"{key}.{role}.nodeGroup", given.node_group, "is not a node group of this stack",
+                              ", ".join(sorted(names)))
+        per_node = gpus_per_node(stack.node_group(pool), facts)
+        tp = given.tensor_parallel_size or model.tensor_parallel_size
+        if tp is not None and tp > per_node:
+            where = f"{key}.{role}.tensorParallelSize" if given.tensor_parallel_size else f"{path}.tensorParallelSize"
+            raise ConfigError(where, tp, f"exceeds the {per_node} GPU(s) per node of node group '{pool}' (the "
+                              f"{role} role's pool)", f"1..{per_node}")
+        if stack.node_group(pool).time_slicing is not None:
+            raise ConfigError(f"{key}.{role}.nodeGroup" if given.node_group else f"{path}.nodeGroup", pool,
+                              f"slices each GPU, but the {role} role's NIXL agent registers its whole KV cache "
+                              "for transfer", "a pool without timeSlicing")
+    release = release_of(stack.images.ray_llm.image, stack.images.ray_llm.release, UPSTREAM_IMAGES["ray-serve"],
+                         facts.images)
+    image = facts.image(release)
+    vllm = image.vllm if image is not None else None
+    known = pd_facts().connectors.get(vllm or "")
+    if known is None:
+        raise ConfigError(f"{key}.connector", split.connector,
+                          f"cannot be checked against the vLLM of triarch:images.rayLlm ({release}: vLLM {vllm}), "
+                          "whose KV connectors templates/compat/prefill-decode.yaml does not list",
+                          f"a rayLlm image of vLLM {', '.join(sorted(pd_facts().connectors))}")
+    if split.connector not in known:
+        raise ConfigError(f"{key}.connector", split.connector,
+                          f"is not a KV connector of vLLM {vllm} (triarch:images.rayLlm {release})",
+                          f"{DEFAULT_KV_CONNECTOR} (vLLM {vllm} registers {', '.join(known)})")
+    if split.connector not in pd_facts().planned:
+        raise ConfigError(f"{key}.connector", split.connector,
+                          f"is a KV connector of vLLM {vllm} that Triarch plans no split with "
+                          f"({pd_facts().not_planned})",
+                          DEFAULT_KV_CONNECTOR)
 
 
 def _check_picker_routing(model: ModelConfig, routing: PrefixRoutingConfig, key: str) -> None:

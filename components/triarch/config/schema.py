@@ -236,6 +236,43 @@ class PrefixRoutingConfig(_Model):
     """How often the prefix tree forgets. Ray's default: 10."""
 
 
+DEFAULT_KV_CONNECTOR = "NixlConnector"
+"""vLLM's NIXL connector (vllm/distributed/kv_transfer/kv_connector/factory.py, 0.29.0), for which Ray 2.60 has its
+own backend (ray/llm/_internal/serve/engines/vllm/kv_transfer/factory.py BUILTIN_BACKENDS): it sets each replica's
+side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT) and engine id."""
+
+
+class RoleConfig(_Model):
+    """One role of a split model: its replicas, the pool they run on and their tensor-parallel size. The tuner sizes
+    the role's engine args on that pool."""
+
+    replicas: int = Field(1, ge=1, le=64, examples=[2])
+    """Fixed number of this role's replicas (Ray Serve deployments `Prefill:<model>` and `Decode:<model>`)."""
+    node_group: str | None = Field(None, examples=["h100"])
+    """The nodeGroups[].name of the pool this role runs on. Default: the model's nodeGroup."""
+    tensor_parallel_size: int | None = Field(None, ge=1, le=16, examples=[2])
+    """GPUs one replica of this role splits each layer over, within a node. Default: the tuner's choice on the
+    role's pool."""
+
+
+class DisaggregationConfig(_Model):
+    """Prefill/decode split (engine ray-serve): Ray Serve LLM's P/D application (`build_pd_openai_app`, Ray 2.60)
+    runs the model twice, prefill replicas that compute each prompt's KV cache and decode replicas that receive it
+    over vLLM's KV connector and generate. Off unless a model asks for it; docs/prefill-decode.md says when it pays."""
+
+    enabled: bool = Field(True, examples=[False])
+    """false: the model is served whole again (one Ray Serve LLM application of `replicas` replicas)."""
+    connector: str = Field(DEFAULT_KV_CONNECTOR, examples=["NixlConnector"])
+    """vLLM's KV connector between the roles (kv_transfer_config.kv_connector), by the name vLLM registers it under.
+    NixlConnector: NIXL over libfabric where both roles' pools have EFA, over UCX otherwise."""
+    prefill: RoleConfig = RoleConfig()
+    """The prefill role: its replicas compute prompts and hold their KV cache only until a decode replica reads it,
+    so the tuner gives them a small batch."""
+    decode: RoleConfig = RoleConfig()
+    """The decode role: its replicas hold every running request's KV cache, so the tuner gives them the model's
+    whole batch."""
+
+
 class ModelConfig(_Model):
     """One served model; its workload is placed on one node group, its engine args come from the tuner."""
 
@@ -309,6 +346,12 @@ class ModelConfig(_Model):
     endpoint picker (an InferencePool over the model's pods, with an Envoy proxy) in front of them, and the model's
     Service moves to the proxy; default off (it adds a pod on the system nodes); refused for a replica across nodes
     (a LeaderWorkerSet), whose workers the picker would route to too."""
+
+    disaggregation: DisaggregationConfig | None = Field(
+        None, examples=[{"prefill": {"replicas": 1}, "decode": {"replicas": 2}}])
+    """Split prefill from decode (engine ray-serve, generate models): each role its own replicas, pool and engine
+    args, the KV cache handed over by vLLM's NIXL connector. Default: off. Replaces `replicas` and `autoscaling`
+    (each role's replicas are fixed)."""
 
     @property
     def resolved_task(self) -> Literal["generate", "embed"]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from triarch.disaggregation import PD_BUILDER, facts
 from triarch.guardrails.base import Config, Resource, rule, stack_rule
 from triarch.guardrails.common import gpu_templates, known, vllm_settings
 from triarch.guardrails.workloads import kind_of, llm_configs, name_of, serve_applications
@@ -122,3 +123,39 @@ SERVE_GRACEFUL_SHUTDOWN = rule(
     "flagged (Serve's own default, 20 s, is not).",
     serve_graceful_shutdown, enforcement="advisory",
     config={"minSeconds": {"type": "integer", "minimum": 0, "default": 10}})
+
+
+def kv_transfer_over_tcp(resource: Resource, config: Config) -> list[str]:
+    """A P/D application whose roles hand the KV cache over NIXL without RDMA: every backend but LIBFABRIC (UCX,
+    vLLM's default when none is given) crosses between the prefill and decode pods over TCP."""
+    if not kind_of(resource.type).endswith("RayService"):
+        return []
+    found = facts()
+    messages = []
+    for application in serve_applications(resource.props):
+        if not str(application.get("import_path", "")).endswith(PD_BUILDER.rsplit(":", 1)[1]):
+            continue
+        args = application.get("args") or {}
+        decode = args.get("decode_config") if isinstance(args, Mapping) else None
+        transfer = ((decode or {}).get("engine_kwargs") or {}).get("kv_transfer_config") if isinstance(
+            decode, Mapping) else None
+        if not isinstance(transfer, Mapping):
+            continue
+        backends = (transfer.get("kv_connector_extra_config") or {}).get("backends") or [found.default_backend]
+        if not isinstance(backends, list) or found.efa_backend in [str(b) for b in backends]:
+            continue  # LIBFABRIC (RDMA over EFA), or backends known only after apply
+        messages.append(f"RayService {name_of(resource.props, resource.name)} application "
+                        f"{application.get('name', '?')}: prefill hands the KV cache to decode over "
+                        f"{transfer.get('kv_connector', '?')} with backends {', '.join(str(b) for b in backends)}, "
+                        f"TCP between nodes; NVIDIA Dynamo's EFA guide measured {found.tcp_figure} "
+                        f"({found.tcp_source}); put both roles on EFA pools (nodeGroups[].efa), or serve the model "
+                        "whole (disaggregation.enabled: false)")
+    return messages
+
+
+KV_TRANSFER_OVER_TCP = rule(
+    "kv-transfer-over-tcp", "Ray",
+    "A prefill/decode split moves each prompt's KV cache from a prefill replica to a decode replica. Without RDMA "
+    "between their nodes (EFA on AWS, NIXL's LIBFABRIC backend) it crosses over TCP, and the first token waits for "
+    "it: a published measurement (NVIDIA Dynamo's EFA guide) puts the cost at seconds to minutes per long prompt.",
+    kv_transfer_over_tcp, enforcement="advisory")

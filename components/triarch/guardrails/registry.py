@@ -37,5 +37,6 @@ RULES: tuple[Rule, ...] = (
     where_pools.POD_PLACEMENT,                    # Kubernetes  mandatory
     where_pools.POOL_CAPACITY,                    # Kubernetes  mandatory
     where_pools.POOL_SCALE_FROM_ZERO,             # Kubernetes  mandatory
+    how.KV_TRANSFER_OVER_TCP,                     # Ray         advisory
 )
 """The policy pack lists its policies, and `triarch check` its findings, in this order."""

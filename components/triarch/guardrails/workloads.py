@@ -238,12 +238,24 @@ def serve_applications(props: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return list(config.get("applications") or []) if isinstance(config, dict) else []
 
 
+PD_ROLES = ("prefill_config", "decode_config")
+"""A P/D application's LLMConfigs (Ray 2.60 build_pd_openai_app's PDServingArgs), each an engine of its own."""
+
+
 def llm_configs(props: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """(application name, LLMConfig) for every model a RayService's Serve config runs."""
+    """(application name, LLMConfig) for every vLLM engine a RayService's Serve config runs: each model of an
+    OpenAI application, and both roles of a P/D application (named `<application> prefill|decode`)."""
     for app in serve_applications(props):
-        for config in ((app.get("args") or {}).get("llm_configs") or []):
+        args = app.get("args") or {}
+        if not isinstance(args, Mapping):
+            continue
+        for config in args.get("llm_configs") or []:
             if isinstance(config, Mapping):
                 yield str(app.get("name", "?")), config
+        for role in PD_ROLES:
+            config = args.get(role)
+            if isinstance(config, Mapping):
+                yield f"{app.get('name', '?')} {role.split('_')[0]}", config
 
 
 RAY_SIGTERM_DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"

@@ -150,6 +150,8 @@ def dashboard(stack: StackConfig, models: list[ModelPlan], namespace: str) -> di
             board = board.with_panel(panel)
     board = board.with_row(Row("When: vLLM schedules each request"))
     for plan in sorted(models, key=lambda m: m.name):  # by name: reordering the stack's models changes nothing
+        if plan.role == "prefill":
+            continue  # its engines report under the model's name: the model's panels show both roles
         for panel in _when(plan, namespace):
             board = board.with_panel(panel)
     routed = sorted((m for m in models if picker.routed(m)), key=lambda m: m.name)

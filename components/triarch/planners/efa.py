@@ -10,6 +10,7 @@ from typing import Any
 
 from triarch.config import StackConfig
 from triarch.datafiles import read_yaml
+from triarch.disaggregation import nixl_backend
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
 from triarch.planners.model_plan import ModelPlan
@@ -69,7 +70,14 @@ def efa_image_warnings(stack: StackConfig, models: list[ModelPlan]) -> list[str]
     found = []
     for plan in models:
         image = pins[plan.config.engine]
-        if uses_efa(plan) and not any(p.search(image) for p in efa_image_patterns()):
+        carries = any(p.search(image) for p in efa_image_patterns())
+        if plan.role == "decode" and plan.kv_backend == nixl_backend(True, True) and not carries:
+            found.append(f"model '{plan.name}' hands its KV cache from prefill to decode over EFA (NIXL's "
+                         f"{plan.kv_backend} backend), but {image} is not known to carry libfabric "
+                         "(templates/compat/efa-images.yaml): the LIBFABRIC plugin of nixl-cu13 1.3.2 links "
+                         "libfabric.so.1 from the image, so its engines cannot load it; pin an image with the EFA "
+                         "installer as triarch:images.rayLlm {image, release}")
+        if plan.multi_node and uses_efa(plan) and not carries:
             key = "vllm" if plan.config.engine == "vllm" else "rayLlm"
             found.append(f"model '{plan.name}' spans {plan.nodes_per_replica} nodes over EFA on pool "
                          f"'{plan.pool.name}', but {image} is not known to carry libfabric and the aws-ofi-nccl "

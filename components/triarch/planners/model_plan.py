@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from triarch.catalog import InstanceType
 from triarch.coldfacts import Range
 from triarch.config import ModelConfig
+from triarch.disaggregation import PREFILL_SUFFIX, Role
 from triarch.hub import HubModel
 from triarch.planners.nodegroups import PoolPlan
 from triarch.tuner import Sizing
@@ -111,6 +112,11 @@ class ModelPlan:
     hub: HubModel | None = None
     """What was read from the Hugging Face Hub for a model the catalog does not hold (or pinned to a revision):
     the commit it was sized at."""
+    role: Role | None = None
+    """A split model's role (models[].disaggregation): its decode role is the model's plan (its name, its
+    application); its prefill role is a plan of its own, named `<model>-prefill`, on the prefill role's pool."""
+    kv_backend: str | None = None
+    """A split model's NIXL backend between its roles (LIBFABRIC over EFA, else UCX), on both roles' plans."""
 
     @property
     def serving_revision(self) -> str | None:
@@ -123,7 +129,9 @@ class ModelPlan:
 
     @property
     def name(self) -> str:
-        return self.config.name
+        """What the plan is known by (capacity.json, the cost report, refusals): the model's name, or for a split
+        model's prefill role `<model>-prefill`."""
+        return f"{self.config.name}{PREFILL_SUFFIX}" if self.role == "prefill" else self.config.name
 
     @property
     def gpus_per_replica(self) -> int:

@@ -11,7 +11,8 @@ from dataclasses import replace
 from typing import Any
 
 from triarch.catalog import Catalog, gated_repos
-from triarch.config import StackConfig, gpus_per_node
+from triarch.config import ModelConfig, StackConfig, gpus_per_node
+from triarch.disaggregation import nixl_backend
 from triarch.errors import ConfigError
 from triarch.hub import HubError, HubModel
 from triarch.matrix import deployed_images, images_by_engine
@@ -21,7 +22,7 @@ from triarch.planners.model_plan import ModelPlan
 from triarch.planners.nodegroups import plan_pool
 from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, find_arch, load_arch, tune
 from triarch.tuner.nodes import NodesRefused, tune_nodes
-from triarch.tuner.search import LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT
+from triarch.tuner.search import LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT, TYPICAL_CHAT_TOKENS
 
 MIN_CACHE_GIB = 20
 
@@ -59,8 +60,11 @@ def _model_path(index: int) -> str:
     return f"triarch:models[{index}]"
 
 
-def plan_model(stack: StackConfig, index: int, facts: Catalog, token: str | None = None) -> ModelPlan:
-    model = stack.models[index]
+def plan_model(stack: StackConfig, index: int, facts: Catalog, token: str | None = None,
+               model: ModelConfig | None = None, **tuned: Any) -> ModelPlan:
+    """The plan of models[index], or of `model` in its place (a split model's role); `tuned` are tuner options the
+    role fixes (its batch, the decode role's length)."""
+    model = model or stack.models[index]
     group = stack.node_group(model.node_group)
     pool = plan_pool(stack, group, facts)
     read: HubModel | None = None
@@ -91,6 +95,7 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog, token: str | None
                                    "gpu_memory_utilization": round(model.gpu_memory_utilization / share, 4),
                                    "max_model_len": model.max_model_len,
                                    "kv_cache_dtype": model.kv_cache_dtype, "task": model.resolved_task}
+        options.update(tuned)
         if share > 1:  # a slice of one GPU: no replica spans slices
             sizing = tune(arch, pool.gpu, tensor_parallel_size=model.tensor_parallel_size, gpus_available=1,
                           **options)
@@ -132,7 +137,7 @@ def hub_lines(plans: Iterable[ModelPlan]) -> list[str]:
     it, and what moved or was read from the cache."""
     lines = []
     for plan in plans:
-        if plan.hub is None:
+        if plan.hub is None or plan.role == "prefill":  # read once, for the model
             continue
         read = plan.hub
         if plan.config.revision is None:
@@ -168,17 +173,90 @@ def largest_gpu_use(plan: ModelPlan) -> int:
     return plan.config.replicas if plan.config.autoscaling is None else plan.config.autoscaling.max
 
 
+def prefill_batch(decode: ModelPlan) -> int:
+    """The prefill role's batch (max_num_seqs): a prefill replica runs each request to its first token only and
+    holds its KV cache until a decode replica has read it, so it keeps the prompts one scheduler step computes
+    (max_num_batched_tokens of them at a typical request's length), never more than the decode role's batch. The
+    rest of its KV cache keeps prompt prefixes; the decode role keeps every running request's."""
+    args = decode.sizing.engine_args
+    batch = int(args["max_num_seqs"])
+    return max(1, min(batch, int(args["max_num_batched_tokens"]) // TYPICAL_CHAT_TOKENS))
+
+
+def plan_roles(stack: StackConfig, index: int, facts: Catalog, token: str | None) -> tuple[ModelPlan, ModelPlan]:
+    """A split model's decode role (the model's plan) and prefill role, each tuned on its own pool: the decode role
+    as the model would be, the prefill role at the decode role's max_model_len (a request must fit both) with a
+    prefill batch; both with the NIXL backend their pools allow."""
+    model = stack.models[index]
+    split = model.disaggregation
+    assert split is not None
+
+    def role_config(given: Any, **update: Any) -> ModelConfig:
+        return model.model_copy(update={"node_group": given.node_group or model.node_group,
+                                        "tensor_parallel_size": given.tensor_parallel_size
+                                        or model.tensor_parallel_size, "replicas": given.replicas, **update})
+
+    decode = plan_model(stack, index, facts, token, role_config(split.decode))
+    length = decode.sizing.max_model_len
+    prefill = plan_model(stack, index, facts, token,
+                         role_config(split.prefill, warm_replicas=0, ttft_slo_seconds=None),
+                         max_num_seqs=prefill_batch(decode), **({"max_model_len": length} if length else {}))
+    backend = nixl_backend(prefill.pool.efa_interfaces > 0, decode.pool.efa_interfaces > 0)
+    return (replace(decode, role="decode", kv_backend=backend), replace(prefill, role="prefill", kv_backend=backend))
+
+
+def model_index(stack: StackConfig, plan: ModelPlan) -> int:
+    """The position in triarch:models of the model a plan (or a split model's role) serves."""
+    return next(i for i, m in enumerate(stack.models) if m.name == plan.config.name)
+
+
+def check_roles_fit(stack: StackConfig, plans: list[ModelPlan]) -> None:
+    """A split model's roles fit their pools together before anything else runs there: one line naming the
+    model's disaggregation keys, not the pool's capacity in general."""
+    for plan in plans:
+        if plan.role != "prefill":
+            continue
+        decode = next(p for p in plans if p.role == "decode" and p.config.name == plan.config.name)
+        needs: dict[str, int] = {}
+        for role in (plan, decode):
+            needs[role.pool.name] = needs.get(role.pool.name, 0) + role.config.replicas * role.gpus_per_replica
+        for pool_name, need in needs.items():
+            group = stack.node_group(pool_name)
+            pool = plan.pool if plan.pool.name == pool_name else decode.pool
+            capacity = group.max * pool.schedulable_gpus_per_node
+            if need <= capacity:
+                continue
+            each = " + ".join(f"{r.role} {r.config.replicas} x {r.gpus_per_replica}" for r in (plan, decode)
+                              if r.pool.name == pool_name)
+            raise ConfigError(f"{_model_path(model_index(stack, plan))}.disaggregation", plan.config.name,
+                              f"needs {need} GPUs on node group '{pool_name}' ({each} GPUs per replica), which holds "
+                              f"{capacity} at most (max {group.max} x {pool.schedulable_gpus_per_node})",
+                              "fewer replicas of a role, or a role on another node group (prefill.nodeGroup, "
+                              "decode.nodeGroup), or a larger max")
+
+
 def plan_models(stack: StackConfig, facts: Catalog, token: str | None = None) -> list[ModelPlan]:
-    """Every model's plan; `token` reads gated models from the Hub (default: $HF_TOKEN)."""
-    plans = [plan_model(stack, i, facts, token) for i in range(len(stack.models))]
+    """Every model's plan, in the stack's order (plans[i] is models[i]'s), then the prefill role of each split
+    model; `token` reads gated models from the Hub (default: $HF_TOKEN)."""
+    plans: list[ModelPlan] = []
+    prefills: list[ModelPlan] = []
+    for i, model in enumerate(stack.models):
+        if model.disaggregation is not None and model.disaggregation.enabled:
+            decode, prefill = plan_roles(stack, i, facts, token)
+            plans.append(decode)
+            prefills.append(prefill)
+        else:
+            plans.append(plan_model(stack, i, facts, token))
+    plans += prefills
+    check_roles_fit(stack, plans)
     plans = [replace(plan, surge_fits=_surge_fits(stack, plan, plans)) for plan in plans]
     plans = [replace(plan, cold_start=predict(stack, plan, facts)) for plan in plans]
-    for index, plan in enumerate(plans):
+    for plan in plans:
         assert plan.cold_start is not None
-        check_budget(index, plan.cold_start, plan.config.startup_minutes)
+        check_budget(model_index(stack, plan), plan.cold_start, plan.config.startup_minutes)
     prefixes: dict[str, str] = {}
     for i, plan in enumerate(plans):
-        if plan.config.engine != "ray-serve":
+        if plan.config.engine != "ray-serve" or plan.role == "prefill":
             continue
         if plan.route_prefix in prefixes:
             raise ConfigError(f"{_model_path(i)}.routePrefix", plan.route_prefix,
@@ -215,9 +293,17 @@ def pod_resources(plan: ModelPlan) -> dict[str, dict[str, str]]:
         cpu, memory = 2, 8  # existing nodes of unknown size: a modest floor
     amounts = {"cpu": str(cpu), "memory": f"{memory}Gi", "nvidia.com/gpu": str(gpus)}
     if uses_efa(plan):
-        # Every interface of the node: Karpenter attaches as many as the pod asks for, and NCCL spreads over them.
-        amounts[EFA_RESOURCE] = str(plan.pool.efa_interfaces)
+        amounts[EFA_RESOURCE] = str(efa_share(plan))
     return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def efa_share(plan: ModelPlan) -> int:
+    """The EFA interfaces a pod of the plan asks for: every interface of the node for a pod of the whole node
+    (Karpenter attaches as many as the pod asks for, and NCCL spreads over them); for a split model's role whose
+    pods take part of a node, the part of its interfaces that goes with its GPUs (at least one), so the node's
+    other pods get theirs."""
+    per_node = plan.pool.schedulable_gpus_per_node
+    return max(1, plan.pool.efa_interfaces * plan.gpus_per_pod // per_node)
 
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -225,8 +311,13 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
 
 def uses_efa(plan: ModelPlan) -> bool:
-    """A replica across nodes on an EFA pool: its stages talk over EFA (a replica within a node uses NVLink)."""
-    return plan.multi_node and plan.pool.efa_interfaces > 0
+    """A replica across nodes on an EFA pool: its stages talk over EFA (a replica within a node uses NVLink); or a
+    split model's role whose KV cache crosses to the other role over EFA (NIXL's libfabric backend)."""
+    return plan.pool.efa_interfaces > 0 and (plan.multi_node or plan.kv_backend == nixl_efa_backend())
+
+
+def nixl_efa_backend() -> str:
+    return nixl_backend(True, True)
 
 
 def gated_model_warnings(stack: StackConfig, secrets: Iterable[str], plans: Iterable[ModelPlan] = ()) -> list[str]:
@@ -236,7 +327,7 @@ def gated_model_warnings(stack: StackConfig, secrets: Iterable[str], plans: Iter
     if "hfToken" in set(secrets):
         return []
     repos = gated_repos()
-    read_gated = {plan.name for plan in plans if plan.hub is not None and plan.hub.gated}
+    read_gated = {plan.config.name for plan in plans if plan.hub is not None and plan.hub.gated}
     return [f"model '{model.name}' ({model.model}) is gated on Hugging Face: its download needs a token of an "
             "account that accepted the license on the model's page, and triarch:hfToken is not set; "
             f"pulumi config set --secret triarch:hfToken hf_... (or serve it from S3 with weightsUri)"

@@ -63,8 +63,9 @@ POOL_METRIC_LABEL = "label_" + re.sub(r"[./-]", "_", POOL_LABEL)
 
 
 def model_selector(plan: ModelPlan, namespace: str) -> str:
-    """The PromQL label matchers of one model's vLLM metrics (vLLM labels them with the served model name)."""
-    return f'{{namespace="{namespace}", model_name="{plan.name}"}}'
+    """The PromQL label matchers of one model's vLLM metrics (vLLM labels them with the served model name: a split
+    model's name for both its roles)."""
+    return f'{{namespace="{namespace}", model_name="{plan.config.name}"}}'
 
 
 def gpu_pods(plan: ModelPlan, namespace: str) -> str:
@@ -86,7 +87,7 @@ def queued(plan: ModelPlan, namespace: str) -> str:
     """Requests waiting for a model, where its engine queues them: vLLM's own queue for a vLLM server; Ray Serve's
     router for a Ray Serve model (a replica takes at most max_num_seqs, so the rest wait in Serve, not in vLLM)."""
     if plan.config.engine == "ray-serve":
-        return f'sum(ray_serve_deployment_queued_queries{{namespace="{namespace}", application="{plan.name}"}})'
+        return f'sum(ray_serve_deployment_queued_queries{{namespace="{namespace}", application="{plan.config.name}"}})'
     return f"sum(vllm:num_requests_waiting{model_selector(plan, namespace)})"
 
 
@@ -253,6 +254,9 @@ def observability_manifests(stack: StackConfig, models: list[ModelPlan], setting
     for pool in sorted(pools):
         alerts += pool_alerts(pools[pool])
     for plan in sorted(models, key=lambda m: m.name):  # by name: reordering the stack's models changes nothing
+        if plan.role == "prefill":
+            # its engines report under the model's name, as the decode role's do: the model's alerts read both
+            continue
         alerts += model_alerts(plan, namespace)
     groups = [{"name": f"triarch-{layer}", "rules": [a.rule() for a in alerts if a.layer == layer]}
               for layer in ("where", "how", "when") if any(a.layer == layer for a in alerts)]

@@ -19,10 +19,12 @@ import yaml
 from triarch.catalog import catalog
 from triarch.coldfacts import cold_start_facts
 from triarch.config.schema import PrefixRoutingConfig
+from triarch.disaggregation import PD_BUILDER, PORT_BASE_KEY, kv_transfer_config
+from triarch.disaggregation import facts as pd_facts
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
 from triarch.planners.model_plan import ModelPlan
-from triarch.planners.models import EFA_RESOURCE, pod_resources, replica_bounds, uses_efa
+from triarch.planners.models import EFA_RESOURCE, efa_share, pod_resources, replica_bounds, uses_efa
 from triarch.planners.vllm import STREAMER_LOAD_FORMAT
 from triarch.scheduling import GPU_PRESENT_LABEL
 
@@ -146,7 +148,7 @@ def llm_config(plan: ModelPlan) -> dict[str, Any]:
         engine_kwargs.update(load_format=STREAMER_LOAD_FORMAT,
                              model_loader_extra_config={"concurrency": cold_start_facts().streamer_concurrency})
     config: dict[str, Any] = {
-        "model_loading_config": {"model_id": plan.name, "model_source": source},
+        "model_loading_config": {"model_id": plan.config.name, "model_source": source},
         "engine_kwargs": engine_kwargs,
         "deployment_config": deployment,
     }
@@ -155,13 +157,35 @@ def llm_config(plan: ModelPlan) -> dict[str, Any]:
     return config
 
 
+def role_llm_config(plan: ModelPlan) -> dict[str, Any]:
+    """A split model's role as Ray Serve LLM's LLMConfig: the role's own engine args with vLLM's KV connector in
+    its role (kv_transfer_config, vLLM 0.29.0's fields) and the NIXL backend its pools allow, and the side
+    channel's port base Ray 2.60 adds each replica's offset to (experimental_configs)."""
+    assert plan.role is not None and plan.kv_backend is not None and plan.config.disaggregation is not None
+    config = llm_config(plan)
+    config["engine_kwargs"]["kv_transfer_config"] = kv_transfer_config(
+        plan.role, plan.config.disaggregation.connector, plan.kv_backend)
+    config["experimental_configs"] = {PORT_BASE_KEY: pd_facts().port_base[plan.role]}
+    return config
+
+
 def serve_config(plans: list[ModelPlan]) -> dict[str, Any]:
-    """One application per model, by name: reordering the stack's models changes nothing Serve sees."""
-    return {"applications": [
-        {"name": plan.name, "route_prefix": plan.route_prefix, "import_path": "ray.serve.llm:build_openai_app",
-         "args": {"llm_configs": [llm_config(plan)]}}
-        for plan in sorted(plans, key=lambda p: p.name)
-    ]}
+    """One application per model, by name: reordering the stack's models changes nothing Serve sees. A split
+    model's application is Ray Serve LLM's P/D application (ingress, then its decode deployment, which sends each
+    prompt to its prefill deployment first); PDServingArgs' prefill_config and decode_config are its roles."""
+    prefills = {p.config.name: p for p in plans if p.role == "prefill"}
+    applications = []
+    for plan in sorted((p for p in plans if p.role != "prefill"), key=lambda p: p.name):
+        args: dict[str, Any]
+        if plan.role == "decode":
+            builder = PD_BUILDER
+            args = {"prefill_config": role_llm_config(prefills[plan.config.name]),
+                    "decode_config": role_llm_config(plan)}
+        else:
+            builder, args = "ray.serve.llm:build_openai_app", {"llm_configs": [llm_config(plan)]}
+        applications.append({"name": plan.name, "route_prefix": plan.route_prefix, "import_path": builder,
+                             "args": args})
+    return {"applications": applications}
 
 
 def _container(name: str, image: str, resources: dict[str, Any], with_token: bool) -> dict[str, Any]:
@@ -245,7 +269,7 @@ def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim:
     if efa:
         # The group's pods may hold a gang's stage whichever model they serve: each takes its node's interfaces.
         for amounts in container["resources"].values():
-            amounts[EFA_RESOURCE] = str(efa[0].pool.efa_interfaces)
+            amounts[EFA_RESOURCE] = str(efa_share(efa[0]))
         container["env"] += pods.NCCL_TRANSPORT_LOGS
     selector = {"ray.io/group": key.name}
     return {

@@ -9,6 +9,7 @@ from typing import Any
 from triarch.catalog import Catalog, catalog, charts
 from triarch.config import NodeGroupConfig, StackConfig, driver_of, pool_provisioner
 from triarch.cost import price_gap_line
+from triarch.disaggregation import over_tcp
 from triarch.offline import Registered
 from triarch.planners.coldstart import duration, span
 from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
@@ -129,6 +130,10 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
         told = [(plan.name, in_stack_words(note)) for plan in result.models for note in plan.sizing.notes]
         if told:
             lines += ["  What the tuner adjusted or warns of:", *(f"    {name}: {note}" for name, note in told)]
+        split = split_lines(result.models)
+        if split:
+            lines += ["  Split into prefill and decode (Ray Serve LLM's P/D application, vLLM's NIXL connector):",
+                      *(f"    {x}" for x in split)]
         read = hub_lines(result.models)
         if read:
             lines += ["  Read from the Hugging Face Hub (the commit each was sized at):", *(f"    {x}" for x in read)]
@@ -140,6 +145,23 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
         lines += ["", "Warnings from the program", *[f"  {w}" for w in notes]]
     lines += ["", *resource_lines(result.run.resources)]
     return "\n".join(lines)
+
+
+def split_lines(models: list[ModelPlan]) -> list[str]:
+    """Each split model's roles in one line: replicas, pools, batches and how the KV cache crosses between them."""
+    lines = []
+    for decode in models:
+        if decode.role != "decode":
+            continue
+        prefill = next(p for p in models if p.role == "prefill" and p.config.name == decode.config.name)
+        crossing = ("RDMA over EFA" if not over_tcp(decode.kv_backend or "")
+                    else "TCP between nodes without EFA (see the kv-transfer-over-tcp advisory)")
+        lines.append(f"{decode.name}: prefill {prefill.config.replicas} x {prefill.gpus_per_replica} GPU on "
+                     f"'{prefill.pool.name}' (batch {prefill.sizing.engine_args['max_num_seqs']}), decode "
+                     f"{decode.config.replicas} x {decode.gpus_per_replica} GPU on '{decode.pool.name}' (batch "
+                     f"{decode.sizing.engine_args['max_num_seqs']}); the KV cache crosses over NIXL's "
+                     f"{decode.kv_backend} backend: {crossing}")
+    return lines
 
 
 def resource_kind(resource: Registered, by_urn: dict[str, Registered]) -> str:

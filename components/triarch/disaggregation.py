@@ -1,0 +1,65 @@
+"""The prefill/decode split's facts (templates/compat/prefill-decode.yaml) and the decisions read from them alone:
+which KV connectors a vLLM release has, which one Triarch plans, the NIXL backend between two pools, each role's
+kv_transfer_config. Both the stack checks and the planners read them, so they sit below both."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Literal
+
+import yaml
+
+from triarch.paths import TEMPLATES_DIR
+
+Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+PREFILL_SUFFIX = "-prefill"
+"""What a split model's prefill role is named after the model (its plan, capacity.json, the cost report)."""
+PD_BUILDER = "ray.serve.llm:build_pd_openai_app"
+"""Ray Serve LLM's P/D application builder, by the public path Ray 2.60 exports it at (ray/serve/llm/__init__.py);
+its args are PDServingArgs (prefill_config, decode_config, ...)."""
+PORT_BASE_KEY = "NIXL_SIDE_CHANNEL_PORT_BASE"
+"""The experimental_configs key Ray 2.60's NIXL backend reads its side-channel port base from (kv_transfer/nixl.py)."""
+
+
+@dataclass(frozen=True)
+class Facts:
+    connectors: dict[str, tuple[str, ...]]
+    planned: dict[str, str]
+    not_planned: str
+    kv_roles: dict[str, str]
+    efa_backend: str
+    default_backend: str
+    port_base: dict[str, int]
+    tcp_figure: str
+    tcp_source: str
+
+
+@cache
+def facts() -> Facts:
+    data = yaml.safe_load((TEMPLATES_DIR / "compat" / "prefill-decode.yaml").read_text(encoding="utf-8"))
+    return Facts(
+        connectors={str(version): tuple(names) for version, names in data["kvConnectors"].items()},
+        planned=dict(data["planned"]), not_planned=" ".join(str(data["notPlanned"]).split()),
+        kv_roles=dict(data["kvRoles"]), efa_backend=data["nixlBackends"]["efa"],
+        default_backend=data["nixlBackends"]["default"], port_base=dict(data["sideChannelPortBase"]),
+        tcp_figure=data["transferOverTcp"]["figure"], tcp_source=data["transferOverTcp"]["source"])
+
+
+def nixl_backend(prefill_efa: bool, decode_efa: bool) -> str:
+    """NIXL's transport between the roles: libfabric where both roles' pools have EFA (RDMA between the nodes),
+    UCX otherwise (its TCP transport between nodes without RDMA)."""
+    found = facts()
+    return found.efa_backend if prefill_efa and decode_efa else found.default_backend
+
+
+def kv_transfer_config(role: Role, connector: str, backend: str) -> dict[str, Any]:
+    """The role's engine_kwargs.kv_transfer_config (vLLM 0.29.0 KVTransferConfig's fields)."""
+    return {"kv_connector": connector, "kv_role": facts().kv_roles[role],
+            "kv_connector_extra_config": {"backends": [backend]}}
+
+
+def over_tcp(backend: str) -> bool:
+    """Whether the KV cache crosses between nodes over TCP (no RDMA between the roles' pools)."""
+    return backend != facts().efa_backend
