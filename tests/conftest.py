@@ -73,6 +73,20 @@ def write_stack_file(path: Path, config: Mapping[str, Any]) -> Path:
     return path
 
 
+def plan_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str], config: Mapping[str, Any]) -> str:
+    """`triarch plan` of a stack with this `config:` refused as bad input: exit 2, one `error:` line on stderr and no
+    traceback anywhere. Returns the line."""
+    from triarch import cli
+
+    path = write_stack_file(tmp_path / "Pulumi.bad.yaml", config)
+    code = cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert code == 2, captured.out + captured.err
+    [line] = captured.err.splitlines()
+    assert line.startswith("error: ") and "Traceback" not in captured.err + captured.out
+    return line
+
+
 @pytest.fixture
 def stack_config() -> StackConfigReader:
     """`stack_config("prod")`: a shipped stack's config ("ns:key" -> string or JSON), as `triarch plan`

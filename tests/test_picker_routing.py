@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import ROOT, MutatedConfig, StackPlan, plan_config, stack_document, write_stack_file
+from conftest import ROOT, MutatedConfig, StackPlan, plan_config, plan_refusal, stack_document, write_stack_file
 from test_effects import document
 from test_engine_args import planned, with_model
 from test_network_policy import API_ENDPOINT, API_SERVICE, HUB, Pod, connects
@@ -286,13 +286,7 @@ def test_the_post_renderer_runs_as_helm_runs_it(tmp_path: Path, command: str, se
 def refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], index: int, **settings: Any) -> str:
     config = stack_document("fresh")
     config["triarch:models"][index].update(settings)
-    path = write_stack_file(tmp_path / "Pulumi.bad.yaml", config)
-    code = cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")])
-    captured = capsys.readouterr()
-    assert code == 2, captured.out + captured.err
-    [line] = captured.err.splitlines()
-    assert line.startswith("error: ") and "Traceback" not in captured.err + captured.out
-    return line
+    return plan_refusal(tmp_path, capsys, config)
 
 
 def test_a_ray_router_key_on_a_vllm_model_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

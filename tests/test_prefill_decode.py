@@ -16,7 +16,7 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from conftest import MutatedConfig, plan_config, reference_file, stack_document, write_stack_file
+from conftest import MutatedConfig, plan_config, plan_refusal, reference_file, stack_document, write_stack_file
 from test_engine_args import planned
 from test_prefix_routing import INTERNAL_ROUTER, ray_deployment_options
 from triarch import cli
@@ -352,13 +352,7 @@ def test_turning_the_split_on_or_off_replaces_the_applications_deployments(tmp_p
 def refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any) -> str:
     config = stack_document("prod")
     edit(config)
-    path = write_stack_file(tmp_path / "Pulumi.bad.yaml", config)
-    code = cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")])
-    captured = capsys.readouterr()
-    assert code == 2, captured.out + captured.err
-    [line] = captured.err.splitlines()
-    assert line.startswith("error: ") and "Traceback" not in captured.err + captured.out
-    return line
+    return plan_refusal(tmp_path, capsys, config)
 
 
 def test_a_connector_the_pinned_vllm_lacks_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,9 +20,8 @@ from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router i
 from ray.serve.config import RequestRouterConfig
 from ray.serve.schema import ServeDeploySchema
 
-from conftest import MutatedConfig, reference_file, stack_document, stack_path, write_stack_file
+from conftest import MutatedConfig, plan_refusal, reference_file, stack_document, stack_path
 from test_engine_args import llm_configs, planned, vllm_container, with_model
-from triarch import cli
 from triarch.config.schema import RAY_EVICTION_THRESHOLD_CHARS
 from triarch.offline import read_stack_config
 
@@ -191,13 +190,7 @@ def test_two_fixed_replicas_are_routed(mutated_config: MutatedConfig) -> None:
 def refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], index: int, **settings: Any) -> str:
     config = stack_document("prod")
     config["triarch:models"][index].update(settings)
-    path = write_stack_file(tmp_path / "Pulumi.bad.yaml", config)
-    code = cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")])
-    captured = capsys.readouterr()
-    assert code == 2, captured.out + captured.err
-    [line] = captured.err.splitlines()
-    assert line.startswith("error: ") and "Traceback" not in captured.err + captured.out
-    return line
+    return plan_refusal(tmp_path, capsys, config)
 
 
 def test_routing_on_with_caching_off_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
