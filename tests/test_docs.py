@@ -142,3 +142,34 @@ def test_the_mutation_benchmarks_count_is_stated_once() -> None:
     count = re.compile(r"\*\*\d+ mutants, \d+ caught\*\*")
     places = [(p.name, len(count.findall(p.read_text(encoding="utf-8")))) for p in pages()]
     assert [p for p in places if p[1]] == [("development.md", 1)]
+
+
+def _readme_section(title: str) -> str:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    return readme.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_first_customisation_plans_as_the_readme_shows(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's first customisation, done as it says: its YAML block is dev's `triarch:models`, and the plan
+    prints the rows and the tuner's note the README quotes; a third model on the pool is refused naming the key."""
+    import yaml
+
+    from conftest import plan_refusal, stack_document, write_stack_file
+    from triarch import cli
+
+    section = _readme_section("A first customisation: add a model, plan it")
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    config = stack_document("dev")
+    config["triarch:models"] = yaml.safe_load(block)["triarch:models"]
+    assert [m["name"] for m in config["triarch:models"]] == ["embed", "chat"]
+    path = write_stack_file(tmp_path / "Pulumi.dev.yaml", config)
+    assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    quoted = section.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    for line in quoted[1:]:  # the table's rows and the note; the header's columns are cut short with "..."
+        shown = line.removesuffix("...").rstrip()
+        assert shown in printed, f"the README shows {shown!r}; the plan printed:\n{printed}"
+    third = {**config["triarch:models"][1], "name": "chat-2"}
+    line = plan_refusal(tmp_path, capsys, {**config, "triarch:models": [*config["triarch:models"], third]})
+    assert "triarch:nodeGroups[0].max" in line, line
