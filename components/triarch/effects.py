@@ -141,7 +141,7 @@ def _split_effects(base: Mapping[str, Any], head: Mapping[str, Any], new_cluster
     serve/_private/application_state.py, "Delete outdated deployments"), without waiting for them to serve."""
     found = []
     for service, (on, off) in _split_changes(base, head).items():
-        what = " and ".join(f"turns {way} for {', '.join(names)}" for way, names in (("on", on), ("off", off)) if names)
+        what = _turned(on, off)
         if service in new_clusters:
             found.append(f"RayService {service}: the prefill/decode split {what} on the new Ray cluster, where every "
                          "model starts anyway")
@@ -152,6 +152,11 @@ def _split_effects(base: Mapping[str, Any], head: Mapping[str, Any], new_cluster
                      "model answers nothing until the new replicas have loaded it (its cold start), and its requests "
                      "in the meantime fail or wait in the proxy")
     return found
+
+
+def _turned(on: list[str], off: list[str]) -> str:
+    """'turns on for a, b and turns off for c': what a switch did to which models."""
+    return " and ".join(f"turns {way} for {', '.join(names)}" for way, names in (("on", on), ("off", off)) if names)
 
 
 def _routing_effects(base: Mapping[str, Any], head: Mapping[str, Any], new_clusters: set[str]) -> list[str]:
@@ -171,7 +176,7 @@ def _routing_effects(base: Mapping[str, Any], head: Mapping[str, Any], new_clust
         off = sorted(app for app, routed in kept.items() if routed and not after[service][app])
         if not on and not off:
             continue
-        what = " and ".join(f"turns {way} for {', '.join(names)}" for way, names in (("on", on), ("off", off)) if names)
+        what = _turned(on, off)
         if service in new_clusters:
             found.append(f"RayService {service}: prefix-aware routing {what} on the new Ray cluster, where every "
                          "model starts anyway")
