@@ -279,6 +279,7 @@ def bench_module(name: str) -> ModuleType:
 
 
 # The real-engine tier's session fixtures (tests/engine_tier.py), visible to every test module.
+from dataplane import data_plane  # noqa: E402,F401
 from engine_tier import deployed, engines_required, lab  # noqa: E402,F401
 
 ENGINE_FIXTURES = frozenset({
@@ -287,6 +288,7 @@ ENGINE_FIXTURES = frozenset({
     "from_zero",  # test_real_karpenter.py: a plane whose Karpenter pools start empty
     "promtool",  # test_alert_rules.py: the built promtool
     "fresh",  # test_real_charts.py: the fresh stack's whole `pulumi up` on a plane of its own
+    "data_plane",  # tests/dataplane.py: real vLLM engines on CPU (the data-plane environments, a namespace)
 })
 """Fixtures that need the built engines (and, for a plane, a network namespace). A test using one, directly or
 through another fixture, gets the `engines` marker: CI runs `pytest -m "not engines"` in its fast job and
@@ -306,9 +308,17 @@ SHARED_GROUPS = {"reviewed": "review"}
 run rather than once per worker its tests land on."""
 
 
-def plane_group(fixtures: Iterable[str]) -> str | None:
+DATAPLANE_FIXTURES = frozenset({"data_plane"})
+"""Fixtures that start real vLLM or Ray Serve engines on CPU: a test using one gets the `dataplane` marker (and
+`engines`: CI's real-engine tier runs it), and a module's tests run on one worker, so its engines start once."""
+
+
+def plane_group(fixtures: Iterable[str], module: str = "") -> str | None:
     groups = {**PLANE_GROUPS, **SHARED_GROUPS}
-    return min((groups[f] for f in fixtures if f in groups), default=None)
+    found = [groups[f] for f in fixtures if f in groups]
+    if DATAPLANE_FIXTURES.intersection(fixtures):
+        found.append(f"dataplane {module}")
+    return min(found, default=None)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
@@ -318,7 +328,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fixtures = getattr(item, "fixturenames", ())
         if ENGINE_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.engines)
-        if (group := plane_group(fixtures)) is not None:
+        if DATAPLANE_FIXTURES.intersection(fixtures):
+            item.add_marker(pytest.mark.dataplane)
+        if (group := plane_group(fixtures, item.nodeid.split("::")[0])) is not None:
             groups[item.nodeid] = group
     shared = getattr(config, "workerinput", {}).get(GROUPS_FILE)
     if shared:  # a worker tells the controller's scheduler (every worker collects the same; the last write wins)

@@ -12,14 +12,25 @@ from triarch.errors import TriarchError
 
 
 def cmd_local_build(args: argparse.Namespace) -> int:
+    """The Go engines and the data plane's CPU environments: all of them, or those named."""
     import json
 
-    from triarch.local.engines import build_all, describe
+    from triarch.local import dataplane
+    from triarch.local.engines import build_all, describe, load_engines
 
     if args.list:
-        print(json.dumps(describe(), indent=2))
+        print(json.dumps({**describe(), **dataplane.describe()}, indent=2))
         return 0
-    build_all(args.engines or None, force=args.force)
+    engines, environments = load_engines(), dataplane.load_environments()
+    unknown = sorted(set(args.engines) - set(engines) - set(environments))
+    if unknown:
+        raise TriarchError(f"unknown engine {', '.join(unknown)}; allowed: {', '.join([*engines, *environments])}")
+    go = [n for n in args.engines if n in engines]
+    python = [n for n in args.engines if n in environments]
+    if go or not args.engines:
+        build_all(go or None, force=args.force)
+    if python or not args.engines:
+        dataplane.build_all(python or None, force=args.force)
     return 0
 
 
@@ -79,9 +90,11 @@ def add_parser(commands: Commands) -> None:
     local = commands.add_parser("local", help="run a local Kubernetes control plane on the real engines (etcd, the API "
                                               "server, scheduler, controller manager, kwok) and the real Pulumi CLI")
     steps = Commands(local.add_subparsers(dest="step", required=True, metavar="STEP"))
-    build = steps.add_parser("build", help="build the engines from the Go module proxy into a cache outside the "
-                                           "work tree (tools/engines/engines.yaml); cached builds are kept")
-    build.add_argument("engines", nargs="*", help="only these (default: all)")
+    build = steps.add_parser("build", help="build the engines from the Go module proxy (tools/engines/engines.yaml) "
+                                           "and sync the data plane's CPU environments from their lock "
+                                           "(tools/dataplane) into caches outside the work tree; cached builds "
+                                           "are kept")
+    build.add_argument("engines", nargs="*", help="only these engines or environments (default: all)")
     build.add_argument("--force", action="store_true", help="rebuild even if cached")
     build.add_argument("--list", action="store_true", help="print what is pinned and built, build nothing")
     build.set_defaults(handler=cmd_local_build)

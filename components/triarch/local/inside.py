@@ -1,0 +1,180 @@
+"""HTTP from inside a network namespace: the engines there listen on its loopback only, and a test process outside
+cannot reach them. `Client` starts one process inside (`python -m triarch.local.inside`, through the namespace's
+`command`) that takes requests as JSON lines on its stdin, runs each on a thread of its own (so a test can keep many
+in flight) and answers each as one JSON line: status, body, and for a streamed completion when its first and last
+chunks came and how it ended. Times are wall-clock seconds (time.time), comparable across processes."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one request got: an HTTP status (None where no response came: `error` says why) and its body; for a
+    streamed (server-sent events) completion, the text of its chunks, when the first came, how many, and whether the
+    stream ended with `[DONE]`."""
+
+    status: int | None
+    body: str = ""
+    error: str | None = None
+    started: float = 0.0
+    first: float | None = None
+    ended: float = 0.0
+    chunks: int = 0
+    done: bool = False
+    finish_reason: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+
+# --- inside the namespace ----------------------------------------------------------------------------------------
+
+def _stream(response: http.client.HTTPResponse, answer: dict[str, Any]) -> None:
+    """Read an OpenAI stream: `data: {json}` events, then `data: [DONE]`."""
+    text: list[str] = []
+    for raw in response:
+        line = raw.decode(errors="replace").strip()
+        if not line.startswith("data:"):
+            continue
+        data = line.removeprefix("data:").strip()
+        if answer["first"] is None:
+            answer["first"] = time.time()
+        if data == "[DONE]":
+            answer["done"] = True
+            break
+        answer["chunks"] += 1
+        with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+            choice = json.loads(data)["choices"][0]
+            text.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
+            answer["finish_reason"] = choice.get("finish_reason") or answer["finish_reason"]
+    answer["body"] = "".join(text)
+
+
+def _perform(request: dict[str, Any]) -> dict[str, Any]:
+    url = urllib.parse.urlsplit(request["url"])
+    answer: dict[str, Any] = {"id": request["id"], "status": None, "body": "", "error": None, "started": time.time(),
+                              "first": None, "ended": 0.0, "chunks": 0, "done": False, "finish_reason": None,
+                              "headers": {}}
+    body = request.get("body")
+    try:
+        connection = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80,
+                                                timeout=request.get("timeout", 60))
+        path = url.path + (f"?{url.query}" if url.query else "")
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        connection.request(request.get("method", "GET"), path or "/",
+                           body=None if body is None else json.dumps(body), headers=headers)
+        response = connection.getresponse()
+        answer["status"] = response.status
+        answer["headers"] = {k.lower(): v for k, v in response.getheaders()}
+        if request.get("stream") and response.status == 200:
+            _stream(response, answer)
+        else:
+            answer["body"] = response.read().decode(errors="replace")
+        connection.close()
+    except (OSError, http.client.HTTPException) as error:
+        answer["error"] = f"{type(error).__name__}: {error}"
+    answer["ended"] = time.time()
+    return answer
+
+
+def serve(requests: IO[str], answers: IO[str]) -> None:
+    lock = threading.Lock()
+
+    def run(request: dict[str, Any]) -> None:
+        answer = _perform(request)
+        with lock:
+            answers.write(json.dumps(answer) + "\n")
+            answers.flush()
+
+    for line in requests:
+        if line.strip():
+            threading.Thread(target=run, args=(json.loads(line),), daemon=True).start()
+
+
+# --- outside --------------------------------------------------------------------------------------------------------
+
+class Client:
+    """Requests made from inside a namespace. `inside` turns an argv into the command that runs it there."""
+
+    def __init__(self, inside: Callable[[Sequence[str]], list[str]]) -> None:
+        self._process = subprocess.Popen(inside([sys.executable, "-m", "triarch.local.inside"]),
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                         start_new_session=True)
+        self._pending: dict[int, Future[Answer]] = {}
+        self._lock = threading.Lock()
+        self._next = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            raw = json.loads(line)
+            with self._lock:
+                future = self._pending.pop(raw.pop("id"))
+            future.set_result(Answer(**raw))
+        with self._lock:  # the process ended: nothing more will come
+            for future in self._pending.values():
+                future.set_result(Answer(None, error="the client inside the namespace ended"))
+            self._pending.clear()
+
+    def submit(self, method: str, url: str, body: Any = None, timeout: float = 60, stream: bool = False
+               ) -> Future[Answer]:
+        future: Future[Answer] = Future()
+        with self._lock:
+            self._next += 1
+            self._pending[self._next] = future
+            line = json.dumps({"id": self._next, "method": method, "url": url, "body": body, "timeout": timeout,
+                               "stream": stream})
+        assert self._process.stdin is not None
+        self._process.stdin.write(line + "\n")
+        self._process.stdin.flush()
+        return future
+
+    def get(self, url: str, timeout: float = 30) -> Answer:
+        return self.submit("GET", url, timeout=timeout).result(timeout + 30)
+
+    def post(self, url: str, body: Any, timeout: float = 120) -> Answer:
+        return self.submit("POST", url, body, timeout=timeout).result(timeout + 30)
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            assert self._process.stdin is not None
+            with contextlib.suppress(OSError):
+                self._process.stdin.close()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def client(inside: Callable[[Sequence[str]], list[str]]) -> Iterator[Client]:
+    made = Client(inside)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+if __name__ == "__main__":
+    serve(sys.stdin, sys.stdout)

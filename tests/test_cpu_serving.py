@@ -1,0 +1,164 @@
+"""What the data plane's tests run, checked without an engine: the tiny models keep what decides how vLLM treats a
+model, a planned container becomes the CPU engine's argv with only the listed replacements, the engine's own reason
+is read from its output, and each of Triarch's engines is stood for by the CPU build closest to its pinned image."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import StackPlan, compat_data
+from triarch import cli
+from triarch.local import dataplane
+from triarch.local.cpu_serving import EngineFailed, cpu_command, engine_error, expand
+from triarch.local.tiny_models import VOCABULARY, make, prompt, tiny_config
+
+PYTHON = Path("/venv/bin/python")
+
+
+def container(args: list[str], **extra: Any) -> dict[str, Any]:
+    return {"name": "vllm", "command": ["vllm", "serve"], "args": args,
+            "env": [{"name": "HF_HOME", "value": "/models/huggingface"}], **extra}
+
+
+def argv_after_serve(argv: list[str]) -> list[str]:
+    return argv[argv.index("serve") + 1:]
+
+
+def test_a_tiny_qwen3_keeps_its_context_head_size_and_grouped_attention() -> None:
+    real = json.loads(Path("templates/models/Qwen--Qwen3-8B.json").read_text())
+    tiny, left_out = tiny_config(real)
+    assert (tiny["architectures"], tiny["model_type"]) == (["Qwen3ForCausalLM"], "qwen3")
+    assert tiny["max_position_embeddings"] == 40960  # vLLM refuses a longer --max-model-len
+    assert tiny["head_dim"] == 128
+    assert (tiny["num_attention_heads"], tiny["num_key_value_heads"]) == (2, 1)  # 32:8 stays grouped
+    assert tiny["num_hidden_layers"] == 2 and tiny["hidden_size"] == 128
+    assert tiny["vocab_size"] == len(VOCABULARY)
+    assert left_out == {}
+
+
+def test_a_tiny_deepseek_v3_keeps_mla_and_its_yarn_context_and_drops_fp8_weights() -> None:
+    real = json.loads(Path("templates/models/deepseek-ai--DeepSeek-V3.json").read_text())
+    tiny, left_out = tiny_config(real)
+    assert (tiny["kv_lora_rank"], tiny["qk_rope_head_dim"], tiny["qk_nope_head_dim"], tiny["v_head_dim"]) == (
+        512, 64, 128, 128)
+    assert tiny["rope_scaling"] == real["rope_scaling"]
+    assert "head_dim" not in tiny
+    assert tiny["n_routed_experts"] == 4 and tiny["num_experts_per_tok"] == 2 and tiny["n_group"] == 1
+    assert "quantization_config" not in tiny and "FP8" in left_out["quantization_config"]
+
+
+def test_a_tiny_model_directory_has_a_tokenizer_whose_prompts_are_as_long_as_asked(tmp_path: Path) -> None:
+    model = make("Qwen/Qwen3-Embedding-0.6B", tmp_path)
+    tokenizer = json.loads((tmp_path / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    text = prompt(37, seed=3)
+    assert len(text.split()) == 37 and all(word in vocab for word in text.split())
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["model_max_length"] == 32768
+    assert model.mla is False and json.loads((tmp_path / "config.json").read_text())["num_key_value_heads"] == 1
+
+
+def test_the_cpu_command_replaces_only_what_cannot_run_here(tmp_path: Path) -> None:
+    model = make("Qwen/Qwen3-8B", tmp_path / "m")
+    planned = ["Qwen/Qwen3-8B", "--revision", "abc123", "--served-model-name", "chat", "--host", "0.0.0.0",
+               "--port", "8000", "--shutdown-timeout", "60", "--tensor-parallel-size", "1", "--max-model-len",
+               "8192", "--max-num-seqs", "8", "--block-size", "16", "--no-enable-prefix-caching"]
+    command = cpu_command(container(planned), model, PYTHON, tmp_path / "w")
+    argv = argv_after_serve(command.argv)
+    assert argv == [str(model.directory), "--served-model-name", "chat", "--host", "0.0.0.0", "--port", "8000",
+                    "--shutdown-timeout", "60", "--tensor-parallel-size", "1", "--max-model-len", "8192",
+                    "--max-num-seqs", "8", "--block-size", "32", "--no-enable-prefix-caching", "--load-format",
+                    "dummy", "--enforce-eager"]
+    assert {r.what for r in command.replacements} == {
+        "command", "model", "--revision", "--load-format", "--enforce-eager", "--block-size", "env HOME",
+        "env HF_HOME", "env VLLM_CACHE_ROOT", "env HF_HUB_OFFLINE", "env VLLM_CPU_KVCACHE_SPACE",
+        "env VLLM_CPU_OMP_THREADS_BIND", "env OMP_NUM_THREADS"}
+    assert command.env["HF_HOME"] != "/models/huggingface" and command.env["HF_HUB_OFFLINE"] == "1"
+    assert (command.host, command.port) == ("127.0.0.1", 8000)
+
+
+def test_a_gang_pod_gets_its_group_address_and_keeps_its_pipeline(tmp_path: Path) -> None:
+    """LeaderWorkerSet's variables expand as Kubernetes expands $(VAR); tensor-parallel ranks shrink to one per node,
+    the stages across nodes stay, the object-store streamer becomes random weights, and with pipeline stages no
+    --enforce-eager is added (the CPU runner's stages need its compile warm-up)."""
+    model = make("deepseek-ai/DeepSeek-V3", tmp_path / "m")
+    planned = ["s3://bucket/deepseek/", "--load-format", "runai_streamer", "--model-loader-extra-config",
+               '{"concurrency": 32}', "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
+               "--block-size", "16", "--nnodes", "2", "--node-rank", "$(LWS_WORKER_INDEX)", "--master-addr",
+               "$(LWS_LEADER_ADDRESS)", "--headless"]
+    command = cpu_command(container(planned), model, PYTHON, tmp_path / "w",
+                          {"LWS_LEADER_ADDRESS": "127.0.0.1", "LWS_WORKER_INDEX": "1"})
+    argv = argv_after_serve(command.argv)
+    assert argv == [str(model.directory), "--load-format", "dummy", "--tensor-parallel-size", "1",
+                    "--pipeline-parallel-size", "2", "--block-size", "16", "--nnodes", "2", "--node-rank", "1",
+                    "--master-addr", "127.0.0.1", "--headless"]
+    replaced = {r.what: r for r in command.replacements}
+    assert replaced["--load-format"].planned == "runai_streamer"
+    assert replaced["--model-loader-extra-config"].used is None
+    assert replaced["--tensor-parallel-size"].planned == "8"
+    assert "--block-size" not in replaced and "--enforce-eager" not in replaced  # MLA keeps 16; stages compile
+    assert any("quantization_config" in what for what in replaced)
+
+
+def test_pods_sharing_a_namespace_each_bind_their_own_address(tmp_path: Path) -> None:
+    model = make("Qwen/Qwen3-8B", tmp_path / "m")
+    command = cpu_command(container(["Qwen/Qwen3-8B", "--host", "0.0.0.0", "--port", "8000"]), model, PYTHON,
+                          tmp_path / "w", host="198.18.128.7")
+    argv = argv_after_serve(command.argv)
+    assert argv[argv.index("--host") + 1] == "198.18.128.7"
+    assert (command.host, command.port) == ("198.18.128.7", 8000)
+
+
+def test_a_container_that_is_not_vllm_serve_is_refused(tmp_path: Path) -> None:
+    model = make("Qwen/Qwen3-8B", tmp_path / "m")
+    with pytest.raises(EngineFailed, match="not `vllm serve`"):
+        cpu_command({"command": ["python", "-m", "x"], "args": ["Qwen/Qwen3-8B"]}, model, PYTHON, tmp_path)
+
+
+def test_kubernetes_expansion_leaves_unknown_variables_as_written() -> None:
+    assert expand("$(A)-$(B)-$$", {"A": "1"}) == "1-$(B)-$$"
+
+
+@pytest.mark.parametrize(("log", "line"), [
+    ("usage: vllm serve ...\nvllm serve: error: unrecognized arguments: --swap-space 4\n",
+     "unrecognized arguments: --swap-space 4"),
+    ("(APIServer pid=1) pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+     "  Value error, User-specified max_model_len (65536) is greater than the derived max_model_len\n",
+     "ValidationError: 1 validation error for ModelConfig: User-specified max_model_len (65536) is greater than "
+     "the derived max_model_len"),
+    ("(EngineCore pid=2) ValueError: No common block size for 16.\n(APIServer pid=1) RuntimeError: Engine core "
+     "initialization failed. See root cause above.\n(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: "
+     "dead\n", "ValueError: No common block size for 16."),
+    ("INFO all is well\n", None),
+])
+def test_the_engines_own_reason_is_read_from_its_output(log: str, line: str | None) -> None:
+    assert engine_error(log) == line
+
+
+def test_each_engine_is_stood_for_by_the_closest_cpu_build_to_its_pinned_image(shipped: dict[str, StackPlan]) -> None:
+    """The plain vLLM image's release and the Ray image's vLLM, against the CPU builds the environments pin: each is
+    the newest CPU build not newer than the image's vLLM."""
+    images = compat_data("images")["images"]
+    environments = dataplane.load_environments()
+    builds = sorted({e.vllm for e in environments.values()}, key=lambda v: tuple(int(p) for p in v.split(".")))
+    planned = {c["image"] for plan in shipped.values() for d in plan.objects()
+               for template in ([d["spec"]["template"]] if d["kind"] == "Deployment" else [])
+               for c in template["spec"]["containers"]}
+    vllm_images = sorted(i for i in planned if i.startswith("vllm/vllm-openai:"))
+    assert vllm_images, planned
+    for image in vllm_images:
+        repository, tag = image.split(":")
+        release = tuple(int(p) for p in images[repository][tag]["vllm"].split("."))
+        closest = [b for b in builds if tuple(int(p) for p in b.split(".")) <= release][-1]
+        assert dataplane.for_engine("vllm").vllm == closest, image
+    ray = dataplane.for_engine("ray-serve")
+    assert ray.ray == "2.60.0" and ray.vllm == "0.29.0"
+
+
+def test_an_unknown_engine_to_build_is_refused_naming_what_is_allowed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["local", "build", "vllm-9"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "unknown engine vllm-9" in line and "vllm-0.32" in line and "kube-apiserver" not in line
