@@ -48,7 +48,9 @@ CPU_REPLACED = {
 }
 """Fields of a real config left out of the tiny one, each with why."""
 
-WORDS = ["hello", "world", "system", "user", "assistant", "the", "a", "of", "to", "and", "in", "is", "it", "you", "that", "he", "was", "for", "on", "are", "with", "as", "I", "his", "they", "be", "at", "one", "have", "this", "from", "or", "had", "by"]
+WORDS = ("hello", "world", "system", "user", "assistant", "the", "a", "of", "to", "and", "in", "is", "it", "you",
+         "that", "he", "was", "for", "on", "are", "with", "as", "I", "his", "they", "be", "at", "one", "have", "this",
+         "from", "or", "had", "by")
 SPECIAL = ("<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
 VOCABULARY = (*SPECIAL, *WORDS, *(f"w{i}" for i in range(460)))
 """Whitespace-separated words: a prompt of N words is N tokens, so a test knows the lengths it sends."""
