@@ -66,9 +66,10 @@ class DataPlane:
         return make(model, self.work / "models" / model.replace("/", "--"))
 
     def command(self, container: dict[str, Any], model: str, name: str, engine: str = "vllm",
-                pod_env: Mapping[str, str] | None = None, host: str | None = None) -> CpuCommand:
+                pod_env: Mapping[str, str] | None = None, host: str | None = None,
+                kv_blocks: int | None = None) -> CpuCommand:
         python = dataplane.python(dataplane.for_engine(engine))
-        return cpu_command(container, self.tiny_model(model), python, self.work / name, pod_env, host)
+        return cpu_command(container, self.tiny_model(model), python, self.work / name, pod_env, host, kv_blocks)
 
     def start(self, command: CpuCommand, name: str, healthy: bool = True) -> Server:
         """Start an engine; with `healthy`, wait until its /health answers 200 (EngineFailed otherwise, with the

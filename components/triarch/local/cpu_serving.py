@@ -86,10 +86,11 @@ def _set_flag(args: list[str], flag: str, value: str | None) -> None:
 
 
 def cpu_command(container: dict[str, Any], model: TinyModel, python: Path, work: Path,
-                pod_env: Mapping[str, str] | None = None, host: str | None = None) -> CpuCommand:
+                pod_env: Mapping[str, str] | None = None, host: str | None = None,
+                kv_blocks: int | None = None) -> CpuCommand:
     """The argv and environment that run a planned vLLM container here. `pod_env` is what Kubernetes (and an
     admission webhook, as LeaderWorkerSet's) adds to the container's environment; `host` the address the pod would
-    have, where several pods share the namespace."""
+    have, where several pods share the namespace; `kv_blocks` caps the KV cache, so a test's load can fill it."""
     variables = {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
     variables.update(pod_env or {})
     command = [expand(c, variables) for c in container.get("command", [])]
@@ -148,6 +149,12 @@ def cpu_command(container: dict[str, Any], model: TinyModel, python: Path, work:
         _set_flag(args, "--host", host)
         done.append(Replacement("--host", planned_host, host,
                                 "the pods share one network namespace here; each binds the address its pod has"))
+    if kv_blocks is not None:
+        planned_blocks = _flag_value(args, "--num-gpu-blocks-override")
+        _set_flag(args, "--num-gpu-blocks-override", str(kv_blocks))
+        done.append(Replacement("--num-gpu-blocks-override", planned_blocks, str(kv_blocks),
+                                "the KV cache capped so a test's load fills it (the CPU budget holds millions of the "
+                                "tiny model's tokens)"))
     port = int(_flag_value(args, "--port") or 8000)
 
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **variables}

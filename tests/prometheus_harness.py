@@ -1,0 +1,127 @@
+"""A real Prometheus (3.14.0, the release kube-prometheus-stack 88.5.3 runs, built by `triarch local build`) inside a
+network namespace, scraping targets labelled as prometheus-operator labels a PodMonitor's (`scrape_targets`), with
+rule files made from a PrometheusRule; asked through a client inside the namespace, as KEDA and Grafana ask it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.parse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from engine_tier import eventually
+from triarch.local import engines
+from triarch.local.inside import Client
+
+MODELLED_SPEC = {"selector", "podMetricsEndpoints", "jobLabel"}
+MODELLED_ENDPOINT = {"port", "path", "interval", "scrapeTimeout"}
+"""The PodMonitor fields `scrape_targets` derives the targets' labels from (or that change no label: how often, how
+long); a monitor with another (relabelings, honorLabels, portNumber, podTargetLabels, a namespaceSelector, ...)
+fails the scenario rather than be scraped as it would not be."""
+
+
+def scrape_targets(monitor: dict[str, Any], pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The targets, as Prometheus file_sd target groups, that prometheus-operator v0.93.1's scrape config for this
+    PodMonitor gives Prometheus (pkg/prometheus/promcfg.go, ConfigGenerator.generatePodMonitorConfig). Prometheus
+    3.14.0's Kubernetes discovery (role pod) makes a target of each container port of a pod that has an IP,
+    `__address__` the pod's IP and port (discovery/kubernetes/pod.go, Pod.buildPod); the operator's relabeling keeps
+    the pods not Failed or Succeeded (generateRunningFilter) and the ports named as the endpoint's `port`, and sets
+    `namespace`, `container` and `pod` from the pod, `job` to <monitor's namespace>/<monitor's name> (to the pod's
+    label named by `jobLabel`, where set and the pod has it) and `endpoint` to the port's name; Prometheus sets
+    `instance` to the address. Each target is the pod's own address: whatever serves there (a real engine) is
+    scraped."""
+    spec = monitor["spec"]
+    meta = monitor["metadata"]
+    assert set(spec) <= MODELLED_SPEC, f"the targets here do not model {sorted(set(spec) - MODELLED_SPEC)}"
+    groups = []
+    for endpoint in spec["podMetricsEndpoints"]:
+        assert set(endpoint) <= MODELLED_ENDPOINT, f"the targets here do not model {endpoint}"
+        for pod in pods:
+            if pod["status"].get("phase") in ("Failed", "Succeeded") or not pod["status"].get("podIP"):
+                continue
+            for container in pod["spec"]["containers"]:
+                for port in container.get("ports", []):
+                    if port.get("name") != endpoint["port"]:
+                        continue
+                    job = pod["metadata"].get("labels", {}).get(spec.get("jobLabel", ""), "")
+                    address = f"{pod['status']['podIP']}:{port['containerPort']}"
+                    labels = {"namespace": pod["metadata"]["namespace"], "container": container["name"],
+                              "pod": pod["metadata"]["name"], "job": job or f"{meta['namespace']}/{meta['name']}",
+                              "endpoint": endpoint["port"], "__metrics_path__": endpoint.get("path", "/metrics")}
+                    groups.append({"targets": [address], "labels": labels})
+    return groups
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Readers (Prometheus's file watch) see the old file or the new one, never half of one."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def rule_file(prometheus_rule: dict[str, Any], hold: str | None = None) -> dict[str, Any]:
+    """A PrometheusRule's groups as a Prometheus rule file (what the operator mounts into Prometheus); with `hold`,
+    every alert's `for` replaced by it (a test cannot wait the planned minutes; promtool's tests hold those)."""
+    groups = json.loads(json.dumps(prometheus_rule["spec"]["groups"]))
+    if hold is not None:
+        for group in groups:
+            for rule in group["rules"]:
+                if "alert" in rule:
+                    rule["for"] = hold
+    return {"groups": groups}
+
+
+class Prometheus:
+    """One Prometheus process: a file_sd job over `targets.json`, rule files, 1-second scrapes and evaluations."""
+
+    def __init__(self, inside: Callable[[Sequence[str]], list[str]], client: Client, work: Path, port: int,
+                 rules: list[Path] | None = None, interval: str = "1s") -> None:
+        import yaml
+
+        self.client, self.port, self.work = client, port, work
+        work.mkdir(parents=True, exist_ok=True)
+        self.targets = work / "targets.json"
+        write_atomically(self.targets, "[]")
+        config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
+                  "rule_files": [str(r) for r in rules or []],
+                  # honor_labels false, as the operator writes it for an endpoint that does not set honorLabels
+                  "scrape_configs": [{"job_name": "podmonitors", "honor_labels": False,
+                                      "file_sd_configs": [{"files": [str(self.targets)]}]}]}
+        (work / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        self.log = work / "prometheus.log"
+        with self.log.open("w") as sink:
+            self.process = subprocess.Popen(inside([
+                str(engines.binary("prometheus")), f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"]),
+                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        if not eventually(lambda: self.get("/-/ready") is not None, 60, 0.5):
+            self.stop()
+            raise AssertionError(f"Prometheus is not ready:\n{self.log.read_text()[-3000:]}")
+
+    def scrape(self, groups: list[dict[str, Any]]) -> None:
+        write_atomically(self.targets, json.dumps(groups))
+
+    def get(self, path: str, **params: str) -> str | None:
+        """Prometheus's answer to GET `path` (None if it does not answer, or not with 200)."""
+        url = f"http://127.0.0.1:{self.port}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
+        answer = self.client.get(url, timeout=30)
+        return answer.body if answer.status == 200 else None
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """An instant query's result vector, as KEDA's prometheus scaler asks for it (GET /api/v1/query)."""
+        body = self.get("/api/v1/query", query=promql)
+        assert body is not None, f"Prometheus did not answer {promql}\n{self.log.read_text()[-2000:]}"
+        answer = json.loads(body)
+        assert answer["status"] == "success", answer
+        result: list[dict[str, Any]] = answer["data"]["result"]
+        return result
+
+    def firing(self) -> set[str]:
+        """The alerts firing now (Prometheus's own ALERTS series)."""
+        return {s["metric"]["alertname"] for s in self.query('ALERTS{alertstate="firing"}')}
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=10)
