@@ -33,6 +33,8 @@ class Answer:
     first: float | None = None
     ended: float = 0.0
     chunks: int = 0
+    tokens: int | None = None
+    """A stream's completion tokens, where it asked for its usage (stream_options.include_usage)."""
     done: bool = False
     finish_reason: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -62,7 +64,10 @@ def _stream(response: http.client.HTTPResponse, answer: dict[str, Any]) -> None:
             break
         answer["chunks"] += 1
         with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
-            choice = json.loads(data)["choices"][0]
+            event = json.loads(data)
+            if event.get("usage"):
+                answer["tokens"] = event["usage"]["completion_tokens"]
+            choice = event["choices"][0]
             text.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
             answer["finish_reason"] = choice.get("finish_reason") or answer["finish_reason"]
     answer["body"] = "".join(text)
@@ -71,8 +76,8 @@ def _stream(response: http.client.HTTPResponse, answer: dict[str, Any]) -> None:
 def _perform(request: dict[str, Any]) -> dict[str, Any]:
     url = urllib.parse.urlsplit(request["url"])
     answer: dict[str, Any] = {"id": request["id"], "status": None, "body": "", "error": None, "started": time.time(),
-                              "first": None, "ended": 0.0, "chunks": 0, "done": False, "finish_reason": None,
-                              "headers": {}}
+                              "first": None, "ended": 0.0, "chunks": 0, "tokens": None, "done": False,
+                              "finish_reason": None, "headers": {}}
     body = request.get("body")
     try:
         connection = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80,
