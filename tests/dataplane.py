@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,22 +18,33 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from triarch.datafiles import read_yaml
 from triarch.local import dataplane, netns
-from triarch.local.cpu_serving import CpuCommand, Server, cpu_command
+from triarch.local.cpu_serving import CPU_ENV, CpuCommand, Server, cpu_command
 from triarch.local.inside import Answer, Client
 from triarch.local.tiny_models import TinyModel, make
+from triarch.paths import COMPAT_DIR
 
 START_TIMEOUT = 300
 """Seconds for an engine to answer /health: about 25 s alone on two idle cores (a pipeline of two nodes about 45),
 measured 2026-12-06; the rest is room for a loaded machine."""
 
 
+def image_vllm_release(image: str) -> str:
+    """The vLLM release inside a pinned vllm/vllm-openai image (templates/compat/images.yaml)."""
+    repository, _, tag = image.rpartition(":")
+    images = read_yaml(COMPAT_DIR / "images.yaml")["images"]
+    return str(images[repository.removeprefix("docker.io/")][tag]["vllm"])
+
+
 def require_dataplane(*engines: str) -> None:
     """Skip (fail under CI=true) in one line where the CPU engines cannot run here: an environment not built, or no
     network namespace."""
     problems = []
-    wanted = [dataplane.for_engine(e) for e in engines or ("vllm",)]
+    wanted = list(dataplane.load_environments().values()) if not engines else [
+        dataplane.for_engine(e) for e in engines]
     missing = [e.name for e in wanted if dataplane.installed(e) is None]
     if missing:
         problems.append(f"data-plane environment {', '.join(missing)} not built; bring it with "
@@ -65,10 +77,11 @@ class DataPlane:
     def tiny_model(self, model: str) -> TinyModel:
         return make(model, self.work / "models" / model.replace("/", "--"))
 
-    def command(self, container: dict[str, Any], model: str, name: str, engine: str = "vllm",
+    def command(self, container: dict[str, Any], model: str, name: str,
                 pod_env: Mapping[str, str] | None = None, host: str | None = None,
                 kv_blocks: int | None = None) -> CpuCommand:
-        python = dataplane.python(dataplane.for_engine(engine))
+        """A planned vLLM container as the CPU engine closest to its image's vLLM release runs it."""
+        python = dataplane.python(dataplane.for_vllm_release(image_vllm_release(container["image"])))
         return cpu_command(container, self.tiny_model(model), python, self.work / name, pod_env, host, kv_blocks)
 
     def start(self, command: CpuCommand, name: str, healthy: bool = True) -> Server:
@@ -136,3 +149,85 @@ def data_plane(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixture
     module = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")[:8]
     with data_plane_in(tmp_path_factory.mktemp("dataplane"), f"dp{os.getpid()}{module}") as plane:
         yield plane
+
+
+# --- Ray Serve on CPU -----------------------------------------------------------------------------------------------
+
+RAY_DASHBOARD = "http://127.0.0.1:8265"
+SERVE_URL = "http://127.0.0.1:8000"
+"""Where `serve deploy` sends a config (the dashboard's Serve API) and where Serve's proxy answers: Ray's defaults,
+the ports a RayService's head exposes (planners/ray.py, HEAD_PORTS)."""
+RAY_METRICS_PORT = 8080
+RAY_LOGICAL_CPUS = 16
+"""The head's logical CPUs: what Ray accounts replicas, their engines' bundles and the prefix router's tree actor
+against (a number, not cores: the processes share the machine's two)."""
+
+
+@dataclass
+class RayHead:
+    """A one-node Ray cluster (Ray 2.60 of the ray-2.60 environment) inside a data plane's namespace."""
+
+    plane: DataPlane
+    bin: Path
+    env: dict[str, str]
+    temp: Path
+
+    def run(self, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.plane.namespace.command([str(self.bin / argv[0]), *argv[1:]], self.env),
+                              env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def deploy(self, config: dict[str, Any], path: Path) -> None:
+        """`serve deploy` of a Serve config, as KubeRay PUTs a RayService's serveConfigV2 to the head."""
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        done = self.run("serve", "deploy", str(path), "-a", RAY_DASHBOARD)
+        if done.returncode != 0:
+            raise AssertionError(f"serve deploy exited {done.returncode}: {(done.stderr or done.stdout)[-2000:]}")
+
+    def applications(self) -> dict[str, Any]:
+        """The Serve applications' status, as KubeRay reads it (GET /api/serve/applications/)."""
+        answer = self.plane.client.get(RAY_DASHBOARD + "/api/serve/applications/", timeout=30)
+        if answer.status != 200:
+            return {}
+        found: dict[str, Any] = answer.json().get("applications") or {}
+        return found
+
+    def logs(self) -> str:
+        """The tail of every Serve log: what a deployment that failed said."""
+        found = sorted((self.temp / "session_latest" / "logs" / "serve").glob("*.log"))
+        return "\n".join(f"== {f.name}\n" + f.read_text(errors="replace")[-1500:] for f in found[-6:])
+
+
+def start_ray(plane: DataPlane, temp: Path) -> RayHead:
+    """`ray start --head` on the namespace's loopback, with a home and session directory of its own: no token file
+    of the user's (~/.ray) turns on Ray's authentication, which the `serve` CLI does not send."""
+    python = dataplane.python(dataplane.for_engine("ray-serve"))
+    home = plane.work / "ray-home"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {"PATH": f"{python.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}", "HOME": str(home),
+           "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "VLLM_NO_USAGE_STATS": "1",
+           **{name: value for name, (value, _) in CPU_ENV.items()}}  # what every engine of the node inherits
+    head = RayHead(plane, python.parent, env, temp)
+    done = head.run("ray", "start", "--head", f"--num-cpus={RAY_LOGICAL_CPUS}", "--num-gpus=0",
+                    "--node-ip-address=127.0.0.1", f"--temp-dir={temp}", f"--metrics-export-port={RAY_METRICS_PORT}",
+                    "--dashboard-host=127.0.0.1", "--dashboard-port=8265", "--disable-usage-stats")
+    if done.returncode != 0:
+        stop_ray(head)
+        raise AssertionError(f"ray start exited {done.returncode}: {(done.stderr or done.stdout)[-2000:]}")
+    return head
+
+
+def stop_ray(head: RayHead) -> None:
+    """Every Ray process in the namespace ended (`ray stop` would find Ray's processes by name on the whole host):
+    SIGTERM, then SIGKILL what is left; the client inside stays."""
+    keep = {head.plane.client.pid, head.plane.namespace.holder}
+    ours = [pid for pid in head.plane.namespace.pids() if pid not in keep]
+    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        for pid in ours:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and [p for p in head.plane.namespace.pids() if p not in keep]:
+            time.sleep(0.2)
+        ours = [pid for pid in head.plane.namespace.pids() if pid not in keep]
+        if not ours:
+            return

@@ -162,3 +162,11 @@ def test_an_unknown_engine_to_build_is_refused_naming_what_is_allowed(capsys: py
     assert cli.main(["local", "build", "vllm-9"]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert "unknown engine vllm-9" in line and "vllm-0.32" in line and "kube-apiserver" not in line
+
+
+def test_a_tiny_deepseek_v2_lite_keeps_its_queries_without_lora_and_routes_as_the_real_one() -> None:
+    real = json.loads(Path("templates/models/deepseek-ai--DeepSeek-V2-Lite-Chat.json").read_text())
+    tiny, _ = tiny_config(real)
+    assert tiny["q_lora_rank"] is None
+    assert (tiny["topk_method"], tiny["scoring_func"], tiny["n_group"], tiny["topk_group"]) == (
+        "greedy", "softmax", 1, 1)

@@ -232,7 +232,7 @@ def test_every_workload_the_charts_run_is_ready(fresh: Fresh) -> None:
     daemonsets = {d["metadata"]["name"]: d for d in fresh.get("daemonsets", "-A")["items"]}
     for name, daemonset in daemonsets.items():
         assert daemonset["status"].get("numberReady", 0) == daemonset["status"]["desiredNumberScheduled"], name
-    gpu_nodes = 7  # the stack's three l4 and four a10g nodes
+    gpu_nodes = 11  # the stack's three l4, four a10g and four l40s nodes
     assert daemonsets["nvidia-device-plugin"]["status"]["numberReady"] == gpu_nodes
     assert daemonsets["dcgm-exporter"]["status"]["numberReady"] == gpu_nodes
 

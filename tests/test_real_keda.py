@@ -2,14 +2,17 @@
 from its Go module) reconcile the ScaledObject of an autoscaled vLLM model against a real Prometheus server (3.14.0,
 the release kube-prometheus-stack runs, built from its Go module); the HPA KEDA creates (the controller manager's
 real HPA controller, reading KEDA's external metrics API through the API server's aggregation layer) scales the
-Deployment up; then a `pulumi up` that changes the model's image succeeds and leaves the scaled replica count alone.
+Deployment up on a real engine's queue, and back down once it empties; a `pulumi up` that changes the model's image
+succeeds and leaves the scaled replica count alone.
 
-No vLLM runs in kwok's pods, so one loopback exporter (tests/vllm_exporter.py) serves each pod's /metrics, vLLM's
-gauges with vLLM's labels and the values the test chooses. Prometheus scrapes it once a second, one target per
-running pod of the model, each target labelled as prometheus-operator's scrape config for Triarch's live PodMonitor
-labels it (`scrape_targets`): so a ScaledObject query with a wrong label, or arithmetic that gives another number,
-is answered as it would be in a cluster. Each trigger's query, read from the live ScaledObject, is also asked of
-Prometheus directly and its answer held to the number the exporter was given.
+kwok runs the pods, so each running pod of the model gets a real vLLM engine in its place (vLLM's CPU build,
+tests/dataplane.py): the pod's own container, as the API server holds it, started by triarch.local.cpu_serving with
+the pod's address for its host, on the plane's loopback where kwok's pod addresses live. Prometheus scrapes each pod
+at its own address, every target labelled as prometheus-operator's scrape config for Triarch's live PodMonitor
+labels it (tests/prometheus_harness.py, `scrape_targets`): so a ScaledObject query with a wrong label, or arithmetic
+that gives another number, is answered as it would be in a cluster. Load is a stream of real requests: long
+generations fill the engine's batch (its planned max_num_seqs) and the rest wait in vLLM's queue, the series KEDA
+scales on.
 
 The scenario is a second Pulumi stack (`lab-keda`) on the lab's plane: its own serving and Prometheus namespaces,
 the A10G pool the lab's Ray model leaves idle (no KubeRay runs there)."""
@@ -17,45 +20,49 @@ the A10G pool the lab's Ray model leaves idle (no KubeRay runs there)."""
 from __future__ import annotations
 
 import copy
-import json
 import subprocess
-import sys
-import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from conftest import ROOT
+from dataplane import DataPlane, require_dataplane
 from engine_tier import Lab, eventually, scratch_project
+from prometheus_harness import Prometheus, scrape_targets
 from triarch.datafiles import read_yaml_documents
-from triarch.local import engines
+from triarch.local import dataplane, engines
+from triarch.local.cpu_serving import Server
 from triarch.local.crds import crd_files
+from triarch.local.inside import Answer, Client
 from triarch.local.lifecycle import start_operator, stop_operator
+from triarch.local.tiny_models import prompt
 
 STACK = "lab-keda"
 NAMESPACE = "llm-keda"
 MONITORING = "monitoring-keda"
+MODEL = "scaled"
+HUB_MODEL = "Qwen/Qwen3-8B"
 PROMETHEUS_PORT = 9090
 """Prometheus's own default port (--web.listen-address), on the plane's loopback."""
-EXPORTER_PORT = 18110
-"""The vLLM exporter's port on the plane's loopback: one no engine of the plane listens on (plane.py and
-operators.py in components/triarch/local)."""
-SCRAPE_INTERVAL = "1s"
-"""Prometheus scrapes every second (the PodMonitor says 15 s): a value the test chooses reaches the queries fast."""
-SCRAPE_TIMEOUT = 30
+SCRAPE_TIMEOUT = 60
 """Seconds for Prometheus to read a rewritten target file (it watches it) and scrape the targets it lists."""
 SCALE_TIMEOUT = 240
 """Seconds for KEDA (polling every 15 s) and the HPA (scale-up stabilised over 60 s, one pod per minute) to add a
 replica."""
-GAUGES = ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
-FETCH = ("import sys, urllib.request\n"
-         "with urllib.request.urlopen(sys.argv[1], timeout=10) as answer:\n"
-         "    sys.stdout.write(answer.read().decode())\n")
-"""A GET inside the plane's network namespace (Prometheus listens on the plane's loopback only)."""
+SCALE_DOWN_TIMEOUT = 420
+"""Seconds for the HPA to remove a replica once the queue is empty: the ScaledObject's scale-down window (300 s,
+planners/observability.py) and a pod per 300 s, plus KEDA's poll."""
+GENERATION = 8000
+"""Tokens each load request generates (the planned max_model_len is 8,192): about twenty seconds of a full batch of
+the tiny model on two idle cores, during which the requests behind the batch wait and the queue holds still."""
+KV_BLOCKS = 2400
+"""76,800 tokens of KV cache (blocks of 32): a full batch of the planned max_num_seqs (8) at 64 + GENERATION tokens
+each fills about 85% of it, so the KV-cache trigger reads a real, changing fraction."""
+PROMPT_WORDS = 64
 
 
 def keda_config(lab: Lab) -> dict[str, Any]:
@@ -65,74 +72,9 @@ def keda_config(lab: Lab) -> dict[str, Any]:
     config["triarch:observability"] = {"prometheus": "existing", "keda": "existing", "namespace": MONITORING,
                                        "prometheusUrl": f"http://127.0.0.1:{PROMETHEUS_PORT}",
                                        "dcgmExporter": False}
-    config["triarch:models"] = [{"name": "scaled", "model": "Qwen/Qwen3-8B", "engine": "vllm", "nodeGroup": "a10g",
+    config["triarch:models"] = [{"name": MODEL, "model": HUB_MODEL, "engine": "vllm", "nodeGroup": "a10g",
                                  "maxModelLen": 8192, "autoscaling": {"min": 1, "max": 2}}]
     return config
-
-
-MODELLED_SPEC = {"selector", "podMetricsEndpoints", "jobLabel"}
-MODELLED_ENDPOINT = {"port", "path", "interval", "scrapeTimeout"}
-"""The PodMonitor fields `scrape_targets` derives the targets' labels from (or that change no label: how often, how
-long); a monitor with another (relabelings, honorLabels, portNumber, podTargetLabels, a namespaceSelector, ...)
-fails the scenario rather than be scraped as it would not be."""
-
-
-def served_model_name(container: dict[str, Any]) -> str:
-    """The name vLLM labels its metrics with (`model_name`): `--served-model-name`, else the model it serves."""
-    args = [*container.get("command", []), *container.get("args", [])]
-    if "--served-model-name" in args:
-        return str(args[args.index("--served-model-name") + 1])
-    return str(container["args"][0])
-
-
-def scrape_targets(monitor: dict[str, Any], pods: list[dict[str, Any]], exporter: str
-                   ) -> list[dict[str, Any]]:
-    """The targets, as Prometheus file_sd target groups, that prometheus-operator v0.93.1's scrape config for this
-    PodMonitor gives Prometheus (pkg/prometheus/promcfg.go, ConfigGenerator.generatePodMonitorConfig), each at the
-    exporter's address. Prometheus 3.14.0's Kubernetes discovery (role pod) makes a target of each container port
-    of a pod that has an IP, `__address__` the pod's IP and port (discovery/kubernetes/pod.go, Pod.buildPod); the
-    operator's relabeling keeps the pods not Failed or Succeeded (generateRunningFilter) and the ports named as the
-    endpoint's `port`, and sets `namespace`, `container` and `pod` from the pod, `job` to <monitor's
-    namespace>/<monitor's name> (to the pod's label named by `jobLabel`, where set and the pod has it) and
-    `endpoint` to the port's name; Prometheus sets `instance` to the address, the pod's here. One exporter answers
-    for every pod, each pod's on the endpoint's path followed by the pod's name."""
-    spec = monitor["spec"]
-    meta = monitor["metadata"]
-    assert set(spec) <= MODELLED_SPEC, f"the targets here do not model {sorted(set(spec) - MODELLED_SPEC)}"
-    groups = []
-    for endpoint in spec["podMetricsEndpoints"]:
-        assert set(endpoint) <= MODELLED_ENDPOINT, f"the targets here do not model {endpoint}"
-        for pod in pods:
-            if pod["status"].get("phase") in ("Failed", "Succeeded") or not pod["status"].get("podIP"):
-                continue
-            for container in pod["spec"]["containers"]:
-                for port in container.get("ports", []):
-                    if port.get("name") != endpoint["port"]:
-                        continue
-                    name = pod["metadata"]["name"]
-                    job = pod["metadata"].get("labels", {}).get(spec.get("jobLabel", ""), "")
-                    labels = {"namespace": pod["metadata"]["namespace"], "container": container["name"],
-                              "pod": name, "job": job or f"{meta['namespace']}/{meta['name']}",
-                              "endpoint": endpoint["port"],
-                              "instance": f"{pod['status']['podIP']}:{port['containerPort']}",
-                              "__metrics_path__": f"{endpoint.get('path', '/metrics').rstrip('/')}/{name}"}
-                    groups.append({"targets": [exporter], "labels": labels})
-    return groups
-
-
-def prometheus_config(targets: Path) -> dict[str, Any]:
-    """One job reading its targets from `targets` (file_sd, written by the test); `honor_labels: false` as the
-    operator writes it for an endpoint that does not set honorLabels (ConfigGenerator.AddHonorLabels)."""
-    return {"global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
-            "scrape_configs": [{"job_name": "podmonitors", "honor_labels": False,
-                                "file_sd_configs": [{"files": [str(targets)]}]}]}
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Readers (Prometheus's file watch, the exporter) see the old file or the new one, never half of one."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    partial.replace(path)
 
 
 @dataclass
@@ -140,9 +82,11 @@ class KedaStack:
     lab: Lab
     project: Path
     config: dict[str, Any]
-    targets: Path
-    values: Path
-    prometheus_log: Path
+    prometheus: Prometheus
+    plane: DataPlane
+    engines: dict[str, Server] = field(default_factory=dict)
+    """Running pod -> the real engine in its place."""
+    load: list[Future[Answer]] = field(default_factory=list)
 
     def pulumi(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         argv = [str(engines.binary("pulumi")), *args, "--stack", STACK, "--non-interactive"]
@@ -160,83 +104,95 @@ class KedaStack:
         path.write_text(yaml.safe_dump(current, sort_keys=False))
 
     def deployment(self) -> dict[str, Any]:
-        loaded: dict[str, Any] = self.lab.kubectl_json("get", "deployment", "scaled", "-n", NAMESPACE,
+        loaded: dict[str, Any] = self.lab.kubectl_json("get", "deployment", MODEL, "-n", NAMESPACE,
                                                        "--show-managed-fields")
         return loaded
 
-    def scrape_pods(self) -> list[str]:
-        """Point Prometheus at the pods Triarch's live PodMonitor selects now (a pod gone is no longer scraped; a new
-        one reports zeros until the test chooses). Returns the pods' names."""
+    def serve_pods(self) -> list[str]:
+        """A real engine in each pod Triarch's live PodMonitor selects now (started from the pod's own container, on
+        the pod's address), none for a pod gone (its engine drained by SIGTERM), and Prometheus pointed at them.
+        Returns the pods' names, once Prometheus has scraped each."""
         monitor = self.lab.kubectl_json("get", "podmonitor", "vllm", "-n", NAMESPACE)
         selector = monitor["spec"]["selector"]
         assert set(selector) == {"matchLabels"}, selector  # as a label selector for kubectl
-        pods = self.lab.kubectl_json("get", "pods", "-n", monitor["metadata"]["namespace"], "-l",
-                                     ",".join(f"{k}={v}" for k, v in selector["matchLabels"].items()))["items"]
-        groups = scrape_targets(monitor, pods, f"127.0.0.1:{EXPORTER_PORT}")
-        by_name = {p["metadata"]["name"]: p for p in pods}
-        before = json.loads(self.values.read_text())
-        values = {}
-        for group in groups:
-            name = group["labels"]["pod"]
-            [container] = [c for c in by_name[name]["spec"]["containers"] if c["name"] == group["labels"]["container"]]
-            values[name] = before.get(name) or {"model_name": served_model_name(container),
-                                                "num_requests_waiting": 0, "kv_cache_usage_perc": 0}
-        write_atomically(self.values, json.dumps(values))  # before the targets: a new target's first scrape finds it
-        write_atomically(self.targets, json.dumps(groups))
-        return sorted(g["labels"]["pod"] for g in groups)
-
-    def choose(self, pod: str, waiting: float, kv_cache: float) -> None:
-        """What vLLM on `pod` reports: requests waiting, and the fraction of its KV cache in use."""
-        values = json.loads(self.values.read_text())
-        values[pod].update(num_requests_waiting=waiting, kv_cache_usage_perc=kv_cache)
-        write_atomically(self.values, json.dumps(values))
-
-    def get(self, path: str, **params: str) -> str | None:
-        """Prometheus's answer to GET `path` (None if it does not answer, or not with 200)."""
-        url = f"http://127.0.0.1:{PROMETHEUS_PORT}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
-        done = self.lab.plane.run([sys.executable, "-c", FETCH, url], check=False, timeout=60)
-        return done.stdout if done.returncode == 0 else None
+        pods = [p for p in self.lab.kubectl_json(
+            "get", "pods", "-n", monitor["metadata"]["namespace"], "-l",
+            ",".join(f"{k}={v}" for k, v in selector["matchLabels"].items()))["items"]
+            if p["status"].get("phase") == "Running" and p["status"].get("podIP")
+            and not p["metadata"].get("deletionTimestamp")]
+        for name in sorted(set(self.engines) - {p["metadata"]["name"] for p in pods}):
+            self.plane.stop(self.engines.pop(name))
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            if name not in self.engines:
+                [container] = pod["spec"]["containers"]
+                command = self.plane.command(container, HUB_MODEL, name, host=pod["status"]["podIP"],
+                                             kv_blocks=KV_BLOCKS)
+                self.engines[name] = self.plane.start(command, name)
+        self.prometheus.scrape(scrape_targets(monitor, pods))
+        names = sorted(self.engines)
+        scraped = lambda: {s["metric"]["pod"] for s in self.query("vllm:num_requests_waiting")} == set(names)  # noqa: E731
+        if not eventually(scraped, SCRAPE_TIMEOUT, 0.5):
+            raise AssertionError(f"Prometheus did not scrape {names} within {SCRAPE_TIMEOUT}s\n"
+                                 f"{self.prometheus.log.read_text()[-2000:]}")
+        return names
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        """An instant query's result vector, as KEDA's prometheus scaler asks for it (GET /api/v1/query)."""
-        body = self.get("/api/v1/query", query=promql)
-        assert body is not None, f"Prometheus did not answer {promql}\n{self.prometheus_log.read_text()[-2000:]}"
-        answer = json.loads(body)
-        assert answer["status"] == "success", answer
-        result: list[dict[str, Any]] = answer["data"]["result"]
-        return result
+        return self.prometheus.query(promql)
 
-    def scraped(self) -> dict[tuple[str, str], float]:
-        """(pod, gauge) -> the value Prometheus holds now."""
-        names = "|".join(GAUGES)
-        series = self.query(f'{{__name__=~"{names}"}}')
-        return {(s["metric"].get("pod", ""), s["metric"]["__name__"]): float(s["value"][1]) for s in series}
-
-    def wait_for_scrape(self) -> None:
-        """Until Prometheus holds what every pod's exporter says now."""
-        values = json.loads(self.values.read_text())
-        wanted = {(pod, f"vllm:{gauge}"): float(chosen[gauge]) for pod, chosen in values.items()
-                  for gauge in ("num_requests_waiting", "kv_cache_usage_perc")}
-        if not eventually(lambda: all(self.scraped().get(k) == v for k, v in wanted.items()), SCRAPE_TIMEOUT, 0.5):
-            raise AssertionError(f"Prometheus did not scrape {wanted} within {SCRAPE_TIMEOUT}s: it holds "
-                                 f"{self.scraped()}\n{self.prometheus_log.read_text()[-2000:]}")
+    def reported(self, pod: str, gauge: str) -> float:
+        """What the engine in `pod` reports now on its own /metrics."""
+        body = self.plane.client.get(self.engines[pod].url + "/metrics").body
+        return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(f"vllm:{gauge}{{"))
 
     def triggers(self) -> dict[str, str]:
         """Each trigger's query, from the ScaledObject on the plane."""
-        scaled = self.lab.kubectl_json("get", "scaledobject", "scaled", "-n", NAMESPACE)
+        scaled = self.lab.kubectl_json("get", "scaledobject", MODEL, "-n", NAMESPACE)
         return {t["name"]: t["metadata"]["query"] for t in scaled["spec"]["triggers"]}
 
-    def answers(self) -> dict[str, list[float]]:
-        """What Prometheus answers each trigger's query: the values of its result vector."""
-        return {name: [float(s["value"][1]) for s in self.query(query)] for name, query in self.triggers().items()}
+    def answers(self, triggers: dict[str, str] | None = None) -> dict[str, float]:
+        """What Prometheus answers each trigger's query (one sample each)."""
+        found = {}
+        for name, query in (triggers or self.triggers()).items():
+            [sample] = self.query(query)
+            found[name] = float(sample["value"][1])
+        return found
+
+    def batch(self, pod: str) -> int:
+        """The engine's batch: the planned --max-num-seqs of the pod's container."""
+        args = self.engines[pod].command.argv
+        return int(args[args.index("--max-num-seqs") + 1])
+
+    def add_load(self, pod: str, waiting: int) -> None:
+        """Long generations sent to one pod's engine: a full batch, and `waiting` more that wait in vLLM's queue
+        behind it."""
+        url = self.engines[pod].url + "/v1/completions"
+        self.load += [self.plane.client.submit("POST", url, {
+            "model": MODEL, "prompt": prompt(PROMPT_WORDS, seed=i), "max_tokens": GENERATION, "ignore_eos": True},
+            timeout=900) for i in range(self.batch(pod) + waiting)]
+
+    def hold_load(self, pod: str, waiting: int) -> None:
+        """Keep a full batch and `waiting` more in flight on the pod's engine: what finished is replaced."""
+        answers = [f.result() for f in self.load if f.done()]
+        assert all(a.status == 200 for a in answers), [a.error or a.body[:200] for a in answers if a.status != 200]
+        self.load = [f for f in self.load if not f.done()]
+        missing = self.batch(pod) + waiting - len(self.load)
+        if missing > 0:
+            self.add_load(pod, missing - self.batch(pod))
+
+    def end_load(self) -> None:
+        """Wait for every request sent to end, each answered in full."""
+        answers = [f.result(900) for f in self.load]
+        self.load = []
+        assert all(a.status == 200 for a in answers), [a.error or a.body[:200] for a in answers if a.status != 200]
 
 
 @pytest.fixture(scope="module")
 def keda_stack(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KedaStack]:
-    """KEDA running on the lab's plane (its CRDs, operator, adapter and APIService), Prometheus and the vLLM
-    exporter on its loopback, and the lab-keda stack up with Prometheus scraping its one pod, which reports no
-    waiting requests. Afterwards the plane is as this module found it: the lab's cluster has no KEDA, and other
-    modules rely on that."""
+    """KEDA running on the lab's plane (its CRDs, operator, adapter and APIService), Prometheus on its loopback, and
+    the lab-keda stack up with a real engine in its one pod, scraped. Afterwards the plane is as this module found
+    it: the lab's cluster has no KEDA and no engine, and other modules rely on that."""
+    require_dataplane()
     plane = deployed.plane
     documents = [d for f in crd_files(["keda"], []) for d in read_yaml_documents(f) if d]
     plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(documents))
@@ -245,35 +201,30 @@ def keda_stack(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Itera
     plane.kubectl("create", "namespace", MONITORING)
     start_operator(plane, "keda")
     work = tmp_path_factory.mktemp("keda")
-    targets, values, log = work / "targets.json", work / "values.json", work / "prometheus.log"
-    write_atomically(targets, "[]")
-    write_atomically(values, "{}")
-    (work / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(targets), sort_keys=False))
-    exporter = subprocess.Popen(plane.command([sys.executable, str(ROOT / "tests" / "vllm_exporter.py"),
-                                               str(EXPORTER_PORT), str(values)]), start_new_session=True)
-    with log.open("w") as sink:
-        prometheus = subprocess.Popen(plane.command([
-            str(engines.binary("prometheus")), f"--config.file={work / 'prometheus.yml'}",
-            f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}"]),
-            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    project = scratch_project(work / "project")
-    config = keda_config(deployed)
-    (project / f"Pulumi.{STACK}.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
-    stack = KedaStack(deployed, project, config, targets, values, log)
+    inside = lambda argv: plane.command(argv)  # noqa: E731
+    client = Client(inside)
+    data_plane = DataPlane(plane.namespace(), client, work / "engines")
+    prometheus: Prometheus | None = None
+    stack: KedaStack | None = None
     try:
-        if not eventually(lambda: stack.get("/-/ready") is not None, 60, 0.5):
-            raise AssertionError(f"Prometheus is not ready:\n{log.read_text()[-3000:]}")
+        prometheus = Prometheus(inside, client, work / "prometheus", PROMETHEUS_PORT)
+        project = scratch_project(work / "project")
+        config = keda_config(deployed)
+        (project / f"Pulumi.{STACK}.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
+        stack = KedaStack(deployed, project, config, prometheus, data_plane)
         stack.pulumi("stack", "init", "--secrets-provider", "passphrase")
         stack.pulumi("up", "--yes", "--skip-preview")
-        assert len(stack.scrape_pods()) == 1
-        stack.wait_for_scrape()
+        assert len(stack.serve_pods()) == 1
         yield stack
         # KEDA removes its finalizers while it runs. The stack itself is not destroyed: `pulumi destroy` would wait
         # out each vLLM pod's 90-second grace period, which kwok honours; the namespace goes in the background.
         plane.kubectl("delete", "--ignore-not-found", "--wait=true", "scaledobjects", "--all", "-n", NAMESPACE)
     finally:
-        prometheus.kill()
-        exporter.kill()
+        for server in list(data_plane.servers):
+            data_plane.stop(server)
+        if prometheus is not None:
+            prometheus.stop()
+        client.close()
         stop_operator(plane, "keda")
         plane.kubectl("delete", "--ignore-not-found", "--wait=false", "namespace", MONITORING, NAMESPACE)
         plane.kubectl("delete", "--ignore-not-found", *[f"crd/{d['metadata']['name']}" for d in documents])
@@ -296,43 +247,72 @@ def test_the_deployment_leaves_its_replica_count_to_the_autoscaler(keda_stack: K
     assert not any(m.startswith("pulumi-kubernetes") for m in managers), managers
 
 
+def matches_the_engines(stack: KedaStack, pods: list[str], triggers: dict[str, str]) -> bool:
+    """The triggers' answers against what the engines report on their own /metrics, read just before and just after
+    the query: the queue exactly (it holds while the batch generates), the KV cache between the two readings (it
+    grows with every token; Prometheus's sample is at most a scrape, a second, old)."""
+    waiting = [stack.reported(p, "num_requests_waiting") for p in pods]
+    kv = [stack.reported(p, "kv_cache_usage_perc") for p in pods]
+    answers = stack.answers(triggers)
+    waiting_after = [stack.reported(p, "num_requests_waiting") for p in pods]
+    kv_after = [stack.reported(p, "kv_cache_usage_perc") for p in pods]
+    return (waiting == waiting_after and answers["requests-waiting"] == sum(waiting) > 0
+            and sum(kv) - 0.2 <= answers["kv-cache-usage"] <= sum(kv_after) + 0.01 and sum(kv) > 0)
+
+
 def test_prometheus_answers_each_trigger_with_what_vllm_reports(keda_stack: KedaStack) -> None:
-    """The ScaledObject's queries, asked of Prometheus as KEDA asks them, give back what the model's one pod
-    reports; the series carry the labels the operator's relabeling and vLLM give them, no more."""
-    [pod] = keda_stack.scrape_pods()
-    keda_stack.choose(pod, waiting=40, kv_cache=0.25)
-    keda_stack.wait_for_scrape()
-    assert keda_stack.answers() == {"requests-waiting": [40.0], "kv-cache-usage": [0.25]}
+    """The ScaledObject's queries, asked of Prometheus as KEDA asks them, give back what the model's one engine
+    reports under load; the series carry the labels the operator's relabeling and vLLM give them, no more."""
+    [pod] = keda_stack.serve_pods()
+    keda_stack.add_load(pod, 4)
+    triggers = keda_stack.triggers()
+    assert eventually(lambda: matches_the_engines(keda_stack, [pod], triggers), 60, 0.5), (
+        keda_stack.answers(), keda_stack.reported(pod, "num_requests_waiting"))
     [series] = keda_stack.query(f'vllm:num_requests_waiting{{pod="{pod}"}}')
     assert set(series["metric"]) == {"__name__", "model_name", "engine", "namespace", "pod", "container", "endpoint",
                                      "job", "instance"}
+    assert series["metric"]["model_name"] == MODEL
+    keda_stack.end_load()
 
 
 def test_keda_scales_the_deployment_on_vllms_waiting_requests(keda_stack: KedaStack) -> None:
-    hpa = keda_stack.lab.kubectl_json("get", "hpa", "keda-hpa-scaled", "-n", NAMESPACE)
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "scaled"}
+    hpa = keda_stack.lab.kubectl_json("get", "hpa", f"keda-hpa-{MODEL}", "-n", NAMESPACE)
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": MODEL}
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 2)
-    [pod] = keda_stack.scrape_pods()
-    keda_stack.choose(pod, waiting=40, kv_cache=0.25)
-    _wait_for("a second replica", lambda: keda_stack.deployment()["spec"]["replicas"] == 2, SCALE_TIMEOUT,
-              keda_stack)
+    [pod] = keda_stack.serve_pods()
+    threshold = float(next(t for t in keda_stack.lab.kubectl_json("get", "scaledobject", MODEL, "-n", NAMESPACE)
+                           ["spec"]["triggers"] if t["name"] == "requests-waiting")["metadata"]["threshold"])
+
+    def scaled() -> bool:
+        # The queue held above what one replica may have waiting, until the HPA adds one: a whole batch more than
+        # that, so the batch that ends and the next that starts never empty it (the HPA acts on the lowest
+        # recommendation of its 60-second scale-up window).
+        keda_stack.hold_load(pod, keda_stack.batch(pod) + int(2 * threshold) + 1)
+        return bool(keda_stack.deployment()["spec"]["replicas"] == 2)
+
+    _wait_for("a second replica", scaled, SCALE_TIMEOUT, keda_stack)
     _wait_for("two available replicas",
               lambda: keda_stack.deployment().get("status", {}).get("availableReplicas") == 2, 60, keda_stack)
+    keda_stack.end_load()
 
 
 def test_every_replica_is_scraped_and_the_queries_sum_over_them(keda_stack: KedaStack) -> None:
-    """Two pods, each a target of its own: the requests waiting on both, and their KV caches' use, summed (the HPA
-    divides by the replicas: the triggers are AverageValue)."""
+    """Two pods, each with its engine and each a target of its own: the requests waiting on both, and their KV
+    caches' use, summed (the HPA divides by the replicas: the triggers are AverageValue)."""
     if keda_stack.deployment()["spec"]["replicas"] != 2:
         test_keda_scales_the_deployment_on_vllms_waiting_requests(keda_stack)
-    first, second = keda_stack.scrape_pods()
-    keda_stack.choose(first, waiting=40, kv_cache=0.25)
-    keda_stack.choose(second, waiting=5, kv_cache=0.5)
-    keda_stack.wait_for_scrape()
-    assert keda_stack.answers() == {"requests-waiting": [45.0], "kv-cache-usage": [0.75]}
+    first, second = keda_stack.serve_pods()
+    keda_stack.add_load(first, 4)
+    keda_stack.add_load(second, 2)
+    triggers = keda_stack.triggers()
+    assert eventually(lambda: matches_the_engines(keda_stack, [first, second], triggers), 60, 0.5), (
+        keda_stack.answers(), [keda_stack.reported(p, "num_requests_waiting") for p in (first, second)])
+    keda_stack.end_load()
 
 
 def test_an_image_bump_goes_up_and_keeps_the_scaled_replicas(keda_stack: KedaStack) -> None:
+    """The image moves to vLLM 0.29.0: the rolled pods' engines are 0.29.0's CPU build, with the args the tuner gave
+    that release."""
     if keda_stack.deployment()["spec"]["replicas"] != 2:
         test_keda_scales_the_deployment_on_vllms_waiting_requests(keda_stack)
     edited = copy.deepcopy(keda_stack.config)
@@ -343,3 +323,20 @@ def test_an_image_bump_goes_up_and_keeps_the_scaled_replicas(keda_stack: KedaSta
     deployment = keda_stack.deployment()
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.29.0"
+    pods = keda_stack.serve_pods()  # `pulumi up` waited for the rollout: the pods are the new template's
+    assert len(pods) == 2
+    older = dataplane.for_vllm_release("0.29.0").directory()
+    assert all(keda_stack.engines[p].command.argv[0].startswith(str(older)) for p in pods)
+
+
+def test_keda_scales_back_down_once_the_queue_is_empty(keda_stack: KedaStack) -> None:
+    """With nothing waiting and the KV caches empty, the HPA goes back to one replica after its scale-down window
+    (twice the grace period, at least five minutes: a replica removed has drained), and the removed pod's engine
+    is drained by SIGTERM."""
+    if keda_stack.deployment()["spec"]["replicas"] != 2:
+        test_keda_scales_the_deployment_on_vllms_waiting_requests(keda_stack)
+    pods = keda_stack.serve_pods()
+    assert keda_stack.answers() == {"requests-waiting": 0.0, "kv-cache-usage": 0.0}
+    _wait_for("one replica", lambda: keda_stack.deployment()["spec"]["replicas"] == 1, SCALE_DOWN_TIMEOUT, keda_stack)
+    assert eventually(lambda: len(keda_stack.serve_pods()) == 1, 180, 3)
+    assert len(pods) == 2

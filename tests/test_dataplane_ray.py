@@ -1,0 +1,264 @@
+"""Ray Serve LLM runs Triarch's serve config: the serveConfigV2 of the prod stack's RayService (chat, a DeepSeek-V2
+MLA model behind the prefix-aware router, and qwen) and of the lab stack's (embed, a pooling model), deployed with
+`serve deploy` on a one-node Ray 2.60 cluster on the namespace's loopback, as KubeRay PUTs it to a head. Every
+LLMConfig runs on vLLM 0.29.0's CPU build (the vLLM Ray 2.60 pins) with the swaps triarch.local.cpu_serving lists
+(the model, CPU in place of the accelerator, the engine args no CPU runs); the rest is the plan's, prefix routing,
+autoscaling and max_ongoing_requests among it. Each application answers its OpenAI routes behind its route prefix,
+and Ray's metrics agent exports the series the plan's dashboard and alerts read for Ray Serve models.
+
+The two stacks' applications go in one config: their names and route prefixes are distinct, and one Ray start
+serves both."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import StackPlan
+from dataplane import RAY_METRICS_PORT, SERVE_URL, DataPlane, RayHead, start_ray, stop_ray
+from engine_tier import eventually
+from prometheus_harness import Prometheus
+from triarch.local.cpu_serving import Replacement, cpu_serve_config
+from triarch.local.inside import Answer
+from triarch.local.tiny_models import prompt
+from triarch.planners.queries import selected_metrics, selectors, shipped_queries
+from triarch.planners.ray import PREFIX_ROUTER
+
+STACKS = ("prod", "fresh")
+DEPLOY_TIMEOUT = 600
+"""Seconds for every application to be RUNNING: each replica's engine starts in its own process, about two to three
+minutes for one application on this machine's two cores (measured 2026-12-06)."""
+PROMETHEUS_PORT = 9090
+TREE_ACTOR = "LlmPrefixTreeActor"
+"""The name Ray 2.60's PrefixCacheAffinityRouter gives its prefix tree actor (prefix_aware_router.py,
+initialize_state)."""
+
+
+def llm_configs(app: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """An application's LLMConfigs with where each sits: build_openai_app's llm_configs, or build_pd_openai_app's
+    prefill_config and decode_config."""
+    args = app["args"]
+    return [*((f"{app['name']}.llm_configs[{i}]", c) for i, c in enumerate(args.get("llm_configs", []))),
+            *((f"{app['name']}.{role}", args[role]) for role in ("prefill_config", "decode_config") if role in args)]
+
+
+def planned_serve_config(plan: StackPlan) -> dict[str, Any]:
+    [service] = plan.objects("RayService")
+    loaded: dict[str, Any] = yaml.safe_load(service["spec"]["serveConfigV2"])
+    return loaded
+
+
+@dataclass
+class Served:
+    head: RayHead
+    planned: dict[str, Any]
+    deployed: dict[str, Any]
+    replacements: list[Replacement]
+    status: dict[str, Any]
+    answers: dict[str, Answer] = field(default_factory=dict)
+    actors: list[dict[str, Any]] = field(default_factory=list)
+    series: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    agent_metrics: str = ""
+    """Ray's metrics agent's exposition once the requests were answered."""
+
+
+@pytest.fixture(scope="module")
+def served(data_plane: DataPlane, shipped: dict[str, StackPlan], tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Served]:
+    import tempfile
+
+    planned = {"applications": [app for name in STACKS for app in planned_serve_config(shipped[name])["applications"]]}
+    models = {c["model_loading_config"]["model_source"] for a in planned["applications"] for _, c in llm_configs(a)}
+    assert len(models) == 3, models  # DeepSeek-V2-Lite, Qwen3-8B, Qwen3-Embedding-0.6B
+    deployed, replacements = cpu_serve_config(planned, data_plane.tiny_model)
+    temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # Ray's socket paths must stay short
+    head = start_ray(data_plane, temp)
+    try:
+        head.deploy(deployed, data_plane.work / "serve.yaml")
+        names = {a["name"] for a in planned["applications"]}
+
+        def running() -> bool:
+            status = head.applications()
+            failed = [n for n, a in status.items() if a.get("status") in ("DEPLOY_FAILED", "UNHEALTHY")]
+            if failed:
+                raise AssertionError(f"{failed} failed: {status[failed[0]].get('message')}\n{head.logs()}")
+            return {n for n, a in status.items() if a.get("status") == "RUNNING"} == names
+
+        if not eventually(running, DEPLOY_TIMEOUT, 3):
+            raise AssertionError(f"not RUNNING within {DEPLOY_TIMEOUT}s: {head.applications()}\n{head.logs()}")
+        seen = Served(head, planned, deployed, replacements, head.applications())
+        for app in planned["applications"]:
+            name, route = app["name"], app["route_prefix"]
+            seen.answers[f"{name} models"] = data_plane.client.get(f"{SERVE_URL}{route}/v1/models", timeout=120)
+            if name == "embed":
+                seen.answers[f"{name} embeddings"] = data_plane.client.post(
+                    f"{SERVE_URL}{route}/v1/embeddings", {"model": name, "input": [prompt(12), prompt(20, 1)]})
+            else:
+                for _ in range(3):  # more than one, so rates and histograms have something to show
+                    seen.answers[f"{name} chat"] = data_plane.client.post(
+                        f"{SERVE_URL}{route}/v1/chat/completions",
+                        {"model": name, "max_tokens": 16, "messages": [{"role": "user", "content": prompt(40)}]})
+                    seen.answers[f"{name} completions"] = data_plane.client.post(
+                        f"{SERVE_URL}{route}/v1/completions", {"model": name, "prompt": prompt(40), "max_tokens": 16})
+
+        def exported() -> bool:  # Ray's agent exports what the engines recorded every few seconds, not at once
+            seen.agent_metrics = data_plane.client.get(f"http://127.0.0.1:{RAY_METRICS_PORT}/metrics").body
+            return counter(seen.agent_metrics, "ray_vllm_request_success_total", model_name="split") > 0
+
+        eventually(exported, 60, 2)
+        listed = head.run("ray", "list", "actors", "--format", "json", "--detail", "--limit", "1000",
+                          "--address=127.0.0.1:6379", timeout=120)
+        seen.actors = json.loads(listed.stdout) if listed.returncode == 0 else []
+        seen.series = scraped_series(data_plane, shipped["prod"], data_plane.work / "prometheus")
+        yield seen
+    finally:
+        stop_ray(head)
+
+
+def ray_queries(plan: StackPlan) -> list[tuple[str, str]]:
+    """The plan's queries that read Ray's series (Ray Serve's, and vLLM's through Ray's metrics agent)."""
+    [board_map] = [o for o in plan.objects("ConfigMap") if o["metadata"]["name"] == "triarch-layers"]
+    board = json.loads(next(iter(board_map["data"].values())))
+    return [(where, expr) for where, expr in shipped_queries(plan.objects(), board)
+            if any(m.startswith("ray_") for m in selected_metrics(expr))]
+
+
+EXPORTED_ON_EVENT = {"ray_vllm_num_preemptions_total": "vLLM's preemption counter reaches Ray's metrics agent at a "
+                                                       "replica's first preemption (the agent exports what was "
+                                                       "recorded; plain vLLM's prometheus_client exports a 0)"}
+"""Ray series absent until what they count happens, with why; each is held absent here only where vLLM's own
+counter says it did not happen."""
+
+
+def scraped_series(plane: DataPlane, plan: StackPlan, work: Path) -> dict[str, list[dict[str, Any]]]:
+    """Prometheus scraping Ray's metrics agent as prometheus-operator scrapes the plan's `ray` PodMonitor (a port
+    number on each Ray pod, here the one node): each Ray selector of the plan's queries, asked while the generate
+    models serve a load (Ray's agent exports vLLM's gauges while the engines record them, not once they idle)."""
+    [monitor] = [m for m in plan.objects("PodMonitor") if m["metadata"]["name"] == "ray"]
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    prometheus = Prometheus(plane.inside(), plane.client, work, PROMETHEUS_PORT)
+    load = [plane.client.submit("POST", f"{SERVE_URL}/{name}/v1/completions",
+                                {"model": name, "prompt": prompt(200, seed=i), "max_tokens": 400, "ignore_eos": True},
+                                timeout=600)
+            for name in ("chat", "qwen") for i in range(12)]
+    try:
+        prometheus.scrape([{"targets": [f"127.0.0.1:{endpoint['portNumber']}"], "labels": {
+            "namespace": monitor["metadata"]["namespace"], "pod": "llm-head-x7k2q", "container": "ray-head",
+            "job": f"{monitor['metadata']['namespace']}/{monitor['metadata']['name']}",
+            "__metrics_path__": endpoint["path"]}}])
+        wanted = {s for _, expr in ray_queries(plan) for s in selectors(expr) if s.split("{")[0].startswith("ray_")}
+        found: dict[str, list[dict[str, Any]]] = {}
+
+        def answered() -> bool:
+            for selector in wanted - {k for k, v in found.items() if v}:
+                found[selector] = prometheus.query(selector)
+            return all(found.get(s) for s in wanted if s.split("{")[0] not in EXPORTED_ON_EVENT)
+
+        eventually(answered, 120, 2)
+        return found
+    finally:
+        for future in load:
+            future.result(600)
+        prometheus.stop()
+
+
+def test_every_application_of_the_plans_serve_config_runs(served: Served) -> None:
+    assert {n: a["status"] for n, a in served.status.items()} == {"chat": "RUNNING", "qwen": "RUNNING",
+                                                                  "embed": "RUNNING", "split": "RUNNING"}
+
+
+def test_each_model_answers_its_openai_routes_behind_its_route_prefix(served: Served) -> None:
+    for app in served.planned["applications"]:
+        name = app["name"]
+        models = served.answers[f"{name} models"]
+        assert models.status == 200 and [m["id"] for m in models.json()["data"]] == [name], models.body[:300]
+        if name == "embed":
+            answer = served.answers["embed embeddings"]
+            assert answer.status == 200, answer.body[:300]
+            assert len(answer.json()["data"]) == 2
+        else:
+            for route in ("chat", "completions"):
+                answer = served.answers[f"{name} {route}"]
+                assert answer.status == 200, answer.body[:300]
+                assert answer.json()["usage"]["completion_tokens"] == 16
+
+
+def test_the_deployed_config_is_the_plans_but_for_the_listed_swaps(served: Served) -> None:
+    """Every field of every LLMConfig is the plan's, except those a replacement names; the deployment options
+    (the prefix-aware router and its kwargs, autoscaling, max_ongoing_requests) reach Serve as planned."""
+    named = {r.what for r in served.replacements}
+    for planned_app, deployed_app in zip(served.planned["applications"], served.deployed["applications"], strict=True):
+        assert {k: v for k, v in planned_app.items() if k != "args"} == {
+            k: v for k, v in deployed_app.items() if k != "args"}
+        for (where, planned), (_, deployed) in zip(llm_configs(planned_app), llm_configs(deployed_app), strict=True):
+            assert planned["deployment_config"] == deployed["deployment_config"]
+            assert planned.get("experimental_configs") == deployed.get("experimental_configs")
+            for key, value in planned["engine_kwargs"].items():
+                if f"{where}.engine_kwargs.{key}" not in named:
+                    assert deployed["engine_kwargs"][key] == value, f"{where}: {key}"
+            added = set(deployed["engine_kwargs"]) - set(planned["engine_kwargs"])
+            assert {f"{where}.engine_kwargs.{k}" for k in added} <= named
+
+
+def test_the_prefix_aware_router_with_triarchs_settings_routes_the_requests(served: Served) -> None:
+    """The router class the plan names is Ray's (its tree actor exists, one per routed deployment), and requests
+    through it were answered (above)."""
+    routers = {a["name"]: {c["deployment_config"].get("request_router_config", {}).get("request_router_class")
+                           for _, c in llm_configs(a)} for a in served.planned["applications"]}
+    routed = [name for name, classes in routers.items() if PREFIX_ROUTER in classes]
+    assert sorted(routed) == ["chat", "qwen"]
+    trees = [a for a in served.actors if a.get("name") == TREE_ACTOR and a.get("state") == "ALIVE"]
+    assert sorted(a["ray_namespace"].split("::")[1] for a in trees) == ["chat", "qwen"], served.actors[:3]
+
+
+def test_where_the_prefix_tree_actor_lands(served: Served) -> None:
+    """The open risk, answered on Ray 2.60: the tree actor is detached, asks one CPU to be placed (none while it
+    runs) and is never restarted (max_restarts 0). On Triarch's cluster the head offers no CPUs (num-cpus 0), so it
+    lands on a GPU worker, and if that node goes, requests through the router wait on a dead actor (issue 47)."""
+    [tree] = [a for a in served.actors if a.get("name") == TREE_ACTOR and "::chat::" in a.get("ray_namespace", "")]
+    assert tree["is_detached"] is True
+    assert tree.get("required_resources") in ({}, {"CPU": 1.0}), tree.get("required_resources")
+    assert tree.get("num_restarts") in (0, "0", None)
+
+
+def test_rays_metrics_carry_every_series_the_plan_reads_for_ray_serve_models(served: Served) -> None:
+    """Each Ray selector of prod's alerts and dashboard (ray_vllm_* through Ray's metrics agent, ray_serve_*)
+    returns samples from the real agent under load, with the labels the plan's queries match on; a series exported
+    only once its event happens is absent only where vLLM's own count of it is zero."""
+    assert served.series, "no Ray selector in prod's queries"
+    empty = [s for s, result in served.series.items() if not result and s.split("{")[0] not in EXPORTED_ON_EVENT]
+    assert not empty, empty
+    for selector, result in served.series.items():
+        if not result:
+            assert "ray_vllm_num_preemptions" not in served.agent_metrics, selector
+
+
+def counter(exposition: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples in a Prometheus exposition whose labels include `labels`."""
+    total = 0.0
+    for line in exposition.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_the_split_model_moves_each_prompts_kv_cache_from_prefill_to_decode_over_nixl(served: Served) -> None:
+    """fresh's `split`: the plan's kv_transfer_config (NixlConnector, kv_producer on prefill, kv_consumer on decode,
+    backends [UCX]: its pool has no EFA) runs as planned on vLLM 0.29.0's CPU build (NIXL's CPU path: vllm
+    distributed/kv_transfer/kv_connector/v1/nixl/utils.py lists "cpu"). The decode engine took its prompts' tokens
+    from the KV transfer, not from its own compute, and NIXL moved bytes."""
+    [app] = [a for a in served.planned["applications"] if a["name"] == "split"]
+    planned = {role: app["args"][f"{role}_config"]["engine_kwargs"]["kv_transfer_config"] for role in ("prefill",
+                                                                                                        "decode")}
+    assert planned["prefill"]["kv_role"] == "kv_producer" and planned["decode"]["kv_role"] == "kv_consumer"
+    assert {tuple(c["kv_connector_extra_config"]["backends"]) for c in planned.values()} == {("UCX",)}
+    metrics = served.agent_metrics
+    assert counter(metrics, "ray_vllm_prompt_tokens_by_source_total", model_name="split",
+                   source="external_kv_transfer") > 0
+    assert counter(metrics, "ray_vllm_nixl_bytes_transferred_count", model_name="split") > 0
