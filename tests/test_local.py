@@ -524,9 +524,10 @@ def test_an_unknown_engine_is_named(capsys: pytest.CaptureFixture[str], monkeypa
     from triarch.cli import main
 
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/go")
-    assert main(["local", "build", "etcd", "kubelet"]) == 1
+    assert main(["local", "build", "etcd", "kubelet"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: unknown engine kubelet; allowed: etcd, karpenter-kwok, keda, kuberay-operator, ")
+    assert err.startswith("error: unknown engine kubelet; allowed: etcd, kubernetes, kwok, pulumi, ")
+    assert err.rstrip().endswith(", vllm-0.32, ray-2.60")  # the data plane's environments are named too
     assert err.count("\n") == 1
 
 

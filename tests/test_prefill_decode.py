@@ -83,11 +83,16 @@ def split_objects(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, An
 # --- off by default, and Ray's own word on what is emitted ------------------------------------------------------
 
 @pytest.mark.parametrize("stack", ["prod", "large", "dev", "fresh", "lab"])
-def test_no_shipped_stack_splits_a_model(stack_config: Any, stack: str) -> None:
-    for app in applications(planned(stack_config(stack))).values() if stack in ("prod", "large") else []:
-        assert app["import_path"] == "ray.serve.llm:build_openai_app"
+def test_only_freshs_split_model_is_split(stack_config: Any, stack: str) -> None:
+    """Off unless a model asks: the fresh stack's `split` is the one shipped split (its prefill role planned as
+    `split-prefill`, over UCX: the local plane's pools have no EFA)."""
+    for app in applications(planned(stack_config(stack))).values() if stack in ("prod", "large", "fresh") else []:
+        split = stack == "fresh" and app["name"] == "split"
+        builder = "build_pd_openai_app" if split else "build_openai_app"
+        assert app["import_path"] == f"ray.serve.llm:{builder}"
     plans = plan_models(from_pulumi_config(stack_config(stack)), catalog())
-    assert all(p.role is None and p.kv_backend is None for p in plans)
+    roles = {p.name: (p.role, p.kv_backend) for p in plans if p.role is not None or p.kv_backend is not None}
+    assert roles == ({"split": ("decode", "UCX"), "split-prefill": ("prefill", "UCX")} if stack == "fresh" else {})
 
 
 def test_the_split_model_is_rays_pd_application(split_objects: list[dict[str, Any]]) -> None:

@@ -38,7 +38,8 @@ in ray.serve.llm, which needs vLLM; the internal module imports with ray[serve] 
 SHIPPED_ROUTING = {
     "prod": {"chat": True, "qwen": True},   # generate models, autoscaled to 4 and 3 replicas
     "large": {"llama": False},              # one replica: nothing to choose between
-    "fresh": {"embed": False},              # an embedding model: no prompt to route on
+    "fresh": {"embed": False,               # an embedding model: no prompt to route on
+              "split": False},              # each role one replica
     "lab": {"embed": False},
 }
 
@@ -72,10 +73,11 @@ def test_every_shipped_serve_config_passes_rays_own_schema(stack: str) -> None:
     config = read_stack_config(stack_path(stack))[0]
     routed = {}
     for app in serve_applications(config):
-        [llm] = app["args"]["llm_configs"]
-        options = ray_deployment_options(llm)
-        routed[app["name"]] = options.request_router_config.request_router_class == INTERNAL_ROUTER
-        assert options.max_ongoing_requests == llm["deployment_config"]["max_ongoing_requests"]
+        args = app["args"]
+        for llm in args.get("llm_configs") or [args[role] for role in ("prefill_config", "decode_config")]:
+            options = ray_deployment_options(llm)
+            routed[app["name"]] = options.request_router_config.request_router_class == INTERNAL_ROUTER
+            assert options.max_ongoing_requests == llm["deployment_config"]["max_ongoing_requests"]
     assert routed == SHIPPED_ROUTING[stack]
 
 
