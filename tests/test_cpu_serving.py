@@ -170,3 +170,46 @@ def test_a_tiny_deepseek_v2_lite_keeps_its_queries_without_lora_and_routes_as_th
     assert tiny["q_lora_rank"] is None
     assert (tiny["topk_method"], tiny["scoring_func"], tiny["n_group"], tiny["topk_group"]) == (
         "greedy", "softmax", 1, 1)
+
+
+def test_a_missing_environment_skips_in_one_line_naming_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataplane import require_dataplane
+
+    monkeypatch.setattr(dataplane, "installed", lambda environment, cache=None: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        require_dataplane()
+    line = str(skipped.value)
+    assert "\n" not in line
+    assert "data-plane environment vllm-0.32, ray-2.60 not built" in line
+    assert "`uv run triarch local build vllm-0.32 ray-2.60`" in line
+
+
+def test_a_missing_environment_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataplane import require_dataplane
+
+    monkeypatch.setattr(dataplane, "installed", lambda environment, cache=None: None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"uv run triarch local build vllm-0\.32 ray-2\.60"):
+        require_dataplane()
+
+
+def test_an_environment_is_synced_from_the_lock_into_a_cache_keyed_by_it(tmp_path: Path) -> None:
+    """`uv sync --locked` of the environment's extra into <cache>/<name>/<digest>/venv, its bytecode compiled once;
+    an earlier digest's directory goes, and only a complete sync counts as built."""
+    environment = dataplane.for_engine("vllm")
+    stale = tmp_path / environment.name / "0123456789ab"
+    stale.mkdir(parents=True)
+    ran: list[list[str]] = []
+
+    def sync(argv: list[str], env: dict[str, str]) -> None:
+        ran.append(argv)
+        assert env["UV_PROJECT_ENVIRONMENT"] == str(environment.directory(tmp_path) / "venv")
+        assert dataplane.installed(environment, tmp_path) is None  # not built until the sync completed
+
+    python = dataplane.build(environment, tmp_path, run=sync)
+    [argv] = ran
+    assert argv[1:] == ["sync", "--locked", "--project", str(dataplane.DATAPLANE_DIR), "--extra", "vllm-0-32",
+                        "--python", argv[argv.index("--python") + 1], "--compile-bytecode", "--no-progress", "--quiet"]
+    assert python == dataplane.installed(environment, tmp_path)
+    assert not stale.exists()
