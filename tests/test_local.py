@@ -531,6 +531,25 @@ def test_an_unknown_engine_is_named(capsys: pytest.CaptureFixture[str], monkeypa
     assert err.count("\n") == 1
 
 
+def test_go_only_builds_the_go_engines_and_no_environment(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """CI's engine cache holds the Go engines only: `--go-only` builds them all and syncs no data plane environment;
+    with names too it is refused as bad input."""
+    from triarch.cli import main
+
+    built: dict[str, object] = {}
+    monkeypatch.setattr("triarch.local.engines.build_all", lambda names, force: built.setdefault("go", names))
+    monkeypatch.setattr("triarch.local.dataplane.build_all", lambda names, force: built.setdefault("python", names))
+    assert main(["local", "build", "--go-only"]) == 0
+    assert built == {"go": None}
+    assert main(["local", "build", "--go-only", "etcd"]) == 2
+    assert capsys.readouterr().err == ("error: --go-only builds every Go engine; name engines or give --go-only, "
+                                       "not both\n")
+    built.clear()
+    assert main(["local", "build"]) == 0
+    assert built == {"go": None, "python": None}
+
+
 def test_a_missing_toolchain_says_how_to_get_it(capsys: pytest.CaptureFixture[str],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from triarch.cli import main

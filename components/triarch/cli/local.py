@@ -25,11 +25,13 @@ def cmd_local_build(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.engines) - set(engines) - set(environments))
     if unknown:
         raise TriarchError(f"unknown engine {', '.join(unknown)}; allowed: {', '.join([*engines, *environments])}")
+    if args.go_only and args.engines:
+        raise TriarchError("--go-only builds every Go engine; name engines or give --go-only, not both")
     go = [n for n in args.engines if n in engines]
     python = [n for n in args.engines if n in environments]
     if go or not args.engines:
         build_all(go or None, force=args.force)
-    if python or not args.engines:
+    if python or not (args.engines or args.go_only):
         dataplane.build_all(python or None, force=args.force)
     return 0
 
@@ -96,6 +98,8 @@ def add_parser(commands: Commands) -> None:
                                            "are kept")
     build.add_argument("engines", nargs="*", help="only these engines or environments (default: all)")
     build.add_argument("--force", action="store_true", help="rebuild even if cached")
+    build.add_argument("--go-only", action="store_true",
+                       help="only the Go engines, not the data plane's environments (what CI's engine cache holds)")
     build.add_argument("--list", action="store_true", help="print what is pinned and built, build nothing")
     build.set_defaults(handler=cmd_local_build)
     start = steps.add_parser("up", help="start a plane for a stack: its nodes as kwok nodes, the CRDs of the "
