@@ -8,9 +8,11 @@ the namespace goes, and the namespace must be empty then: no engine process outl
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -142,12 +144,29 @@ def data_plane_in(work: Path, name: str) -> Iterator[DataPlane]:
         assert not left, f"processes outlived their engines in the data plane's namespace: {left}"
 
 
+@contextlib.contextmanager
+def one_module_of_engines_at_a_time() -> Iterator[None]:
+    """Held by each module that runs data-plane engines, for as long as they run (a lock on a file every pytest
+    worker of this user on this host sees): one such module at a time. Each engine is three processes of about a
+    gigabyte (its server, engine core and worker); Ray's five apps alone reach 11 GB. Side by side with the KEDA
+    scenario's engines, the vLLM module's and the planes, the host ran out: Ray's memory monitor killed the replicas
+    (measured 2026-12-06, 24 GiB)."""
+    path = Path(tempfile.gettempdir()) / f"triarch-dataplane-{os.getuid()}.lock"
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # waits for the module that holds it to end
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="module")
 def data_plane(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[DataPlane]:
     """One namespace per module, its engines stopped and the namespace removed when the module ends."""
     require_dataplane()
     module = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")[:8]
-    with data_plane_in(tmp_path_factory.mktemp("dataplane"), f"dp{os.getpid()}{module}") as plane:
+    with one_module_of_engines_at_a_time(), \
+            data_plane_in(tmp_path_factory.mktemp("dataplane"), f"dp{os.getpid()}{module}") as plane:
         yield plane
 
 

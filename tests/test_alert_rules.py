@@ -285,10 +285,11 @@ def world_of(plan: StackPlan) -> World:
             pool, _, gpus = group["groupName"].rpartition("-")
             groups[(pool, int(gpus.removesuffix("gpu")))] = group["groupName"]
         serve = yaml.safe_load(service["spec"]["serveConfigV2"])
-        ray_gpus = {app["name"]: (int(app["args"]["llm_configs"][0]["engine_kwargs"].get("tensor_parallel_size", 1))
-                                  * int(app["args"]["llm_configs"][0]["engine_kwargs"].get(
-                                      "pipeline_parallel_size", 1)))
-                    for app in serve["applications"]}
+        # a split's decode role stands for the model: its replicas are the ones that answer
+        kwargs = {app["name"]: (app["args"]["llm_configs"][0] if "llm_configs" in app["args"]
+                                else app["args"]["decode_config"])["engine_kwargs"] for app in serve["applications"]}
+        ray_gpus = {name: int(k.get("tensor_parallel_size", 1)) * int(k.get("pipeline_parallel_size", 1))
+                    for name, k in kwargs.items()}
     sizes = {s["metadata"]["name"]: s["spec"]["leaderWorkerTemplate"]["size"]
              for s in plan.objects("LeaderWorkerSet")}
     models = []

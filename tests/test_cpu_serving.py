@@ -71,9 +71,10 @@ def test_the_cpu_command_replaces_only_what_cannot_run_here(tmp_path: Path) -> N
     assert argv == [str(model.directory), "--served-model-name", "chat", "--host", "0.0.0.0", "--port", "8000",
                     "--shutdown-timeout", "60", "--tensor-parallel-size", "1", "--max-model-len", "8192",
                     "--max-num-seqs", "8", "--block-size", "32", "--no-enable-prefix-caching", "--load-format",
-                    "dummy", "--enforce-eager"]
+                    "dummy", "--enforce-eager", "--num-gpu-blocks-override", "512"]  # two 8,192-token contexts
     assert {r.what for r in command.replacements} == {
-        "command", "model", "--revision", "--load-format", "--enforce-eager", "--block-size", "env HOME",
+        "command", "model", "--revision", "--load-format", "--enforce-eager", "--block-size",
+        "--num-gpu-blocks-override", "env HOME",
         "env HF_HOME", "env VLLM_CACHE_ROOT", "env HF_HUB_OFFLINE", "env VLLM_CPU_KVCACHE_SPACE",
         "env VLLM_CPU_OMP_THREADS_BIND", "env OMP_NUM_THREADS"}
     assert command.env["HF_HOME"] != "/models/huggingface" and command.env["HF_HUB_OFFLINE"] == "1"

@@ -31,9 +31,10 @@ from triarch.planners.queries import selected_metrics, selectors, shipped_querie
 from triarch.planners.ray import PREFIX_ROUTER
 
 STACKS = ("prod", "fresh")
-DEPLOY_TIMEOUT = 600
-"""Seconds for every application to be RUNNING: each replica's engine starts in its own process, about two to three
-minutes for one application on this machine's two cores (measured 2026-12-06)."""
+DEPLOY_TIMEOUT = 900
+"""Seconds for every application to be RUNNING: each replica's engine starts in its own process, about four minutes
+for the five engines on this machine's two idle cores, eight with the suite's planes beside them (measured
+2026-12-06)."""
 PROMETHEUS_PORT = 9090
 TREE_ACTOR = "LlmPrefixTreeActor"
 """The name Ray 2.60's PrefixCacheAffinityRouter gives its prefix tree actor (prefix_aware_router.py,

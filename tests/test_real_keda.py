@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dataplane import DataPlane, require_dataplane
+from dataplane import DataPlane, one_module_of_engines_at_a_time, require_dataplane
 from engine_tier import Lab, eventually, scratch_project
 from prometheus_harness import Prometheus, scrape_targets
 from triarch.datafiles import read_yaml_documents
@@ -163,12 +163,12 @@ class KedaStack:
         args = self.engines[pod].command.argv
         return int(args[args.index("--max-num-seqs") + 1])
 
-    def add_load(self, pod: str, waiting: int) -> None:
-        """Long generations sent to one pod's engine: a full batch, and `waiting` more that wait in vLLM's queue
-        behind it."""
+    def add_load(self, pod: str, waiting: int, tokens: int = GENERATION) -> None:
+        """Long generations (`tokens` each) sent to one pod's engine: a full batch, and `waiting` more that wait in
+        vLLM's queue behind it."""
         url = self.engines[pod].url + "/v1/completions"
         self.load += [self.plane.client.submit("POST", url, {
-            "model": MODEL, "prompt": prompt(PROMPT_WORDS, seed=i), "max_tokens": GENERATION, "ignore_eos": True},
+            "model": MODEL, "prompt": prompt(PROMPT_WORDS, seed=i), "max_tokens": tokens, "ignore_eos": True},
             timeout=900) for i in range(self.batch(pod) + waiting)]
 
     def hold_load(self, pod: str, waiting: int) -> None:
@@ -193,6 +193,11 @@ def keda_stack(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Itera
     the lab-keda stack up with a real engine in its one pod, scraped. Afterwards the plane is as this module found
     it: the lab's cluster has no KEDA and no engine, and other modules rely on that."""
     require_dataplane()
+    with one_module_of_engines_at_a_time():
+        yield from _keda_stack(deployed, tmp_path_factory)
+
+
+def _keda_stack(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KedaStack]:
     plane = deployed.plane
     documents = [d for f in crd_files(["keda"], []) for d in read_yaml_documents(f) if d]
     plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(documents))
@@ -264,7 +269,10 @@ def test_prometheus_answers_each_trigger_with_what_vllm_reports(keda_stack: Keda
     """The ScaledObject's queries, asked of Prometheus as KEDA asks them, give back what the model's one engine
     reports under load; the series carry the labels the operator's relabeling and vLLM give them, no more."""
     [pod] = keda_stack.serve_pods()
-    keda_stack.add_load(pod, 4)
+    # Below both triggers' targets, so the HPA keeps one replica however long the load lasts on a busy machine: one
+    # request waiting (the queue's target is 1 a replica) and half the generation (the batch's KV cache about 42%
+    # full at its end, the target 80%).
+    keda_stack.add_load(pod, 1, GENERATION // 2)
     triggers = keda_stack.triggers()
     assert eventually(lambda: matches_the_engines(keda_stack, [pod], triggers), 60, 0.5), (
         keda_stack.answers(), keda_stack.reported(pod, "num_requests_waiting"))

@@ -169,7 +169,18 @@ def cpu_engine_args(settings: EngineSettings, model: TinyModel, kv_blocks: int |
     if kv_blocks is not None:
         replace("num_gpu_blocks_override", kv_blocks, "the KV cache capped so a test's load fills it (the CPU "
                                                       "budget holds millions of the tiny model's tokens)")
+    elif settings.get("max_model_len") is not None and settings.get("block_size") is not None:
+        blocks = -(-KV_CAP_CONTEXTS * int(settings.get("max_model_len")) // int(settings.get("block_size")))
+        replace("num_gpu_blocks_override", blocks,
+                f"the KV cache held to {KV_CAP_CONTEXTS} full contexts: the CPU budget (VLLM_CPU_KVCACHE_SPACE, "
+                f"{KV_CACHE_GIB} GiB) is resident once warmed, and a suite's engines side by side would not fit")
     return done
+
+
+KV_CAP_CONTEXTS = 2
+"""Full-length requests an engine's KV cache holds when a test sets no size of its own: more than the one vLLM
+insists on at start, and far below the 1 GiB budget for every tiny model (they hold 466,000 to 2,100,000 tokens to
+the GiB, the engines' logs on 2026-12-06; twice the longest planned context, Qwen3's 40,960, is 81,920)."""
 
 
 CPU_ENV = {
