@@ -69,6 +69,18 @@ def app_config(routed: bool) -> tuple[dict[str, Any], list[str]]:
 
 
 def counters(plane: DataPlane) -> dict[str, float]:
+    """The replicas' prefix-cache counters once Ray's agent has exported all they counted: it exports every few
+    seconds, so a reading right after the last request lags it. Read until two readings ten seconds apart agree."""
+    last = read_counters(plane)
+    while True:
+        time.sleep(10)
+        now = read_counters(plane)
+        if now == last:
+            return now
+        last = now
+
+
+def read_counters(plane: DataPlane) -> dict[str, float]:
     body = plane.client.get(f"http://127.0.0.1:{RAY_METRICS_PORT}/metrics").body
     found = {"hits": 0.0, "queries": 0.0}
     for line in body.splitlines():

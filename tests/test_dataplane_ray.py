@@ -144,10 +144,13 @@ def scraped_series(plane: DataPlane, plan: StackPlan, work: Path) -> dict[str, l
     [monitor] = [m for m in plan.objects("PodMonitor") if m["metadata"]["name"] == "ray"]
     [endpoint] = monitor["spec"]["podMetricsEndpoints"]
     prometheus = Prometheus(plane.inside(), plane.client, work, PROMETHEUS_PORT)
-    load = [plane.client.submit("POST", f"{SERVE_URL}/{name}/v1/completions",
-                                {"model": name, "prompt": prompt(200, seed=i), "max_tokens": 400, "ignore_eos": True},
-                                timeout=600)
-            for name in ("chat", "qwen") for i in range(12)]
+    def more_load() -> list[Any]:
+        return [plane.client.submit("POST", f"{SERVE_URL}/{name}/v1/completions",
+                                    {"model": name, "prompt": prompt(200, seed=i), "max_tokens": 400,
+                                     "ignore_eos": True}, timeout=600)
+                for name in ("chat", "qwen") for i in range(12)]
+
+    load = more_load()
     try:
         prometheus.scrape([{"targets": [f"127.0.0.1:{endpoint['portNumber']}"], "labels": {
             "namespace": monitor["metadata"]["namespace"], "pod": "llm-head-x7k2q", "container": "ray-head",
@@ -157,6 +160,8 @@ def scraped_series(plane: DataPlane, plan: StackPlan, work: Path) -> dict[str, l
         found: dict[str, list[dict[str, Any]]] = {}
 
         def answered() -> bool:
+            if all(f.done() for f in load):  # the load lasts until every gauge was seen (a busy host is slower)
+                load.extend(more_load())
             for selector in wanted - {k for k, v in found.items() if v}:
                 found[selector] = prometheus.query(selector)
             return all(found.get(s) for s in wanted if s.split("{")[0] not in EXPORTED_ON_EVENT)

@@ -427,8 +427,8 @@ MUTANTS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
               lambda s: s.update(run="uv run triarch refdata fill\n")),
         "job engines (pytest -m engines): the fill step does not run `triarch refdata fill --from \"$MIRROR\"`"),
     "tier timeout short": (_set_timeout("engines", 30),
-                           "job engines (pytest -m engines): timeout-minutes 30 < 93 = ceil((engine_build_cold 45 + "
-                           "real_tier_warm 17) * margin 1.5)"),
+                           "job engines (pytest -m engines): timeout-minutes 30 < 116 = ceil((engine_build_cold 45 + "
+                           "real_tier_warm 32) * margin 1.5)"),
     "tier timeout missing": (_set_timeout("engines", None), "job engines (pytest -m engines): no timeout-minutes"),
     "fast job gone": (_drop("test", lambda s: "not engines" not in _pytest_marks(s)),
                       "no job runs `pytest -m \"not engines\"`"),
@@ -457,7 +457,7 @@ def test_a_longer_measured_build_asks_for_a_longer_timeout() -> None:
     longer = copy.deepcopy(timings())
     longer["engine_build_cold"]["minutes"] = 60
     assert tier_problems(pull_request_workflow(), longer) == [
-        "job engines (pytest -m engines): timeout-minutes 93 < 116 = ceil((engine_build_cold 60 + real_tier_warm 17) "
+        "job engines (pytest -m engines): timeout-minutes 116 < 138 = ceil((engine_build_cold 60 + real_tier_warm 32) "
         "* margin 1.5)"]
 
 
