@@ -33,8 +33,10 @@ from conftest import plan_config, stack_document  # noqa: E402
 from dataplane import (  # noqa: E402
     RAY_METRICS_PORT,
     SERVE_URL,
+    TREE_ACTOR,
     DataPlane,
     RayHead,
+    counter,
     data_plane_in,
     require_dataplane,
     start_ray,
@@ -47,7 +49,6 @@ from triarch.local.tiny_models import prompt  # noqa: E402
 
 MODEL = "qwen"
 REPLICAS = 2
-TREE_ACTOR = "LlmPrefixTreeActor"
 
 
 def app_config(routed: bool) -> tuple[dict[str, Any], list[str]]:
@@ -82,13 +83,7 @@ def counters(plane: DataPlane) -> dict[str, float]:
 
 def read_counters(plane: DataPlane) -> dict[str, float]:
     body = plane.client.get(f"http://127.0.0.1:{RAY_METRICS_PORT}/metrics").body
-    found = {"hits": 0.0, "queries": 0.0}
-    for line in body.splitlines():
-        for key, name in (("hits", "ray_vllm_prefix_cache_hits_total{"), ("queries",
-                                                                         "ray_vllm_prefix_cache_queries_total{")):
-            if line.startswith(name) and f'model_name="{MODEL}"' in line:
-                found[key] += float(line.rsplit(" ", 1)[1])
-    return found
+    return {key: counter(body, f"ray_vllm_prefix_cache_{key}_total", model_name=MODEL) for key in ("hits", "queries")}
 
 
 def workload(prefixes: int, requests: int, seed: int = 7) -> list[str]:

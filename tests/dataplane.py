@@ -177,6 +177,9 @@ SERVE_URL = "http://127.0.0.1:8000"
 """Where `serve deploy` sends a config (the dashboard's Serve API) and where Serve's proxy answers: Ray's defaults,
 the ports a RayService's head exposes (planners/ray.py, HEAD_PORTS)."""
 RAY_METRICS_PORT = 8080
+TREE_ACTOR = "LlmPrefixTreeActor"
+"""The name Ray 2.60's PrefixCacheAffinityRouter gives its prefix tree actor (prefix_aware_router.py,
+initialize_state)."""
 RAY_LOGICAL_CPUS = 16
 """The head's logical CPUs: what Ray accounts replicas, their engines' bundles and the prefix router's tree actor
 against (a number, not cores: the processes share the machine's two)."""
@@ -254,3 +257,13 @@ def stop_ray(head: RayHead) -> None:
         ours = [pid for pid in head.plane.namespace.pids() if pid not in keep]
         if not ours:
             return
+
+
+def counter(exposition: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples (a counter's or a gauge's) in a Prometheus exposition whose labels include
+    `labels`."""
+    total = 0.0
+    for line in exposition.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

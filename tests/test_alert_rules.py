@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from conftest import STACK_NAMES, StackPlan
+from triarch.guardrails.workloads import application_llm_configs
 from triarch.local import engines
 from triarch.local.engines import EngineError
 
@@ -286,8 +287,8 @@ def world_of(plan: StackPlan) -> World:
             groups[(pool, int(gpus.removesuffix("gpu")))] = group["groupName"]
         serve = yaml.safe_load(service["spec"]["serveConfigV2"])
         # a split's decode role stands for the model: its replicas are the ones that answer
-        kwargs = {app["name"]: (app["args"]["llm_configs"][0] if "llm_configs" in app["args"]
-                                else app["args"]["decode_config"])["engine_kwargs"] for app in serve["applications"]}
+        kwargs = {app["name"]: next(c for w, c in application_llm_configs(app) if w != "prefill_config")[
+            "engine_kwargs"] for app in serve["applications"]}
         ray_gpus = {name: int(k.get("tensor_parallel_size", 1)) * int(k.get("pipeline_parallel_size", 1))
                     for name, k in kwargs.items()}
     sizes = {s["metadata"]["name"]: s["spec"]["leaderWorkerTemplate"]["size"]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import StackPlan
-from dataplane import DataPlane
+from dataplane import DataPlane, counter
 from engine_tier import eventually
 from triarch.local.inside import Answer
 from triarch.local.tiny_models import prompt
@@ -54,8 +54,7 @@ class Drain:
 
 def running(plane: DataPlane, url: str) -> float:
     body = plane.client.get(url + "/metrics").body
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
-               if line.startswith("vllm:num_requests_running{"))
+    return counter(body, "vllm:num_requests_running")
 
 
 @pytest.fixture(scope="module")

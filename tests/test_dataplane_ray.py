@@ -21,9 +21,10 @@ import pytest
 import yaml
 
 from conftest import StackPlan
-from dataplane import RAY_METRICS_PORT, SERVE_URL, DataPlane, RayHead, start_ray, stop_ray
+from dataplane import RAY_METRICS_PORT, SERVE_URL, TREE_ACTOR, DataPlane, RayHead, counter, start_ray, stop_ray
 from engine_tier import eventually
 from prometheus_harness import Prometheus
+from triarch.guardrails.workloads import application_llm_configs
 from triarch.local.cpu_serving import Replacement, cpu_serve_config
 from triarch.local.inside import Answer
 from triarch.local.tiny_models import prompt
@@ -36,17 +37,9 @@ DEPLOY_TIMEOUT = 900
 for the five engines on this machine's two idle cores, eight with the suite's planes beside them (measured
 2026-12-06)."""
 PROMETHEUS_PORT = 9090
-TREE_ACTOR = "LlmPrefixTreeActor"
-"""The name Ray 2.60's PrefixCacheAffinityRouter gives its prefix tree actor (prefix_aware_router.py,
-initialize_state)."""
-
-
 def llm_configs(app: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """An application's LLMConfigs with where each sits: build_openai_app's llm_configs, or build_pd_openai_app's
-    prefill_config and decode_config."""
-    args = app["args"]
-    return [*((f"{app['name']}.llm_configs[{i}]", c) for i, c in enumerate(args.get("llm_configs", []))),
-            *((f"{app['name']}.{role}", args[role]) for role in ("prefill_config", "decode_config") if role in args)]
+    """An application's LLMConfigs, each with where it sits (`chat.llm_configs[0]`, `split.prefill_config`)."""
+    return [(f"{app['name']}.{where}", config) for where, config in application_llm_configs(app)]
 
 
 def planned_serve_config(plan: StackPlan) -> dict[str, Any]:
@@ -243,15 +236,6 @@ def test_rays_metrics_carry_every_series_the_plan_reads_for_ray_serve_models(ser
     for selector, result in served.series.items():
         if not result:
             assert "ray_vllm_num_preemptions" not in served.agent_metrics, selector
-
-
-def counter(exposition: str, name: str, **labels: str) -> float:
-    """The sum of a metric's samples in a Prometheus exposition whose labels include `labels`."""
-    total = 0.0
-    for line in exposition.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def test_the_split_model_moves_each_prompts_kv_cache_from_prefill_to_decode_over_nixl(served: Served) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dataplane import DataPlane, one_module_of_engines_at_a_time, require_dataplane
+from dataplane import DataPlane, counter, one_module_of_engines_at_a_time, require_dataplane
 from engine_tier import Lab, eventually, scratch_project
 from prometheus_harness import Prometheus, scrape_targets
 from triarch.datafiles import read_yaml_documents
@@ -143,7 +143,7 @@ class KedaStack:
     def reported(self, pod: str, gauge: str) -> float:
         """What the engine in `pod` reports now on its own /metrics."""
         body = self.plane.client.get(self.engines[pod].url + "/metrics").body
-        return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(f"vllm:{gauge}{{"))
+        return counter(body, f"vllm:{gauge}")
 
     def triggers(self) -> dict[str, str]:
         """Each trigger's query, from the ScaledObject on the plane."""

@@ -242,20 +242,29 @@ PD_ROLES = ("prefill_config", "decode_config")
 """A P/D application's LLMConfigs (Ray 2.60 build_pd_openai_app's PDServingArgs), each an engine of its own."""
 
 
+def application_llm_configs(app: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(where in the application's args, LLMConfig) for every engine one Serve application runs: `llm_configs[i]`
+    of an OpenAI application, `prefill_config` and `decode_config` of a P/D one. The configs are the application's
+    own objects (a caller may edit them in place)."""
+    args = app.get("args") or {}
+    if not isinstance(args, Mapping):
+        return
+    for index, config in enumerate(args.get("llm_configs") or []):
+        if isinstance(config, Mapping):
+            yield f"llm_configs[{index}]", config
+    for role in PD_ROLES:
+        config = args.get(role)
+        if isinstance(config, Mapping):
+            yield role, config
+
+
 def llm_configs(props: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
     """(application name, LLMConfig) for every vLLM engine a RayService's Serve config runs: each model of an
     OpenAI application, and both roles of a P/D application (named `<application> prefill|decode`)."""
     for app in serve_applications(props):
-        args = app.get("args") or {}
-        if not isinstance(args, Mapping):
-            continue
-        for config in args.get("llm_configs") or []:
-            if isinstance(config, Mapping):
-                yield str(app.get("name", "?")), config
-        for role in PD_ROLES:
-            config = args.get(role)
-            if isinstance(config, Mapping):
-                yield f"{app.get('name', '?')} {role.split('_')[0]}", config
+        name = str(app.get("name", "?"))
+        for where, config in application_llm_configs(app):
+            yield (f"{name} {where.split('_')[0]}" if where in PD_ROLES else name), config
 
 
 RAY_SIGTERM_DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from triarch.errors import TriarchError
+from triarch.guardrails.workloads import application_llm_configs
 from triarch.local.tiny_models import TinyModel
 
 VLLM_COMMAND = Path(__file__).with_name("vllm_command.py")
@@ -275,12 +276,8 @@ def cpu_serve_config(serve_config: dict[str, Any], tiny: Callable[[str], TinyMod
     config = json.loads(json.dumps(serve_config))
     done: list[Replacement] = []
     for app in config["applications"]:
-        args = app["args"]
-        configs = [(f"{app['name']}.llm_configs[{i}]", c) for i, c in enumerate(args.get("llm_configs", []))]
-        configs += [(f"{app['name']}.{role}", args[role]) for role in ("prefill_config", "decode_config")
-                    if role in args]
-        for where, llm in configs:
-            done += cpu_llm_config(llm, tiny(llm["model_loading_config"]["model_source"]), where)
+        for where, llm in application_llm_configs(app):
+            done += cpu_llm_config(llm, tiny(llm["model_loading_config"]["model_source"]), f"{app['name']}.{where}")
     return config, done
 
 
