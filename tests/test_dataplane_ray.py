@@ -37,6 +37,14 @@ DEPLOY_TIMEOUT = 900
 for the five engines on this machine's two idle cores, eight with the suite's planes beside them (measured
 2026-12-06)."""
 PROMETHEUS_PORT = 9090
+EXPORTED_AFTER_REQUESTS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("ray_vllm_request_success_total", {"model_name": "split"}),
+    ("ray_vllm_prompt_tokens_by_source_total", {"model_name": "split", "source": "external_kv_transfer"}),
+    ("ray_vllm_nixl_bytes_transferred_count", {"model_name": "split"}),
+)
+"""The agent's counters the tests read once the requests were answered (the split's decode engine records the last
+two), waited for up to EXPORT_TIMEOUT seconds."""
+EXPORT_TIMEOUT = 120
 def llm_configs(app: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """An application's LLMConfigs, each with where it sits (`chat.llm_configs[0]`, `split.prefill_config`)."""
     return [(f"{app['name']}.{where}", config) for where, config in application_llm_configs(app)]
@@ -101,11 +109,14 @@ def served(data_plane: DataPlane, shipped: dict[str, StackPlan], tmp_path_factor
                     seen.answers[f"{name} completions"] = data_plane.client.post(
                         f"{SERVE_URL}{route}/v1/completions", {"model": name, "prompt": prompt(40), "max_tokens": 16})
 
-        def exported() -> bool:  # Ray's agent exports what the engines recorded every few seconds, not at once
+        def exported() -> bool:
+            """Ray's agent exports what each engine recorded every few seconds, not at once, and each replica on its
+            own cycle: the split's prefill engine can show its requests before the decode engine shows its
+            transfers, so wait for every counter the tests read."""
             seen.agent_metrics = data_plane.client.get(f"http://127.0.0.1:{RAY_METRICS_PORT}/metrics").body
-            return counter(seen.agent_metrics, "ray_vllm_request_success_total", model_name="split") > 0
+            return all(counter(seen.agent_metrics, name, **labels) > 0 for name, labels in EXPORTED_AFTER_REQUESTS)
 
-        eventually(exported, 60, 2)
+        eventually(exported, EXPORT_TIMEOUT, 2)
         listed = head.run("ray", "list", "actors", "--format", "json", "--detail", "--limit", "1000",
                           "--address=127.0.0.1:6379", timeout=120)
         seen.actors = json.loads(listed.stdout) if listed.returncode == 0 else []
