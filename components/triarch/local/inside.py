@@ -2,13 +2,15 @@
 cannot reach them. `Client` starts one process inside (`python -m triarch.local.inside`, through the namespace's
 `command`) that takes requests as JSON lines on its stdin, runs each on a thread of its own (so a test can keep many
 in flight) and answers each as one JSON line: status, body, and for a streamed completion when its first and last
-chunks came and how it ended. Times are wall-clock seconds (time.time), comparable across processes."""
+chunks came and how it ended. Times are wall-clock seconds (time.time), comparable across processes. A request can be
+cancelled: its connection is shut, as a client that goes away shuts it (vLLM aborts a request whose client went)."""
 
 from __future__ import annotations
 
 import contextlib
 import http.client
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +40,8 @@ class Answer:
     done: bool = False
     finish_reason: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    cancelled: bool = False
+    """The request's connection was shut by `Client.cancel` before it was answered in full."""
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -73,15 +77,51 @@ def _stream(response: http.client.HTTPResponse, answer: dict[str, Any]) -> None:
     answer["body"] = "".join(text)
 
 
-def _perform(request: dict[str, Any]) -> dict[str, Any]:
+class _Open:
+    """The connections of the requests in flight, by id, so a cancel can shut one (from the reading thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._connections: dict[int, http.client.HTTPConnection] = {}
+        self._cancelled: set[int] = set()
+
+    def add(self, key: int, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._connections[key] = connection
+            if key in self._cancelled:
+                self._shut(connection)
+
+    def remove(self, key: int) -> bool:
+        """Forget a finished request; whether it was cancelled."""
+        with self._lock:
+            self._connections.pop(key, None)
+            return key in self._cancelled
+
+    def cancel(self, key: int) -> None:
+        with self._lock:
+            self._cancelled.add(key)
+            if key in self._connections:
+                self._shut(self._connections[key])
+
+    @staticmethod
+    def _shut(connection: http.client.HTTPConnection) -> None:
+        connection.auto_open = 0  # a shut connection is not opened again
+        if connection.sock is not None:
+            with contextlib.suppress(OSError):
+                connection.sock.shutdown(socket.SHUT_RDWR)
+
+
+def _perform(request: dict[str, Any], open_requests: _Open) -> dict[str, Any]:
     url = urllib.parse.urlsplit(request["url"])
     answer: dict[str, Any] = {"id": request["id"], "status": None, "body": "", "error": None, "started": time.time(),
                               "first": None, "ended": 0.0, "chunks": 0, "tokens": None, "done": False,
-                              "finish_reason": None, "headers": {}}
+                              "finish_reason": None, "headers": {}, "cancelled": False}
     body = request.get("body")
     try:
         connection = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80,
                                                 timeout=request.get("timeout", 60))
+        connection.connect()
+        open_requests.add(request["id"], connection)
         path = url.path + (f"?{url.query}" if url.query else "")
         headers = {"Content-Type": "application/json"} if body is not None else {}
         connection.request(request.get("method", "GET"), path or "/",
@@ -97,21 +137,30 @@ def _perform(request: dict[str, Any]) -> dict[str, Any]:
     except (OSError, http.client.HTTPException) as error:
         answer["error"] = f"{type(error).__name__}: {error}"
     answer["ended"] = time.time()
+    answered = answer["error"] is None and (answer["done"] or not request.get("stream"))
+    if open_requests.remove(request["id"]) and not answered:
+        answer["cancelled"] = True
     return answer
 
 
 def serve(requests: IO[str], answers: IO[str]) -> None:
     lock = threading.Lock()
+    open_requests = _Open()
 
     def run(request: dict[str, Any]) -> None:
-        answer = _perform(request)
+        answer = _perform(request, open_requests)
         with lock:
             answers.write(json.dumps(answer) + "\n")
             answers.flush()
 
     for line in requests:
-        if line.strip():
-            threading.Thread(target=run, args=(json.loads(line),), daemon=True).start()
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        if "cancel" in request:
+            open_requests.cancel(request["cancel"])
+        else:
+            threading.Thread(target=run, args=(request,), daemon=True).start()
 
 
 # --- outside --------------------------------------------------------------------------------------------------------
@@ -124,6 +173,8 @@ class Client:
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
                                          start_new_session=True)
         self._pending: dict[int, Future[Answer]] = {}
+        self._ids: dict[int, int] = {}
+        """id(future) -> the request's id, while it is pending."""
         self._lock = threading.Lock()
         self._next = 0
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -135,6 +186,7 @@ class Client:
             raw = json.loads(line)
             with self._lock:
                 future = self._pending.pop(raw.pop("id"))
+                self._ids.pop(id(future), None)
             future.set_result(Answer(**raw))
         with self._lock:  # the process ended: nothing more will come
             for future in self._pending.values():
@@ -151,12 +203,28 @@ class Client:
         with self._lock:
             self._next += 1
             self._pending[self._next] = future
+            self._ids[id(future)] = self._next
             line = json.dumps({"id": self._next, "method": method, "url": url, "body": body, "timeout": timeout,
                                "stream": stream})
-        assert self._process.stdin is not None
-        self._process.stdin.write(line + "\n")
-        self._process.stdin.flush()
+        self._send(line)
         return future
+
+    def cancel(self, future: Future[Answer]) -> bool:
+        """Shut a pending request's connection, as a client that goes away does; its answer then comes with
+        `cancelled` (unless it was answered in full first). False where it was already answered."""
+        with self._lock:
+            key = self._ids.get(id(future))
+            if key is None:
+                return False
+            line = json.dumps({"cancel": key})
+        self._send(line)
+        return True
+
+    def _send(self, line: str) -> None:
+        assert self._process.stdin is not None
+        with self._lock:
+            self._process.stdin.write(line + "\n")
+            self._process.stdin.flush()
 
     def get(self, url: str, timeout: float = 30) -> Answer:
         return self.submit("GET", url, timeout=timeout).result(timeout + 30)
