@@ -173,6 +173,8 @@ def scraped_series(plane: DataPlane, plan: StackPlan, work: Path) -> dict[str, l
         eventually(answered, 120, 2)
         return found
     finally:
+        for future in load:  # what is still generating once every gauge was seen is no longer needed
+            plane.client.cancel(future)
         for future in load:
             future.result(600)
         prometheus.stop()
