@@ -171,14 +171,14 @@ class KedaStack:
             "model": MODEL, "prompt": prompt(PROMPT_WORDS, seed=i), "max_tokens": tokens, "ignore_eos": True},
             timeout=900) for i in range(self.batch(pod) + waiting)]
 
-    def hold_load(self, pod: str, waiting: int) -> None:
+    def hold_load(self, pod: str, waiting: int, tokens: int = GENERATION) -> None:
         """Keep a full batch and `waiting` more in flight on the pod's engine: what finished is replaced."""
         answers = [f.result() for f in self.load if f.done()]
         assert all(a.status == 200 for a in answers), [a.error or a.body[:200] for a in answers if a.status != 200]
         self.load = [f for f in self.load if not f.done()]
         missing = self.batch(pod) + waiting - len(self.load)
         if missing > 0:
-            self.add_load(pod, missing - self.batch(pod))
+            self.add_load(pod, missing - self.batch(pod), tokens)
 
     def end_load(self) -> None:
         """End the load as its clients going away would: what was answered was answered in full, what is still
@@ -282,9 +282,13 @@ def test_prometheus_answers_each_trigger_with_what_vllm_reports(keda_stack: Keda
     # Below both triggers' targets, so the HPA keeps one replica however long the load lasts on a busy machine: one
     # request waiting (the queue's target is 1 a replica) and half the generation (the batch's KV cache about 42%
     # full at its end, the target 80%).
-    keda_stack.add_load(pod, 1, GENERATION // 2)
     triggers = keda_stack.triggers()
-    assert eventually(lambda: matches_the_engines(keda_stack, [pod], triggers), 60, 0.5), (
+
+    def matched() -> bool:  # the load held while Prometheus is compared (an idle machine ends a batch in seconds)
+        keda_stack.hold_load(pod, 1, GENERATION // 2)
+        return matches_the_engines(keda_stack, [pod], triggers)
+
+    assert eventually(matched, 60, 0.5), (
         keda_stack.answers(), keda_stack.reported(pod, "num_requests_waiting"))
     [series] = keda_stack.query(f'vllm:num_requests_waiting{{pod="{pod}"}}')
     assert set(series["metric"]) == {"__name__", "model_name", "engine", "namespace", "pod", "container", "endpoint",
