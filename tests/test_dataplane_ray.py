@@ -45,6 +45,8 @@ EXPORTED_AFTER_REQUESTS: tuple[tuple[str, dict[str, str]], ...] = (
 """The agent's counters the tests read once the requests were answered (the split's decode engine records the last
 two), waited for up to EXPORT_TIMEOUT seconds."""
 EXPORT_TIMEOUT = 120
+
+
 def llm_configs(app: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """An application's LLMConfigs, each with where it sits (`chat.llm_configs[0]`, `split.prefill_config`)."""
     return [(f"{app['name']}.{where}", config) for where, config in application_llm_configs(app)]

@@ -95,7 +95,9 @@ class _Open:
         """Forget a finished request; whether it was cancelled."""
         with self._lock:
             self._connections.pop(key, None)
-            return key in self._cancelled
+            cancelled = key in self._cancelled
+            self._cancelled.discard(key)
+            return cancelled
 
     def cancel(self, key: int) -> None:
         with self._lock:
