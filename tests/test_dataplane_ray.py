@@ -70,6 +70,8 @@ class Served:
     series: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     agent_metrics: str = ""
     """Ray's metrics agent's exposition once the requests were answered."""
+    exposition_under_load: str = ""
+    """The agent's exposition at the end of the scrape under load."""
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +124,8 @@ def served(data_plane: DataPlane, shipped: dict[str, StackPlan], tmp_path_factor
         listed = head.run("ray", "list", "actors", "--format", "json", "--detail", "--limit", "1000",
                           "--address=127.0.0.1:6379", timeout=120)
         seen.actors = json.loads(listed.stdout) if listed.returncode == 0 else []
-        seen.series = scraped_series(data_plane, shipped["prod"], data_plane.work / "prometheus")
+        seen.series, seen.exposition_under_load = scraped_series(data_plane, shipped["prod"],
+                                                                 data_plane.work / "prometheus")
         yield seen
     finally:
         stop_ray(head)
@@ -136,6 +139,8 @@ def ray_queries(plan: StackPlan) -> list[tuple[str, str]]:
             if any(m.startswith("ray_") for m in selected_metrics(expr))]
 
 
+GENERATE_UNDER_LOAD = ("chat", "qwen")
+"""prod's generate models, kept busy while Prometheus is asked for their gauges."""
 EXPORTED_ON_EVENT = {"ray_vllm_num_preemptions_total": "vLLM's preemption counter reaches Ray's metrics agent at a "
                                                        "replica's first preemption (the agent exports what was "
                                                        "recorded; plain vLLM's prometheus_client exports a 0)"}
@@ -143,20 +148,22 @@ EXPORTED_ON_EVENT = {"ray_vllm_num_preemptions_total": "vLLM's preemption counte
 counter says it did not happen."""
 
 
-def scraped_series(plane: DataPlane, plan: StackPlan, work: Path) -> dict[str, list[dict[str, Any]]]:
+def scraped_series(plane: DataPlane, plan: StackPlan, work: Path) -> tuple[dict[str, list[dict[str, Any]]], str]:
     """Prometheus scraping Ray's metrics agent as prometheus-operator scrapes the plan's `ray` PodMonitor (a port
     number on each Ray pod, here the one node): each Ray selector of the plan's queries, asked while the generate
-    models serve a load (Ray's agent exports vLLM's gauges while the engines record them, not once they idle)."""
+    models serve a load (Ray's agent exports vLLM's gauges while the engines record them, not once they idle), and
+    the agent's last exposition, to say what was missing if a selector stayed empty."""
     [monitor] = [m for m in plan.objects("PodMonitor") if m["metadata"]["name"] == "ray"]
     [endpoint] = monitor["spec"]["podMetricsEndpoints"]
     prometheus = Prometheus(plane.inside(), plane.client, work, PROMETHEUS_PORT)
-    def more_load() -> list[Any]:
+
+    def more_load(name: str) -> list[Any]:
         return [plane.client.submit("POST", f"{SERVE_URL}/{name}/v1/completions",
                                     {"model": name, "prompt": prompt(200, seed=i), "max_tokens": 400,
                                      "ignore_eos": True}, timeout=600)
-                for name in ("chat", "qwen") for i in range(12)]
+                for i in range(12)]
 
-    load = more_load()
+    load = {name: more_load(name) for name in GENERATE_UNDER_LOAD}
     try:
         prometheus.scrape([{"targets": [f"127.0.0.1:{endpoint['portNumber']}"], "labels": {
             "namespace": monitor["metadata"]["namespace"], "pod": "llm-head-x7k2q", "container": "ray-head",
@@ -166,19 +173,22 @@ def scraped_series(plane: DataPlane, plan: StackPlan, work: Path) -> dict[str, l
         found: dict[str, list[dict[str, Any]]] = {}
 
         def answered() -> bool:
-            if all(f.done() for f in load):  # the load lasts until every gauge was seen (a busy host is slower)
-                load.extend(more_load())
+            for name, futures in load.items():  # each model stays busy until every gauge was seen: one that
+                if all(f.done() for f in futures):  # finished its batch first idles, and its gauges go
+                    futures.extend(more_load(name))
             for selector in wanted - {k for k, v in found.items() if v}:
                 found[selector] = prometheus.query(selector)
             return all(found.get(s) for s in wanted if s.split("{")[0] not in EXPORTED_ON_EVENT)
 
         eventually(answered, 120, 2)
-        return found
+        return found, plane.client.get(f"http://127.0.0.1:{RAY_METRICS_PORT}/metrics").body
     finally:
-        for future in load:  # what is still generating once every gauge was seen is no longer needed
-            plane.client.cancel(future)
-        for future in load:
-            future.result(600)
+        for futures in load.values():  # what is still generating once every gauge was seen is no longer needed
+            for future in futures:
+                plane.client.cancel(future)
+        for futures in load.values():
+            for future in futures:
+                future.result(600)
         prometheus.stop()
 
 
@@ -247,7 +257,9 @@ def test_rays_metrics_carry_every_series_the_plan_reads_for_ray_serve_models(ser
     only once its event happens is absent only where vLLM's own count of it is zero."""
     assert served.series, "no Ray selector in prod's queries"
     empty = [s for s, result in served.series.items() if not result and s.split("{")[0] not in EXPORTED_ON_EVENT]
-    assert not empty, empty
+    names = {s.split("{")[0] for s in empty}
+    exported = [line for line in served.exposition_under_load.splitlines() if line.split("{")[0] in names]
+    assert not empty, f"{empty}; the agent exported under load: {exported or 'none of them'}"
     for selector, result in served.series.items():
         if not result:
             assert "ray_vllm_num_preemptions" not in served.agent_metrics, selector
