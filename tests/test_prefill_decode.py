@@ -394,6 +394,53 @@ def test_a_rayllm_image_of_an_unlisted_vllm_is_refused(tmp_path: Path, capsys: p
                            "0.26.0)"), line
 
 
+def large_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any) -> str:
+    config = stack_document("large")
+    edit(config)
+    return plan_refusal(tmp_path, capsys, config)
+
+
+def split_llama(config: dict[str, Any]) -> None:
+    """large's Llama 3.1 405B (tensorParallelSize 8 x pipelineParallelSize 2 on p5.48xlarge) split."""
+    config["triarch:models"][1]["disaggregation"] = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}
+
+
+def split_deepseek_on_ray(config: dict[str, Any]) -> None:
+    """large's DeepSeek-V3 (627 GiB of weights: the tuner spreads it over two p5.48xlarge) on Ray Serve, split."""
+    deepseek = config["triarch:models"].pop(0)
+    deepseek.pop("weightsUri")
+    config["triarch:models"][0] = {**deepseek, "engine": "ray-serve", "disaggregation": {
+        "prefill": {"replicas": 1}, "decode": {"replicas": 1}}}
+
+
+def test_a_decode_role_over_pipeline_stages_is_refused_at_the_key_that_asked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.29.0's NIXL consumer refuses pipeline parallelism when its engine starts; the plan refuses first, at
+    the model's pipelineParallelSize, or where the tuner spread the model, at the decode role's pool."""
+    line = large_refused(tmp_path, capsys, split_llama)
+    assert line.startswith("error: triarch:models[1].pipelineParallelSize: 2 spreads the decode role (a NIXL "
+                           "consumer) over 2 pipeline stages, which vLLM 0.29.0 refuses at engine start"), line
+    assert '"consumer (decode) does not support pipeline_parallel_size > 1" (nixl/base_worker.py' in line
+    assert line.endswith("allowed: 1 beside disaggregation (the decode role within one node: a pool of larger GPUs "
+                         "for disaggregation.decode.nodeGroup), or disaggregation.enabled: false"), line
+    line = large_refused(tmp_path, capsys, split_deepseek_on_ray)
+    assert line.startswith("error: triarch:models[0].nodeGroup: 'h100' holds no decode replica within a node: the "
+                           "tuner spreads the decode role (a NIXL consumer) over 2 pipeline stages"), line
+
+
+def test_a_prefill_role_over_pipeline_stages_is_planned(tmp_path: Path) -> None:
+    """Only the consumer is refused: DeepSeek-V3's prefill role spread over two p5.48xlarge by the tuner, its decode
+    role on a pool of B200s (8 x 180 GB hold the weights in one node)."""
+    config = stack_document("large")
+    split_deepseek_on_ray(config)
+    config["triarch:nodeGroups"].append({"name": "b200", "instanceType": "p6-b200.48xlarge",
+                                         "amiRelease": "v20260714", "min": 0, "max": 2})
+    config["triarch:models"][0]["disaggregation"]["decode"]["nodeGroup"] = "b200"
+    args = applications(plan_config("large", config, tmp_path).objects())["deepseek"]["args"]
+    assert args["decode_config"]["engine_kwargs"].get("pipeline_parallel_size", 1) == 1
+    assert args["prefill_config"]["engine_kwargs"]["pipeline_parallel_size"] == 2
+
+
 @pytest.mark.parametrize(("edit", "start"), [
     (lambda c: c["triarch:models"][0].update(disaggregation=SPLIT),
      "error: triarch:models[0].disaggregation.enabled: True splits prefill from decode with Ray Serve LLM's P/D"),

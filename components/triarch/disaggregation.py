@@ -34,6 +34,8 @@ class Facts:
     port_base: dict[str, int]
     tcp_figure: str
     tcp_source: str
+    decode_pipeline_parallel: str
+    """Why a decode role cannot span pipeline stages (the engine's refusal, where it is raised)."""
 
 
 @cache
@@ -44,7 +46,8 @@ def facts() -> Facts:
         planned=dict(data["planned"]), not_planned=" ".join(str(data["notPlanned"]).split()),
         kv_roles=dict(data["kvRoles"]), efa_backend=data["nixlBackends"]["efa"],
         default_backend=data["nixlBackends"]["default"], port_base=dict(data["sideChannelPortBase"]),
-        tcp_figure=data["transferOverTcp"]["figure"], tcp_source=data["transferOverTcp"]["source"])
+        tcp_figure=data["transferOverTcp"]["figure"], tcp_source=data["transferOverTcp"]["source"],
+        decode_pipeline_parallel=" ".join(str(data["decodePipelineParallel"]).split()))
 
 
 def nixl_backend(prefill_efa: bool, decode_efa: bool) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from triarch.catalog import Catalog, gated_repos
 from triarch.config import ModelConfig, StackConfig, gpus_per_node
+from triarch.disaggregation import facts as pd_facts
 from triarch.disaggregation import nixl_backend
 from triarch.errors import ConfigError
 from triarch.hub import HubError, HubModel
@@ -197,12 +198,35 @@ def plan_roles(stack: StackConfig, index: int, facts: Catalog, token: str | None
                                         or model.tensor_parallel_size, "replicas": given.replicas, **update})
 
     decode = plan_model(stack, index, facts, token, role_config(split.decode))
+    check_decode_stages(stack, index, decode)
     length = decode.sizing.max_model_len
     prefill = plan_model(stack, index, facts, token,
                          role_config(split.prefill, warm_replicas=0, ttft_slo_seconds=None),
                          max_num_seqs=prefill_batch(decode), **({"max_model_len": length} if length else {}))
     backend = nixl_backend(prefill.pool.efa_interfaces > 0, decode.pool.efa_interfaces > 0)
     return (replace(decode, role="decode", kv_backend=backend), replace(prefill, role="prefill", kv_backend=backend))
+
+
+def check_decode_stages(stack: StackConfig, index: int, decode: ModelPlan) -> None:
+    """A decode role within one pipeline stage: the engine refuses a NIXL consumer spread over stages at start, so
+    the plan does, naming the key that asked for the stages (the model's pipelineParallelSize, or the decode role's
+    pool, where the tuner had to spread the model over nodes to hold it)."""
+    stages = decode.sizing.pipeline_parallel_size
+    if stages == 1:
+        return
+    model, path = stack.models[index], _model_path(index)
+    reason = (f"spreads the decode role (a NIXL consumer) over {stages} pipeline stages, which "
+              f"{pd_facts().decode_pipeline_parallel}")
+    if model.pipeline_parallel_size is not None:
+        raise ConfigError(f"{path}.pipelineParallelSize", model.pipeline_parallel_size, reason,
+                          "1 beside disaggregation (the decode role within one node: a pool of larger GPUs for "
+                          "disaggregation.decode.nodeGroup), or disaggregation.enabled: false")
+    assert model.disaggregation is not None
+    given = model.disaggregation.decode.node_group
+    raise ConfigError(f"{path}.disaggregation.decode.nodeGroup" if given else f"{path}.nodeGroup", decode.pool.name,
+                      f"holds no decode replica within a node: the tuner {reason}",
+                      "a pool whose node holds the model (disaggregation.decode.nodeGroup), or "
+                      "disaggregation.enabled: false")
 
 
 def model_index(stack: StackConfig, plan: ModelPlan) -> int:
