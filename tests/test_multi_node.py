@@ -383,7 +383,7 @@ def test_the_efa_device_plugin_runs_on_the_efa_pools_only(large: StackPlan) -> N
 
 
 def test_efa_over_an_image_without_its_libraries_is_warned(large: StackPlan) -> None:
-    from triarch.planners.efa import efa_image_patterns
+    from triarch.catalog import efa_image_patterns
     warnings = [w for w in large.run.warnings if "over EFA" in w]
     assert len(warnings) == 2 and "vllm/vllm-openai:v0.33.0" in warnings[0] and "triarch:images.vllm" in warnings[0]
     dlc = "public.ecr.aws/deep-learning-containers/vllm:0.27.1-gpu-py312-cu130-ubuntu22.04-ec2"

@@ -1,5 +1,5 @@
 """The prefill/decode split of a Ray Serve model (issue 37, D2): off by default; each role tuned on its pool; Ray
-2.60's P/D application with vLLM 0.29.0's NIXL connector, LIBFABRIC over EFA and UCX otherwise; what the pods
+2.60's P/D application with vLLM 0.29.0's NIXL connector, over UCX unless LIBFABRIC can load; what the pods
 need; the placement proof, the cost report and `triarch diff` covering both roles; one line for each bad input.
 The Serve config is held to Ray 2.60's own schema and to the P/D builder's own source (ray[serve]==2.60.0 in the
 test extra; its LLMConfig imports vLLM, so PDServingArgs is read, not imported). Expected values are written here
@@ -31,6 +31,7 @@ from triarch.guardrails.workloads import llm_configs
 from triarch.offline import plan_document
 from triarch.planners.efa import efa_image_warnings
 from triarch.planners.models import plan_models
+from triarch.report.summary import split_lines
 
 RAY = Path(next(iter(importlib.util.find_spec("ray").submodule_search_locations or [])))  # type: ignore[union-attr]
 PD_SOURCE = RAY / "llm" / "_internal" / "serve" / "serving_patterns" / "prefill_decode" / "builder.py"
@@ -191,14 +192,12 @@ def efa_split(config: dict[str, Any]) -> None:
                                    "nodeGroup": "h100", "disaggregation": SPLIT}
 
 
-def test_over_efa_the_roles_use_libfabric_and_their_gpus_share_of_the_interfaces(
-        mutated_config: MutatedConfig) -> None:
+def test_over_efa_the_roles_use_ucx_and_their_gpus_share_of_the_interfaces(mutated_config: MutatedConfig) -> None:
     config = mutated_config("large", efa_split)
     objects = planned(config)
     args = applications(objects)["llama"]["args"]
     for role in ("prefill_config", "decode_config"):
-        assert args[role]["engine_kwargs"]["kv_transfer_config"]["kv_connector_extra_config"] == {
-            "backends": ["LIBFABRIC"]}
+        assert args[role]["engine_kwargs"]["kv_transfer_config"]["kv_connector_extra_config"] == {"backends": ["UCX"]}
     [service] = [o for o in objects if o["kind"] == "RayService"]
     [group] = [g for g in service["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == "h100-1gpu"]
     [container] = group["template"]["spec"]["containers"]
@@ -209,11 +208,52 @@ def test_over_efa_the_roles_use_libfabric_and_their_gpus_share_of_the_interfaces
     # the nodes' EFA interfaces carry the security group open to itself (EC2's requirement for EFA traffic)
     [node_class] = [o for o in objects if o["kind"] == "EC2NodeClass" and o["metadata"]["name"] == "h100"]
     assert {"tags": {"triarch.dev/efa": "llm-large"}} in node_class["spec"]["securityGroupSelectorTerms"]
-    # the stock ray-llm image has no libfabric for NIXL's LIBFABRIC plugin: said before anything is launched
+    # UCX's EFA transport links libefa.so.1 from the image, which the stock ray-llm image is not known to carry
     stack = from_pulumi_config(config)
     [warning] = [w for w in efa_image_warnings(stack, plan_models(stack, catalog())) if "'llama'" in w]
-    assert "NIXL's LIBFABRIC backend" in warning and "libfabric.so.1" in warning
-    assert "triarch:images.rayLlm" in warning
+    assert warning.startswith("model 'llama' hands its KV cache between EFA pools over NIXL's UCX backend, but "
+                              "rayproject/ray-llm:2.60.0-py312-cu130 is not known to carry libefa"), warning
+    assert "ucx/libuct_ib_efa.so) links libefa.so.1 from the image" in warning
+    assert warning.endswith("as triarch:images.rayLlm {image, release}"), warning
+
+
+DLC_VLLM = "public.ecr.aws/deep-learning-containers/vllm:0.27.1-gpu-py312-cu130-ubuntu22.04-ec2"
+"""An image efa-images.yaml knows to carry the EFA installer."""
+
+
+def libfabric(config: dict[str, Any]) -> None:
+    efa_split(config)
+    config["triarch:models"][1]["disaggregation"] = {**SPLIT, "backend": "LIBFABRIC"}
+
+
+def test_libfabric_is_planned_only_with_an_image_that_carries_it(mutated_config: MutatedConfig, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """NIXL's LIBFABRIC plugin links libfabric.so.1 from the image: asked for with the stock image, refused in one
+    line; with an image known to carry the EFA installer, planned, and no image warning for the split."""
+    line = large_refused(tmp_path, capsys, libfabric)
+    assert line.startswith("error: triarch:models[1].disaggregation.backend: 'LIBFABRIC' cannot load in "
+                           "rayproject/ray-llm:2.60.0-py312-cu130: NIXL's LIBFABRIC plugin in nixl-cu13 1.3.2 "
+                           "(libplugin_LIBFABRIC.so) links libfabric.so.1 from the image"), line
+    assert line.endswith("allowed: UCX, or an image with the EFA installer as triarch:images.rayLlm "
+                         "{image, release}"), line
+
+    def with_image(config: dict[str, Any]) -> None:
+        libfabric(config)
+        config["triarch:images"] = {"rayLlm": {"image": DLC_VLLM, "release": "rayproject/ray-llm:2.60.0-py312-cu130"}}
+    config = mutated_config("large", with_image)
+    args = applications(planned(config))["llama"]["args"]
+    for role in ("prefill_config", "decode_config"):
+        assert args[role]["engine_kwargs"]["kv_transfer_config"]["kv_connector_extra_config"] == {
+            "backends": ["LIBFABRIC"]}
+    stack = from_pulumi_config(config)
+    assert not [w for w in efa_image_warnings(stack, plan_models(stack, catalog())) if "'llama'" in w]
+
+
+def test_libfabric_without_efa_on_both_roles_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(tmp_path, capsys, lambda c: split_qwen(c, backend="LIBFABRIC"))
+    assert line.startswith("error: triarch:models[2].disaggregation.backend: 'LIBFABRIC' moves the KV cache over "
+                           "libfabric's EFA provider, but the roles' pools are not both EFA pools"), line
+    assert line.endswith("allowed: UCX, or both roles on pools with efa: true"), line
 
 
 def test_one_role_off_efa_hands_over_with_ucx_and_asks_for_no_interfaces(mutated_config: MutatedConfig) -> None:
@@ -314,11 +354,15 @@ def test_a_split_without_efa_draws_the_advisory_naming_the_measured_cost(tmp_pat
 
 
 def test_a_split_over_efa_draws_no_advisory(tmp_path: Path) -> None:
+    """UCX between EFA pools: no advisory (both roles' worker groups ask for EFA), and the plan says it crosses
+    over EFA."""
     config = stack_document("large")
     efa_split(config)
     plan = plan_config("large", config, tmp_path)
     found = evaluate(resources_of_plan(plan_document(plan.run)))
     assert not [f for f in found if f.rule.name == "kv-transfer-over-tcp"]
+    [line] = split_lines(plan_models(from_pulumi_config(config), catalog()))
+    assert line.endswith("the KV cache crosses over NIXL's UCX backend: EFA between the roles' pools"), line
 
 
 # --- triarch diff -----------------------------------------------------------------------------------------------
@@ -460,6 +504,9 @@ def test_a_prefill_role_over_pipeline_stages_is_planned(tmp_path: Path) -> None:
      "model"),
     (lambda c: (split_qwen(c), c["triarch:models"][2].update(disaggregation={"enabled": False, "connector": "X"})),
      "error: triarch:models[2].disaggregation.connector: 'X' would be ignored: disaggregation.enabled is false"),
+    (lambda c: (split_qwen(c), c["triarch:models"][2].update(disaggregation={"enabled": False,
+                                                                              "backend": "LIBFABRIC"})),
+     "error: triarch:models[2].disaggregation.backend: 'LIBFABRIC' would be ignored: disaggregation.enabled is false"),
 ])
 def test_a_split_where_it_cannot_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any,
                                                 start: str) -> None:

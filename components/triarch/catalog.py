@@ -5,6 +5,7 @@ Loaded once per process; everything downstream asks this module rather than hard
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -249,3 +250,14 @@ class GatedRepos:
 def gated_repos() -> GatedRepos:
     raw = _read(COMPAT_DIR / "gated-repos.yaml")["gated"]
     return GatedRepos(tuple(entry["prefix"] for entry in raw))
+
+
+@cache
+def efa_image_patterns() -> tuple[re.Pattern[str], ...]:
+    """Images known to carry the EFA installer's libraries: libfabric with its EFA provider, rdma-core's libefa and
+    the aws-ofi-nccl plugin (templates/compat/efa-images.yaml)."""
+    return tuple(re.compile(entry["pattern"]) for entry in _read(COMPAT_DIR / "efa-images.yaml")["images"])
+
+
+def carries_efa_libraries(image: str) -> bool:
+    return any(pattern.search(image) for pattern in efa_image_patterns())

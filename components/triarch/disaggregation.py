@@ -29,8 +29,12 @@ class Facts:
     planned: dict[str, str]
     not_planned: str
     kv_roles: dict[str, str]
-    efa_backend: str
+    libfabric_backend: str
     default_backend: str
+    ucx_efa_library: str
+    """What UCX needs from the image to move the KV cache over EFA."""
+    libfabric_library: str
+    """What the LIBFABRIC plugin needs from the image to load at all."""
     port_base: dict[str, int]
     tcp_figure: str
     tcp_source: str
@@ -44,25 +48,14 @@ def facts() -> Facts:
     return Facts(
         connectors={str(version): tuple(names) for version, names in data["kvConnectors"].items()},
         planned=dict(data["planned"]), not_planned=" ".join(str(data["notPlanned"]).split()),
-        kv_roles=dict(data["kvRoles"]), efa_backend=data["nixlBackends"]["efa"],
-        default_backend=data["nixlBackends"]["default"], port_base=dict(data["sideChannelPortBase"]),
+        kv_roles=dict(data["kvRoles"]), libfabric_backend=data["nixlBackends"]["libfabric"],
+        default_backend=data["nixlBackends"]["default"], ucx_efa_library=" ".join(data["ucxEfaLibrary"].split()),
+        libfabric_library=" ".join(data["libfabricLibrary"].split()), port_base=dict(data["sideChannelPortBase"]),
         tcp_figure=data["transferOverTcp"]["figure"], tcp_source=data["transferOverTcp"]["source"],
         decode_pipeline_parallel=" ".join(str(data["decodePipelineParallel"]).split()))
-
-
-def nixl_backend(prefill_efa: bool, decode_efa: bool) -> str:
-    """NIXL's transport between the roles: libfabric where both roles' pools have EFA (RDMA between the nodes),
-    UCX otherwise (its TCP transport between nodes without RDMA)."""
-    found = facts()
-    return found.efa_backend if prefill_efa and decode_efa else found.default_backend
 
 
 def kv_transfer_config(role: Role, connector: str, backend: str) -> dict[str, Any]:
     """The role's engine_kwargs.kv_transfer_config (vLLM 0.29.0 KVTransferConfig's fields)."""
     return {"kv_connector": connector, "kv_role": facts().kv_roles[role],
             "kv_connector_extra_config": {"backends": [backend]}}
-
-
-def over_tcp(backend: str) -> bool:
-    """Whether the KV cache crosses between nodes over TCP (no RDMA between the roles' pools)."""
-    return backend != facts().efa_backend

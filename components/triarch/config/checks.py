@@ -223,7 +223,7 @@ def _check_disaggregation(stack: StackConfig, model: ModelConfig, path: str, fac
         tuned = sorted(split.model_fields_set - {"enabled"})
         if tuned:
             raise ConfigError(f"{key}.{DisaggregationConfig.model_fields[tuned[0]].alias}",
-                              getattr(split, tuned[0]) if tuned[0] == "connector" else
+                              getattr(split, tuned[0]) if tuned[0] in ("connector", "backend") else
                               getattr(split, tuned[0]).model_dump(by_alias=True, exclude_unset=True),
                               "would be ignored: disaggregation.enabled is false",
                               "remove it, or disaggregation.enabled: true")

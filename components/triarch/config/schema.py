@@ -263,8 +263,13 @@ class DisaggregationConfig(_Model):
     enabled: bool = Field(True, examples=[False])
     """false: the model is served whole again (one Ray Serve LLM application of `replicas` replicas)."""
     connector: str = Field(DEFAULT_KV_CONNECTOR, examples=["NixlConnector"])
-    """vLLM's KV connector between the roles (kv_transfer_config.kv_connector), by the name vLLM registers it under.
-    NixlConnector: NIXL over libfabric where both roles' pools have EFA, over UCX otherwise."""
+    """vLLM's KV connector between the roles (kv_transfer_config.kv_connector), by the name vLLM registers it under:
+    NixlConnector, over the NIXL backend `backend` names."""
+    backend: Literal["UCX", "LIBFABRIC"] = Field("UCX", examples=["LIBFABRIC"])
+    """NIXL's transport between the roles (kv_connector_extra_config.backends). UCX: vLLM's default, bundled with
+    NIXL in the ray-llm image; between EFA pools it moves the KV cache over EFA where the image carries libefa,
+    over TCP otherwise. LIBFABRIC: libfabric's EFA provider, only where both roles' pools have EFA and the image is
+    known to carry the EFA installer (templates/compat/efa-images.yaml): its plugin cannot load without it."""
     prefill: RoleConfig = RoleConfig()
     """The prefill role: its replicas compute prompts and hold their KV cache only until a decode replica reads it,
     so the tuner gives them a small batch."""

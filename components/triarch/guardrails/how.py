@@ -5,6 +5,7 @@ requests when it scales down."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -125,29 +126,65 @@ SERVE_GRACEFUL_SHUTDOWN = rule(
     config={"minSeconds": {"type": "integer", "minimum": 0, "default": 10}})
 
 
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+ACCELERATOR_PREFIX = "accelerator_type:"
+"""Ray's resource naming a node's accelerator type, which a Serve replica's accelerator_type asks for."""
+
+
+def start_resources(params: Any) -> dict[str, Any]:
+    """A worker group's custom Ray resources: rayStartParams.resources, `ray start --resources` quoted for the shell
+    as KubeRay passes it ('"{\\"accelerator_type:L4\\": 1}"'); {} where it is not that."""
+    text = str(params.get("resources", "")) if isinstance(params, Mapping) else ""
+    try:
+        found = json.loads(text.strip().strip('"').replace('\\"', '"')) if text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def efa_accelerators(props: Mapping[str, Any]) -> set[str]:
+    """The Ray accelerator types every worker group offering them asks for EFA interfaces in: a Serve replica of
+    such a type lands on a pod with EFA wherever Ray places it."""
+    offered: dict[str, list[bool]] = {}
+    groups = (((props.get("spec") or {}).get("rayClusterConfig") or {}).get("workerGroupSpecs")) or []
+    for group in groups if isinstance(groups, list) else []:
+        if not isinstance(group, Mapping):
+            continue
+        containers = ((group.get("template") or {}).get("spec") or {}).get("containers") or []
+        efa = any(EFA_RESOURCE in ((c.get("resources") or {}).get("requests") or {}) for c in containers
+                  if isinstance(c, Mapping))
+        for name in start_resources(group.get("rayStartParams")):
+            if name.startswith(ACCELERATOR_PREFIX):
+                offered.setdefault(name[len(ACCELERATOR_PREFIX):], []).append(efa)
+    return {accelerator for accelerator, efa in offered.items() if all(efa)}
+
+
 def kv_transfer_over_tcp(resource: Resource, config: Config) -> list[str]:
-    """A P/D application whose roles hand the KV cache over NIXL without RDMA: every backend but LIBFABRIC (UCX,
-    vLLM's default when none is given) crosses between the prefill and decode pods over TCP."""
+    """A P/D application whose roles hand the KV cache over NIXL between pods without EFA on both sides: whatever
+    the backend, it crosses over TCP. A role's pods have EFA where every worker group of its accelerator type asks
+    for EFA interfaces."""
     if not kind_of(resource.type).endswith("RayService"):
         return []
     found = facts()
+    efa = efa_accelerators(resource.props)
     messages = []
     for application in serve_applications(resource.props):
         if not str(application.get("import_path", "")).endswith(PD_BUILDER.rsplit(":", 1)[1]):
             continue
         args = application.get("args") or {}
-        decode = args.get("decode_config") if isinstance(args, Mapping) else None
-        transfer = ((decode or {}).get("engine_kwargs") or {}).get("kv_transfer_config") if isinstance(
-            decode, Mapping) else None
+        roles = [args.get(f"{role}_config") for role in ("prefill", "decode")] if isinstance(args, Mapping) else []
+        prefill, decode = [role if isinstance(role, Mapping) else {} for role in roles] or [{}, {}]
+        transfer = (decode.get("engine_kwargs") or {}).get("kv_transfer_config")
         if not isinstance(transfer, Mapping):
             continue
+        if all(str(role.get("accelerator_type")) in efa for role in (prefill, decode)):
+            continue  # both roles' pods on EFA: the backend can cross over it
         backends = (transfer.get("kv_connector_extra_config") or {}).get("backends") or [found.default_backend]
-        if not isinstance(backends, list) or found.efa_backend in [str(b) for b in backends]:
-            continue  # LIBFABRIC (RDMA over EFA), or backends known only after apply
+        shown = ", ".join(str(b) for b in backends) if isinstance(backends, list) else str(backends)
         messages.append(f"RayService {name_of(resource.props, resource.name)} application "
                         f"{application.get('name', '?')}: prefill hands the KV cache to decode over "
-                        f"{transfer.get('kv_connector', '?')} with backends {', '.join(str(b) for b in backends)}, "
-                        f"TCP between nodes; NVIDIA Dynamo's EFA guide measured {found.tcp_figure} "
+                        f"{transfer.get('kv_connector', '?')} with backends {shown}, TCP between nodes; "
+                        f"NVIDIA Dynamo's EFA guide measured {found.tcp_figure} "
                         f"({found.tcp_source}); put both roles on EFA pools (nodeGroups[].efa), or serve the model "
                         "whole (disaggregation.enabled: false)")
     return messages
@@ -156,6 +193,7 @@ def kv_transfer_over_tcp(resource: Resource, config: Config) -> list[str]:
 KV_TRANSFER_OVER_TCP = rule(
     "kv-transfer-over-tcp", "Ray",
     "A prefill/decode split moves each prompt's KV cache from a prefill replica to a decode replica. Without RDMA "
-    "between their nodes (EFA on AWS, NIXL's LIBFABRIC backend) it crosses over TCP, and the first token waits for "
+    "between their pods (EFA on AWS, asked for by both roles' worker groups) it crosses over TCP, and the first "
+    "token waits for "
     "it: a published measurement (NVIDIA Dynamo's EFA guide) puts the cost at seconds to minutes per long prompt.",
     kv_transfer_over_tcp, enforcement="advisory")

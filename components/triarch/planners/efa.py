@@ -4,14 +4,11 @@ The pods' side is in planners/models (their requests) and the node classes' in p
 
 from __future__ import annotations
 
-import re
-from functools import cache
 from typing import Any
 
+from triarch.catalog import carries_efa_libraries
 from triarch.config import StackConfig
-from triarch.datafiles import read_yaml
-from triarch.disaggregation import nixl_backend
-from triarch.paths import TEMPLATES_DIR
+from triarch.disaggregation import facts as pd_facts
 from triarch.planners import pods
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import uses_efa
@@ -56,27 +53,21 @@ def efa_values(stack: StackConfig, pools: list[PoolPlan]) -> dict[str, Any]:
     }
 
 
-@cache
-def efa_image_patterns() -> tuple[re.Pattern[str], ...]:
-    """Images known to carry libfabric and aws-ofi-nccl (templates/compat/efa-images.yaml)."""
-    data = read_yaml(TEMPLATES_DIR / "compat" / "efa-images.yaml")
-    return tuple(re.compile(entry["pattern"]) for entry in data["images"])
-
-
 def efa_image_warnings(stack: StackConfig, models: list[ModelPlan]) -> list[str]:
-    """A replica across nodes over EFA whose image is not known to carry the EFA libraries: NCCL would use TCP
-    between the nodes and say so only in its log (`triarch verify` reads it)."""
+    """A replica across nodes over EFA, or a split's KV cache over UCX between EFA pools, whose image is not known
+    to carry the EFA libraries: NCCL, or UCX, would use TCP between the nodes and say so only in its log (`triarch
+    verify` reads NCCL's)."""
     pins = {"vllm": stack.images.vllm.image, "ray-serve": stack.images.ray_llm.image}
     found = []
     for plan in models:
         image = pins[plan.config.engine]
-        carries = any(p.search(image) for p in efa_image_patterns())
-        if plan.role == "decode" and plan.kv_backend == nixl_backend(True, True) and not carries:
-            found.append(f"model '{plan.name}' hands its KV cache from prefill to decode over EFA (NIXL's "
-                         f"{plan.kv_backend} backend), but {image} is not known to carry libfabric "
-                         "(templates/compat/efa-images.yaml): the LIBFABRIC plugin of nixl-cu13 1.3.2 links "
-                         "libfabric.so.1 from the image, so its engines cannot load it; pin an image with the EFA "
-                         "installer as triarch:images.rayLlm {image, release}")
+        carries = carries_efa_libraries(image)
+        if plan.role == "decode" and plan.kv_over_efa and plan.kv_backend == pd_facts().default_backend \
+                and not carries:
+            found.append(f"model '{plan.name}' hands its KV cache between EFA pools over NIXL's {plan.kv_backend} "
+                         f"backend, but {image} is not known to carry libefa (templates/compat/efa-images.yaml): "
+                         f"{pd_facts().ucx_efa_library}; pin an image with the EFA installer as "
+                         "triarch:images.rayLlm {image, release}")
         if plan.multi_node and uses_efa(plan) and not carries:
             key = "vllm" if plan.config.engine == "vllm" else "rayLlm"
             found.append(f"model '{plan.name}' spans {plan.nodes_per_replica} nodes over EFA on pool "

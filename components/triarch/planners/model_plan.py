@@ -116,7 +116,10 @@ class ModelPlan:
     """A split model's role (models[].disaggregation): its decode role is the model's plan (its name, its
     application); its prefill role is a plan of its own, named `<model>-prefill`, on the prefill role's pool."""
     kv_backend: str | None = None
-    """A split model's NIXL backend between its roles (LIBFABRIC over EFA, else UCX), on both roles' plans."""
+    """A split model's NIXL backend between its roles (disaggregation.backend), on both roles' plans."""
+    kv_over_efa: bool = False
+    """A split model's roles both on EFA pools: their pods take their GPUs' share of the node's interfaces, and the
+    KV cache can cross over EFA (on both roles' plans)."""
 
     @property
     def serving_revision(self) -> str | None:

@@ -10,10 +10,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from triarch.catalog import Catalog, gated_repos
+from triarch.catalog import Catalog, carries_efa_libraries, gated_repos
 from triarch.config import ModelConfig, StackConfig, gpus_per_node
 from triarch.disaggregation import facts as pd_facts
-from triarch.disaggregation import nixl_backend
 from triarch.errors import ConfigError
 from triarch.hub import HubError, HubModel
 from triarch.matrix import deployed_images, images_by_engine
@@ -203,8 +202,29 @@ def plan_roles(stack: StackConfig, index: int, facts: Catalog, token: str | None
     prefill = plan_model(stack, index, facts, token,
                          role_config(split.prefill, warm_replicas=0, ttft_slo_seconds=None),
                          max_num_seqs=prefill_batch(decode), **({"max_model_len": length} if length else {}))
-    backend = nixl_backend(prefill.pool.efa_interfaces > 0, decode.pool.efa_interfaces > 0)
-    return (replace(decode, role="decode", kv_backend=backend), replace(prefill, role="prefill", kv_backend=backend))
+    over_efa = prefill.pool.efa_interfaces > 0 and decode.pool.efa_interfaces > 0
+    check_backend(stack, index, over_efa)
+    return (replace(decode, role="decode", kv_backend=split.backend, kv_over_efa=over_efa),
+            replace(prefill, role="prefill", kv_backend=split.backend, kv_over_efa=over_efa))
+
+
+def check_backend(stack: StackConfig, index: int, over_efa: bool) -> None:
+    """LIBFABRIC only where it can load and has EFA to use: both roles' pools with EFA, an image known to carry
+    libfabric. Anywhere else its plugin fails in the engine, after the nodes were bought."""
+    split = stack.models[index].disaggregation
+    assert split is not None
+    if split.backend != pd_facts().libfabric_backend:
+        return
+    key, image = f"{_model_path(index)}.disaggregation.backend", stack.images.ray_llm.image
+    if not over_efa:
+        raise ConfigError(key, split.backend, "moves the KV cache over libfabric's EFA provider, but the roles' "
+                          "pools are not both EFA pools (nodeGroups[].efa)",
+                          f"{pd_facts().default_backend}, or both roles on pools with efa: true")
+    if not carries_efa_libraries(image):
+        raise ConfigError(key, split.backend, f"cannot load in {image}: {pd_facts().libfabric_library}, and the "
+                          "image is not known to carry the EFA installer (templates/compat/efa-images.yaml)",
+                          f"{pd_facts().default_backend}, or an image with the EFA installer as "
+                          "triarch:images.rayLlm {image, release}")
 
 
 def check_decode_stages(stack: StackConfig, index: int, decode: ModelPlan) -> None:
@@ -336,12 +356,8 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
 def uses_efa(plan: ModelPlan) -> bool:
     """A replica across nodes on an EFA pool: its stages talk over EFA (a replica within a node uses NVLink); or a
-    split model's role whose KV cache crosses to the other role over EFA (NIXL's libfabric backend)."""
-    return plan.pool.efa_interfaces > 0 and (plan.multi_node or plan.kv_backend == nixl_efa_backend())
-
-
-def nixl_efa_backend() -> str:
-    return nixl_backend(True, True)
+    split model's role on an EFA pool whose other role is on one too, which NIXL's backend can cross over."""
+    return plan.pool.efa_interfaces > 0 and (plan.multi_node or plan.kv_over_efa)
 
 
 def gated_model_warnings(stack: StackConfig, secrets: Iterable[str], plans: Iterable[ModelPlan] = ()) -> list[str]:

@@ -9,7 +9,6 @@ from typing import Any
 from triarch.catalog import Catalog, catalog, charts
 from triarch.config import NodeGroupConfig, StackConfig, driver_of, pool_provisioner
 from triarch.cost import price_gap_line
-from triarch.disaggregation import over_tcp
 from triarch.offline import Registered
 from triarch.planners.coldstart import duration, span
 from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
@@ -154,7 +153,7 @@ def split_lines(models: list[ModelPlan]) -> list[str]:
         if decode.role != "decode":
             continue
         prefill = next(p for p in models if p.role == "prefill" and p.config.name == decode.config.name)
-        crossing = ("RDMA over EFA" if not over_tcp(decode.kv_backend or "")
+        crossing = ("EFA between the roles' pools" if decode.kv_over_efa
                     else "TCP between nodes without EFA (see the kv-transfer-over-tcp advisory)")
         lines.append(f"{decode.name}: prefill {prefill.config.replicas} x {prefill.gpus_per_replica} GPU on "
                      f"'{prefill.pool.name}' (batch {prefill.sizing.engine_args['max_num_seqs']}), decode "
