@@ -161,6 +161,29 @@ def test_each_role_is_tuned_decode_the_batch_prefill_a_steps_prompts(split_objec
     assert prefill["deployment_config"]["max_ongoing_requests"] == 1
 
 
+def test_each_roles_router_balances_at_its_own_batch(mutated_config: MutatedConfig) -> None:
+    """Two prefill replicas at batch 1 and two decode replicas at batch 8, each role routed by prefix: the prefill
+    router balances on any difference (0: a queue bounded at 1 never leads by more than 1, so a threshold of 1
+    would follow prefixes onto a busy replica for ever), the decode router past half its batch (4)."""
+    config = mutated_config("prod", lambda c: split_qwen(c, prefill={"replicas": 2}))
+    args = applications(planned(config))["qwen"]["args"]
+    found = {role: (args[role]["deployment_config"]["max_ongoing_requests"],
+                    args[role]["deployment_config"]["request_router_config"]["request_router_kwargs"][
+                        "imbalanced_threshold"]) for role in ("prefill_config", "decode_config")}
+    assert found == {"prefill_config": (1, 0), "decode_config": (8, 4)}
+
+
+def test_a_threshold_a_roles_queues_cannot_exceed_is_refused(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """imbalancedThreshold 4 suits decode's batch of 8 but not prefill's batch of 1: refused, naming the role."""
+    def tuned(config: dict[str, Any]) -> None:
+        split_qwen(config, prefill={"replicas": 2})
+        config["triarch:models"][2]["prefixRouting"] = {"imbalancedThreshold": 4}
+    line = refused(tmp_path, capsys, tuned)
+    assert line.startswith("error: triarch:models[2].prefixRouting.imbalancedThreshold: 4 is not below the 1 "
+                           "requests a replica of the prefill role of 'qwen' takes at once"), line
+
+
 def test_a_role_on_another_pool_is_tuned_there(mutated_config: MutatedConfig) -> None:
     """Prefill on the A100 pool (80 GB): its own tensor-parallel size and accelerator, decode's length."""
     config = mutated_config("prod", lambda c: split_qwen(c, prefill={"replicas": 1, "nodeGroup": "a100"}))

@@ -106,7 +106,7 @@ def test_the_defaults_triarch_names_as_rays_are_rays() -> None:
     assert defaults["eviction_threshold_chars"] == RAY_EVICTION_THRESHOLD_CHARS
 
 
-TUNED = {"imbalancedThreshold": 16, "matchRateThreshold": 0.25, "evictionThresholdChars": 2_000_000,
+TUNED = {"imbalancedThreshold": 6, "matchRateThreshold": 0.25, "evictionThresholdChars": 2_000_000,
          "evictionTargetChars": 1_500_000, "evictionIntervalSeconds": 30}
 
 
@@ -116,7 +116,7 @@ def test_every_key_reaches_the_router_as_its_kwarg(mutated_config: MutatedConfig
     after = llm_configs(planned(config))
     assert after["qwen"]["deployment_config"]["request_router_config"] == {
         "request_router_class": PUBLIC_ROUTER,
-        "request_router_kwargs": {"imbalanced_threshold": 16, "do_eviction": True, "match_rate_threshold": 0.25,
+        "request_router_kwargs": {"imbalanced_threshold": 6, "do_eviction": True, "match_rate_threshold": 0.25,
                                   "eviction_threshold_chars": 2_000_000, "eviction_target_chars": 1_500_000,
                                   "eviction_interval_secs": 30}}
     assert after["chat"] == before["chat"]
@@ -136,6 +136,23 @@ def test_by_default_the_router_balances_past_half_a_batch_and_forgets(mutated_co
     assert deployment["max_ongoing_requests"] == 8
     assert deployment["request_router_config"]["request_router_kwargs"] == {"imbalanced_threshold": 4,
                                                                             "do_eviction": True}
+
+
+@pytest.mark.parametrize(("threshold", "batch"), [(8, 8), (9, 8)])
+def test_a_threshold_the_queues_can_never_exceed_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            threshold: int, batch: int) -> None:
+    """Two queues bounded by qwen's batch of 8 differ by 8 at most: a threshold of 8 or more never balances."""
+    line = refused(tmp_path, capsys, 2, prefixRouting={"imbalancedThreshold": threshold})
+    assert line.startswith(f"error: triarch:models[2].prefixRouting.imbalancedThreshold: {threshold} is not below "
+                           f"the {batch} requests a replica of 'qwen' takes at once"), line
+    assert line.endswith(f"allowed: 0..{batch - 1}, or remove it (half the batch)"), line
+
+
+def test_a_threshold_of_zero_reaches_the_router(mutated_config: MutatedConfig) -> None:
+    """0: balance on any difference (the schema allows it, and `or` must not read it as unset)."""
+    llm = llm_configs(planned(mutated_config("prod", with_model(2, prefixRouting={"imbalancedThreshold": 0}))))
+    kwargs = llm["qwen"]["deployment_config"]["request_router_config"]["request_router_kwargs"]
+    assert kwargs["imbalanced_threshold"] == 0
 
 
 def test_eviction_off_leaves_the_tree_unbounded_as_ray_does(mutated_config: MutatedConfig) -> None:

@@ -217,10 +217,11 @@ class PrefixRoutingConfig(_Model):
     enabled: bool = Field(True, examples=[False])
     """false: Ray Serve's default router (the less busy of two random replicas). Default: on for a generate model
     on engine ray-serve with prefixCaching on and more than one replica at most."""
-    imbalanced_threshold: int | None = Field(None, ge=1, examples=[32])
+    imbalanced_threshold: int | None = Field(None, ge=0, examples=[32])
     """Requests in flight by which the busiest replica may lead the least busy before the router stops following
-    prefixes and balances load. Default (Triarch's): half the tuned batch (max_num_seqs), the load autoscaling
-    targets per replica; Ray's own default is never to balance."""
+    prefixes and balances load; below each replica's batch (max_num_seqs, its max_ongoing_requests), or it never
+    balances. Default (Triarch's): half the tuned batch, rounded down (0 at batch 1: any difference balances); Ray's
+    own default is never to balance."""
     match_rate_threshold: float | None = Field(None, ge=0, le=1, examples=[0.2])
     """Below this share of the prompt matched, the router sends the request to the replica that remembers the
     least text. Ray's default: 0.1."""

@@ -249,6 +249,23 @@ def check_decode_stages(stack: StackConfig, index: int, decode: ModelPlan) -> No
                       "disaggregation.enabled: false")
 
 
+def check_router_thresholds(stack: StackConfig, plans: list[ModelPlan]) -> None:
+    """A prefix router's imbalancedThreshold below the batch of each replica it routes to (a split model's roles
+    each): two queues bounded by the batch never differ by more, so a threshold at or above it never balances and
+    the router follows prefixes onto a full replica while another idles."""
+    for plan in plans:
+        routing = plan.config.prefix_routing
+        given = routing.imbalanced_threshold if routing is not None else None
+        batch = int(plan.sizing.engine_args.get("max_num_seqs", 1))
+        if plan.config.engine != "ray-serve" or given is None or given < batch:
+            continue
+        role = f"the {plan.role} role of '{plan.config.name}'" if plan.role else f"'{plan.name}'"
+        raise ConfigError(f"{_model_path(model_index(stack, plan))}.prefixRouting.imbalancedThreshold", given,
+                          f"is not below the {batch} requests a replica of {role} takes at once (its batch, Serve's "
+                          "max_ongoing_requests): two replicas' queues never differ by more, so the router would "
+                          "never balance load", f"0..{batch - 1}, or remove it (half the batch)")
+
+
 def model_index(stack: StackConfig, plan: ModelPlan) -> int:
     """The position in triarch:models of the model a plan (or a split model's role) serves."""
     return next(i for i, m in enumerate(stack.models) if m.name == plan.config.name)
@@ -293,6 +310,7 @@ def plan_models(stack: StackConfig, facts: Catalog, token: str | None = None) ->
             plans.append(plan_model(stack, i, facts, token))
     plans += prefills
     check_roles_fit(stack, plans)
+    check_router_thresholds(stack, plans)
     plans = [replace(plan, surge_fits=_surge_fits(stack, plan, plans)) for plan in plans]
     plans = [replace(plan, cold_start=predict(stack, plan, facts)) for plan in plans]
     for plan in plans:

@@ -98,14 +98,23 @@ def prefix_routing(plan: ModelPlan) -> bool:
             and replica_bounds(plan)[1] > 1)
 
 
-def request_router(plan: ModelPlan, half_batch: int) -> dict[str, Any]:
+def imbalance_threshold(batch: int) -> int:
+    """Triarch's default imbalanced_threshold for a replica of `batch`: Ray 2.60's router balances load once the
+    busiest replica's queue exceeds the least busy's by more than it (prefix_aware_router.py), and two queues bounded
+    by the batch differ by at most the batch. Half a batch, rounded down: at batch 1, 0 (any difference balances),
+    where half a batch rounded up to 1 could never be exceeded."""
+    return batch // 2
+
+
+def request_router(plan: ModelPlan, batch: int) -> dict[str, Any]:
     """The deployment's request_router_config (ray.serve.config.RequestRouterConfig) for prefix-aware routing: the
     router's kwargs are its initialize_state's (Ray 2.60), each left to Ray's default unless the stack or Triarch
     sets it."""
     routing = plan.config.prefix_routing or PrefixRoutingConfig()
+    threshold = routing.imbalanced_threshold
     kwargs: dict[str, Any] = {
         # Ray's default (infinity) follows a hot prefix onto one replica however long its queue grows.
-        "imbalanced_threshold": routing.imbalanced_threshold or half_batch,
+        "imbalanced_threshold": threshold if threshold is not None else imbalance_threshold(batch),
         "do_eviction": routing.eviction,
     }
     given = {"match_rate_threshold": routing.match_rate_threshold,
@@ -134,7 +143,7 @@ def llm_config(plan: ModelPlan) -> dict[str, Any]:
         deployment["num_replicas"] = low
     if prefix_routing(plan):
         # LLMServer.get_deployment_options hands deployment_config to serve.deployment (Ray 2.60).
-        deployment["request_router_config"] = request_router(plan, half_batch)
+        deployment["request_router_config"] = request_router(plan, batch)
     engine_kwargs = dict(plan.sizing.engine_args)
     if plan.serving_revision and not plan.config.weights_uri:
         engine_kwargs["revision"] = plan.serving_revision
