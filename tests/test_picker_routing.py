@@ -57,7 +57,10 @@ def test_the_routed_models_pool_selects_its_vllm_pods_on_vllms_port(shipped: dic
     assert router["modelServers"] == {"matchLabels": CHAT_PODS, "targetPorts": [{"number": 8000}]}
     assert router["epp"]["image"] == {"tag": "v0.10.0", "pullPolicy": "IfNotPresent"}
     assert router["proxy"] == {"enabled": True, "mode": "sidecar", "failOpen": True, "resources": {
-        "requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}}
+        "requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+        # the release's own Envoy ConfigMap (the chart's preset names every release's `envoy`), mounted by its sidecar
+        "configMap": {"name": "chat-pool-envoy"}, "volumes": [{"name": "config", "configMap": {
+            "name": "chat-pool-envoy", "items": [{"key": "envoy.yaml", "path": "envoy.yaml"}]}}]}
     assert router["monitoring"] == {"prometheus": {"auth": {"enabled": False}}}
     [deployment] = [d for d in plan.objects("Deployment") if d["metadata"]["name"] == "chat"]
     labels = deployment["spec"]["template"]["metadata"]["labels"]

@@ -54,10 +54,15 @@ STACK = "fresh"
 PASSPHRASE = {"PULUMI_CONFIG_PASSPHRASE": "triarch-local"}
 RELEASES = {"nvidia-device-plugin": "nvidia-device-plugin", "kuberay-operator": "kuberay-system",
             "lws": "lws-system", "prometheus-operator-crds": "monitoring", "kube-prometheus-stack": "monitoring",
-            "dcgm-exporter": "gpu-monitoring", "keda": "keda", "chat-pool": "llm"}
-"""Every release the fresh stack installs and its namespace."""
-CHART_OF = {**{name: name for name in RELEASES}, "chat-pool": "llm-d-router-standalone"}
+            "dcgm-exporter": "gpu-monitoring", "keda": "keda", "chat-pool": "llm", "draft-pool": "llm"}
+"""Every release the up installs and its namespace: the fresh stack's, with a second routed model (SECOND_ROUTED)."""
+CHART_OF = {**{name: name for name in RELEASES}, "chat-pool": "llm-d-router-standalone",
+            "draft-pool": "llm-d-router-standalone"}
 """Each release's chart: its own name, but the endpoint picker's, one release per routed model (`<model>-pool`)."""
+SECOND_ROUTED = {"name": "draft", "model": "Qwen/Qwen3-8B", "engine": "vllm", "nodeGroup": "l4", "maxModelLen": 8192,
+                 "prefixRouting": {"enabled": True}}
+"""A second model behind an endpoint picker in the same namespace (chat's autoscaling max lowered to 2 to make
+room on the l4 pool): two releases of the picker's chart must install side by side (issue 47)."""
 LWS_MUTATING = "lws-mutating-webhook-configuration"
 KEDA_API = "v1beta1.external.metrics.k8s.io"
 GATE = f"mutatingwebhookconfiguration-{LWS_MUTATING}-ready"
@@ -145,6 +150,8 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fresh]:
     document = yaml.safe_load(stack_path(STACK).read_text())
     config = {k: v for k, v in document["config"].items() if k != "triarch:grafanaAdminPassword"}
     config["triarch:cluster"]["kubeconfig"] = str(project / "kubeconfig")
+    config["triarch:models"][0]["autoscaling"]["max"] = 2
+    config["triarch:models"].insert(1, SECOND_ROUTED)
     (project / f"Pulumi.{STACK}.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
     validated = validate_stack_file(STACK, project / f"Pulumi.{STACK}.yaml")
     spec = spec_for_stack(name, validated.stack, [])
@@ -294,6 +301,20 @@ def test_the_inference_pool_is_accepted_and_selects_the_models_pods_behind_the_p
                   "number": 9002}}}}
     refused = fresh.plane.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(broken), check=False)
     assert refused.returncode != 0 and "targetPorts" in refused.stderr, refused.stderr
+
+
+def test_two_routed_models_install_their_pickers_side_by_side(fresh: Fresh) -> None:
+    """Each picker release has its own Envoy ConfigMap, which its sidecar mounts: the chart's preset names every one
+    `envoy`, and a second release in the namespace failed on it."""
+    maps = {m["metadata"]["name"]: m for m in fresh.get("configmaps", "-n", "llm")["items"]}
+    assert "envoy" not in maps
+    for model in ("chat", "draft"):
+        assert "envoy.yaml" in maps[f"{model}-pool-envoy"]["data"]
+        assert maps[f"{model}-pool-envoy"]["metadata"]["annotations"]["meta.helm.sh/release-name"] == f"{model}-pool"
+        picker = fresh.get("deployment", f"{model}-pool-epp", "-n", "llm")
+        assert picker["status"].get("availableReplicas") == 1, model
+        volumes = {v["name"]: v for v in picker["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["config"]["configMap"]["name"] == f"{model}-pool-envoy", model
 
 
 def test_kedas_metrics_api_and_webhook_are_the_charts_served_by_the_real_operator(fresh: Fresh) -> None:

@@ -86,6 +86,11 @@ def model_pod_selector(model: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": model}
 
 
+def proxy_config_map(model: str) -> str:
+    """The Envoy sidecar's ConfigMap, one per release (the chart's preset names every one `envoy`)."""
+    return f"{release_name(model)}-envoy"
+
+
 def picker_values(stack: StackConfig, plan: ModelPlan) -> dict[str, Any]:
     """The chart's values for one model. Every key exists in the chart's values (v0.10.0, standalone values.yaml
     and routerlib's under `router`): the pool over the model's pods on vLLM's port, the picker's image at the pinned
@@ -97,7 +102,13 @@ def picker_values(stack: StackConfig, plan: ModelPlan) -> dict[str, Any]:
         "modelServers": {"matchLabels": model_pod_selector(plan.name), "targetPorts": [{"number": VLLM_PORT}]},
         "epp": {"image": {"tag": parse(endpoint_picker.image).tag, "pullPolicy": "IfNotPresent"},
                 "resources": PICKER_RESOURCES},
-        "proxy": {"enabled": True, "mode": "sidecar", "failOpen": True, "resources": PROXY_RESOURCES},
+        "proxy": {"enabled": True, "mode": "sidecar", "failOpen": True, "resources": PROXY_RESOURCES,
+                  # The envoy preset names its ConfigMap `envoy` in every release, so a second routed model's
+                  # release in the namespace fails on it; the preset is merged under these (mergeOverwrite), its
+                  # envoy.yaml kept, and the sidecar's volume follows the name.
+                  "configMap": {"name": proxy_config_map(plan.name)},
+                  "volumes": [{"name": "config", "configMap": {"name": proxy_config_map(plan.name), "items": [
+                      {"key": "envoy.yaml", "path": "envoy.yaml"}]}}]},
         # Metrics without a bearer token (the EPP's --metrics-endpoint-auth=false): Triarch's PodMonitor scrapes
         # them as it does vLLM's, inside a namespace whose policies admit only Prometheus' namespace there.
         "monitoring": {"prometheus": {"auth": {"enabled": False}}},
