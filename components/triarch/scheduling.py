@@ -4,7 +4,9 @@ Kubernetes decides *where* a replica runs from these. Node groups set them, the 
 workload select and tolerate them, and the policy pack checks them; nothing else spells these strings.
 """
 
-from typing import Final
+import json
+from collections.abc import Mapping
+from typing import Any, Final
 
 GPU_PRESENT_LABEL: Final = "nvidia.com/gpu.present"
 """Set to "true" on GPU nodes at creation; the device plugin chart's default affinity also keys on it."""
@@ -43,3 +45,27 @@ def gpu_taint() -> dict[str, str]:
 def gpu_toleration() -> dict[str, str]:
     """The toleration GPU pods carry: matches the taint whatever its value."""
     return {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": GPU_TAINT_EFFECT}
+
+
+EFA_RESOURCE: Final = "vpc.amazonaws.com/efa"
+"""What the EFA device plugin advertises (one per interface), and Karpenter's capacity of an EFA instance type."""
+
+ACCELERATOR_RESOURCE_PREFIX: Final = "accelerator_type:"
+"""Ray's resource naming a node's accelerator type, which a Serve replica's accelerator_type asks for."""
+
+
+def ray_start_resources(accelerator: str) -> str:
+    """A worker group's rayStartParams.resources advertising its accelerator type: a JSON object in quotes, as
+    KubeRay and the autoscaler parse it."""
+    return '"' + json.dumps({f"{ACCELERATOR_RESOURCE_PREFIX}{accelerator}": 1}).replace('"', '\\"') + '"'
+
+
+def read_ray_start_resources(params: Any) -> dict[str, Any]:
+    """The custom Ray resources of a worker group's rayStartParams (ray_start_resources' form); {} where it is not
+    that."""
+    text = str(params.get("resources", "")) if isinstance(params, Mapping) else ""
+    try:
+        found = json.loads(text.strip().strip('"').replace('\\"', '"')) if text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}

@@ -5,7 +5,6 @@ requests when it scales down."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +12,7 @@ from triarch.disaggregation import PD_BUILDER, facts
 from triarch.guardrails.base import Config, Resource, rule, stack_rule
 from triarch.guardrails.common import gpu_templates, known, vllm_settings
 from triarch.guardrails.workloads import kind_of, llm_configs, name_of, serve_applications
+from triarch.scheduling import ACCELERATOR_RESOURCE_PREFIX, EFA_RESOURCE, read_ray_start_resources
 
 CPU_METRICS = ("cpu", "memory")
 
@@ -126,22 +126,6 @@ SERVE_GRACEFUL_SHUTDOWN = rule(
     config={"minSeconds": {"type": "integer", "minimum": 0, "default": 10}})
 
 
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-ACCELERATOR_PREFIX = "accelerator_type:"
-"""Ray's resource naming a node's accelerator type, which a Serve replica's accelerator_type asks for."""
-
-
-def start_resources(params: Any) -> dict[str, Any]:
-    """A worker group's custom Ray resources: rayStartParams.resources, `ray start --resources` quoted for the shell
-    as KubeRay passes it ('"{\\"accelerator_type:L4\\": 1}"'); {} where it is not that."""
-    text = str(params.get("resources", "")) if isinstance(params, Mapping) else ""
-    try:
-        found = json.loads(text.strip().strip('"').replace('\\"', '"')) if text else {}
-    except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def efa_accelerators(props: Mapping[str, Any]) -> set[str]:
     """The Ray accelerator types every worker group offering them asks for EFA interfaces in: a Serve replica of
     such a type lands on a pod with EFA wherever Ray places it."""
@@ -153,9 +137,9 @@ def efa_accelerators(props: Mapping[str, Any]) -> set[str]:
         containers = ((group.get("template") or {}).get("spec") or {}).get("containers") or []
         efa = any(EFA_RESOURCE in ((c.get("resources") or {}).get("requests") or {}) for c in containers
                   if isinstance(c, Mapping))
-        for name in start_resources(group.get("rayStartParams")):
-            if name.startswith(ACCELERATOR_PREFIX):
-                offered.setdefault(name[len(ACCELERATOR_PREFIX):], []).append(efa)
+        for name in read_ray_start_resources(group.get("rayStartParams")):
+            if name.startswith(ACCELERATOR_RESOURCE_PREFIX):
+                offered.setdefault(name[len(ACCELERATOR_RESOURCE_PREFIX):], []).append(efa)
     return {accelerator for accelerator, efa in offered.items() if all(efa)}
 
 

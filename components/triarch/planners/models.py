@@ -20,6 +20,7 @@ from triarch.paths import PROJECT_ROOT
 from triarch.planners.coldstart import check_budget, predict
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.nodegroups import plan_pool
+from triarch.scheduling import EFA_RESOURCE
 from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, find_arch, load_arch, tune
 from triarch.tuner.nodes import NodesRefused, tune_nodes
 from triarch.tuner.search import LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT, TYPICAL_CHAT_TOKENS
@@ -366,10 +367,6 @@ def efa_share(plan: ModelPlan) -> int:
     other pods get theirs."""
     per_node = plan.pool.schedulable_gpus_per_node
     return max(1, plan.pool.efa_interfaces * plan.gpus_per_pod // per_node)
-
-
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-"""What the EFA device plugin advertises (one per interface), and Karpenter's capacity of an EFA instance type."""
 
 
 def uses_efa(plan: ModelPlan) -> bool:

@@ -8,7 +8,6 @@ that spans several (its placement group then covers whole pods).
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +23,9 @@ from triarch.disaggregation import facts as pd_facts
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
 from triarch.planners.model_plan import ModelPlan
-from triarch.planners.models import EFA_RESOURCE, efa_share, pod_resources, replica_bounds, uses_efa
+from triarch.planners.models import efa_share, pod_resources, replica_bounds, uses_efa
 from triarch.planners.vllm import STREAMER_LOAD_FORMAT
-from triarch.scheduling import GPU_PRESENT_LABEL
+from triarch.scheduling import EFA_RESOURCE, GPU_PRESENT_LABEL, ray_start_resources
 
 RAY_SERVICE = "llm"
 PREFIX_ROUTER = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"
@@ -258,7 +257,7 @@ def advertised_resources(plans: list[ModelPlan]) -> dict[str, str]:
     accelerator = plans[0].pool.gpu.ray_accelerator_type
     if not accelerator:
         return {}
-    return {"resources": '"' + json.dumps({f"accelerator_type:{accelerator}": 1}).replace('"', '\\"') + '"'}
+    return {"resources": ray_start_resources(accelerator)}
 
 
 def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim: str,
