@@ -81,6 +81,22 @@ def test_the_cpu_command_replaces_only_what_cannot_run_here(tmp_path: Path) -> N
     assert (command.host, command.port) == ("127.0.0.1", 8000)
 
 
+def test_engines_of_one_environment_share_its_vllm_cache_and_keep_their_own_home(tmp_path: Path) -> None:
+    """The plan keeps VLLM_CACHE_ROOT on the model cache volume, shared by a pod's restarts; here every engine of an
+    environment shares one, so no start works out again what vLLM cached of an architecture (or its compiled graphs)."""
+    model = make("Qwen/Qwen3-8B", tmp_path / "m")
+    python = tmp_path / "vllm-0.32" / "4522720ebcc1" / "venv" / "bin" / "python"
+    planned = container(["Qwen/Qwen3-8B", "--port", "8000"])
+    first = cpu_command(planned, model, python, tmp_path / "first")
+    second = cpu_command(planned, model, python, tmp_path / "second")
+    shared = str(tmp_path / "vllm-0.32" / "4522720ebcc1" / "vllm-cache")
+    assert first.env["VLLM_CACHE_ROOT"] == second.env["VLLM_CACHE_ROOT"] == shared
+    assert (first.env["HOME"], second.env["HOME"]) == (str(tmp_path / "first" / "home"),
+                                                       str(tmp_path / "second" / "home"))
+    other = cpu_command(planned, model, tmp_path / "vllm-0.29" / "d1" / "venv" / "bin" / "python", tmp_path / "third")
+    assert other.env["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm-0.29" / "d1" / "vllm-cache")
+
+
 def test_a_gang_pod_gets_its_group_address_and_keeps_its_pipeline(tmp_path: Path) -> None:
     """LeaderWorkerSet's variables expand as Kubernetes expands $(VAR); tensor-parallel ranks shrink to one per node,
     the stages across nodes stay, the object-store streamer becomes random weights, and with pipeline stages no

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from triarch.errors import TriarchError
 from triarch.guardrails.workloads import application_llm_configs
+from triarch.local import dataplane
 from triarch.local.tiny_models import TinyModel
 
 VLLM_COMMAND = Path(__file__).with_name("vllm_command.py")
@@ -233,12 +234,16 @@ def cpu_command(container: dict[str, Any], model: TinyModel, python: Path, work:
     port = int(flags.get("port") or 8000)
 
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **variables}
-    for name in ("HOME", "HF_HOME", "VLLM_CACHE_ROOT"):
-        planned = variables.get(name)
+    for name in ("HOME", "HF_HOME"):
         env[name] = str(work / name.lower())
         Path(env[name]).mkdir(parents=True, exist_ok=True)
-        done.append(Replacement(f"env {name}", planned, env[name],
-                                "the pod's volumes (model cache, compile cache) are not here: a directory of the run"))
+        done.append(Replacement(f"env {name}", variables.get(name), env[name],
+                                "the pod's volumes (model cache) are not here: a directory of the run"))
+    env["VLLM_CACHE_ROOT"] = str(dataplane.vllm_cache(python))
+    done.append(Replacement("env VLLM_CACHE_ROOT", variables.get("VLLM_CACHE_ROOT"), env["VLLM_CACHE_ROOT"],
+                            "the plan keeps it on the model cache volume, which a pod's restarts share; here one per "
+                            "CPU engine environment, shared by its engines: what vLLM cached of an architecture and "
+                            "its compiled graphs are not worked out again at each start"))
     for name, (value, reason) in CPU_ENV.items():
         env[name] = value
         done.append(Replacement(f"env {name}", variables.get(name), value, reason))
