@@ -46,6 +46,7 @@ from engine_tier import eventually  # noqa: E402
 from triarch.local.cpu_serving import cpu_serve_config  # noqa: E402
 from triarch.local.inside import Answer  # noqa: E402
 from triarch.local.tiny_models import prompt  # noqa: E402
+from triarch.planners.ray import ROUTER_SOURCE  # noqa: E402
 
 MODEL = "qwen"
 REPLICAS = 2
@@ -168,7 +169,8 @@ def main() -> None:
         raise SystemExit(str(skipped)) from None
     prompts = workload(args.prefixes, args.requests)
     with data_plane_in(Path(tempfile.mkdtemp(prefix="prefix-bench-")), "dpbench") as plane:
-        head = start_ray(plane, Path(tempfile.mkdtemp(prefix="ray", dir="/tmp")))
+        # Triarch's router on the node's PYTHONPATH, as the pods mount its ConfigMap (planners/ray.py)
+        head = start_ray(plane, Path(tempfile.mkdtemp(prefix="ray", dir="/tmp")), ROUTER_SOURCE.parent)
         try:
             started = time.monotonic()
             triarch = measure(head, plane, True, prompts, args.concurrency)

@@ -219,19 +219,23 @@ class RayHead:
         return "\n".join(f"== {f.name}\n" + f.read_text(errors="replace")[-1500:] for f in found[-6:])
 
 
-def start_ray(plane: DataPlane, temp: Path) -> RayHead:
+def start_ray(plane: DataPlane, temp: Path, python_path: Path | None = None) -> RayHead:
     """`ray start --head` on the namespace's loopback, with a home and session directory of its own: no token file
     of the user's (~/.ray) turns on Ray's authentication, which the `serve` CLI does not send. Its workers run at
     niceness 0, not Ray's default 15 (`worker_niceness`, meant to keep workers below a node's own daemons): in a pod
     the engines have their CPUs to themselves, here they share two cores with the suite's other planes and would
-    start only once those idle."""
+    start only once those idle. Its engines share the environment's vLLM cache, as plain engines do (cpu_serving.py).
+    `python_path`: what the plan mounts on the Ray containers' PYTHONPATH (Triarch's router), every process of the node
+    inherits it as the pods' do."""
     python = dataplane.python(dataplane.for_engine("ray-serve"))
     home = plane.work / "ray-home"
     home.mkdir(parents=True, exist_ok=True)
     env = {"PATH": f"{python.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}", "HOME": str(home),
            "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "VLLM_NO_USAGE_STATS": "1",
-           "RAY_worker_niceness": "0",
+           "RAY_worker_niceness": "0", "VLLM_CACHE_ROOT": str(dataplane.vllm_cache(python)),
            **{name: value for name, (value, _) in CPU_ENV.items()}}  # what every engine of the node inherits
+    if python_path is not None:
+        env["PYTHONPATH"] = str(python_path)
     head = RayHead(plane, python.parent, env, temp)
     done = head.run("ray", "start", "--head", f"--num-cpus={RAY_LOGICAL_CPUS}", "--num-gpus=0",
                     "--node-ip-address=127.0.0.1", f"--temp-dir={temp}", f"--metrics-export-port={RAY_METRICS_PORT}",

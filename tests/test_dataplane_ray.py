@@ -58,6 +58,26 @@ def planned_serve_config(plan: StackPlan) -> dict[str, Any]:
     return loaded
 
 
+def python_path_files(plan: StackPlan) -> dict[str, str]:
+    """The files the plan's Ray containers find on their PYTHONPATH: those of the ConfigMap mounted there, the same in
+    each container of each group (checked here); none where no container has a PYTHONPATH."""
+    [service] = plan.objects("RayService")
+    cluster = service["spec"]["rayClusterConfig"]
+    found: set[str | None] = set()
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        spec = group["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for container in spec["containers"]:
+            paths = [e["value"] for e in container["env"] if e["name"] == "PYTHONPATH"]
+            mounts = [m["name"] for m in container["volumeMounts"] if m["mountPath"] in paths]
+            found.add(volumes[mounts[0]]["configMap"]["name"] if paths and len(mounts) == 1 else None)
+    [name] = found
+    if name is None:
+        return {}
+    [config_map] = [c for c in plan.objects("ConfigMap") if c["metadata"]["name"] == name]
+    return dict(config_map["data"])
+
+
 @dataclass
 class Served:
     head: RayHead
@@ -84,7 +104,12 @@ def served(data_plane: DataPlane, shipped: dict[str, StackPlan], tmp_path_factor
     assert len(models) == 3, models  # DeepSeek-V2-Lite, Qwen3-8B, Qwen3-Embedding-0.6B
     deployed, replacements = cpu_serve_config(planned, data_plane.tiny_model)
     temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # Ray's socket paths must stay short
-    head = start_ray(data_plane, temp)
+    mounted = data_plane.work / "python-path"  # the ConfigMap's files, where the pods have them mounted
+    mounted.mkdir()
+    for name in STACKS:
+        for file, text in python_path_files(shipped[name]).items():
+            (mounted / file).write_text(text)
+    head = start_ray(data_plane, temp, mounted)
     try:
         head.deploy(deployed, data_plane.work / "serve.yaml")
         names = {a["name"] for a in planned["applications"]}
@@ -287,3 +312,77 @@ def test_the_split_model_moves_each_prompts_kv_cache_from_prefill_to_decode_over
     assert counter(metrics, "ray_vllm_prompt_tokens_by_source_total", model_name="split",
                    source="external_kv_transfer") > 0
     assert counter(metrics, "ray_vllm_nixl_bytes_transferred_count", model_name="split") > 0
+
+
+IMAGE = "data:image/png;base64,iVBORw0KGgo="
+UNREADABLE = {
+    "token ids": ("/v1/completions", {"model": "chat", "prompt": [5, 6, 7, 8, 9, 10, 11, 12], "max_tokens": 4}),
+    "an image alone": ("/v1/chat/completions", {"model": "chat", "max_tokens": 4, "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": IMAGE}}]}]}),
+    "detokenize": ("/detokenize", {"model": "chat", "tokens": [5, 6, 7]}),
+    "score": ("/v1/score", {"model": "chat", "text_1": "alpha", "text_2": "beta"}),
+}
+"""Requests behind prod's prefix-routed `chat` that carry no text to match: Ray 2.60's own router divides by the empty
+text of the first two and raises on the others, and each waited for the client's timeout (issue 47, item 5)."""
+ANSWER_WITHIN = 60
+"""Seconds a request gets here; a model's answer takes about one on these cores."""
+
+
+def route(served: Served, app: str) -> str:
+    [found] = [a["route_prefix"] for a in served.planned["applications"] if a["name"] == app]
+    return f"{SERVE_URL}{found}"
+
+
+def test_requests_the_router_cannot_read_as_text_are_answered(served: Served) -> None:
+    """Triarch's router routes them by load, and each gets an answer: the token ids are completed; the image (the
+    model reads none) and the score (a generate model scores nothing) are refused by the engine. So is /detokenize,
+    by Ray Serve LLM 2.60 whatever the router: it reads vLLM's tokenization handler as `openai_serving_tokenization`,
+    which vLLM 0.29 names `serving_tokenization` (ray/llm/.../vllm_engine.py; vllm/entrypoints/launchers/api_server/
+    app_state.py), so /tokenize and /detokenize answer 400 on every Ray Serve model."""
+    client = served.head.plane.client
+    answers = {what: client.post(route(served, "chat") + path, body, timeout=ANSWER_WITHIN)
+               for what, (path, body) in UNREADABLE.items()}
+    got = {what: (a.status, a.error or a.body[:300]) for what, a in answers.items()}
+    assert all(a.status is not None for a in answers.values()), got  # none left waiting for the client's timeout
+    assert answers["token ids"].status == 200, got
+    assert json.loads(answers["token ids"].body)["usage"]["prompt_tokens"] == 8, got
+    assert all(400 <= int(a.status or 0) < 500 for w, a in answers.items() if w != "token ids"), got
+    assert "'tokenization' task" in answers["detokenize"].body, got
+
+
+def tree_actors(head: RayHead, app: str) -> list[dict[str, Any]]:
+    listed = head.run("ray", "list", "actors", "--format", "json", "--detail", "--limit", "1000",
+                      "--address=127.0.0.1:6379", "--filter", f"name={TREE_ACTOR}", timeout=120)
+    assert listed.returncode == 0, listed.stderr[-1500:]
+    return [a for a in json.loads(listed.stdout) if f"::{app}::" in a.get("ray_namespace", "")]
+
+
+def in_actor(head: RayHead, namespace: str, statement: str) -> str:
+    """Run `statement` in a driver of the cluster, with the tree actor of `namespace` as `tree`: its last line out."""
+    script = ("import json, ray, sys; ray.init(address='127.0.0.1:6379', namespace=sys.argv[1], "
+              "logging_level='ERROR'); tree = ray.get_actor(sys.argv[2]); " + statement)
+    done = head.run("python", "-c", script, namespace, TREE_ACTOR, timeout=120)
+    assert done.returncode == 0, done.stderr[-1500:]
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+
+def test_routing_by_prefix_goes_on_after_the_prefix_tree_actor_is_lost(served: Served) -> None:
+    """The tree actor killed, as its node going would (Ray's router then keeps a dead handle and every request
+    through it waits): requests are answered, a new tree actor takes the name with chat's replicas, and the
+    prompts routed since are remembered in it, so routing by prefix resumed (issue 47, item 4)."""
+    [before] = [a for a in tree_actors(served.head, "chat") if a["state"] == "ALIVE"]
+    in_actor(served.head, before["ray_namespace"], "ray.kill(tree); print('killed')")
+    client = served.head.plane.client
+    text = prompt(40, seed=11)
+    answers = [client.post(route(served, "chat") + "/v1/chat/completions", {
+        "model": "chat", "max_tokens": 4, "messages": [{"role": "user", "content": text}]}, timeout=ANSWER_WITHIN)
+        for _ in range(3)]
+    assert [a.status for a in answers] == [200, 200, 200], [a.error or a.body[:200] for a in answers]
+    [after] = [a for a in tree_actors(served.head, "chat") if a["state"] == "ALIVE"]
+    assert after["actor_id"] != before["actor_id"]
+    remembered = json.loads(in_actor(served.head, after["ray_namespace"],
+                                     "print(json.dumps(ray.get(tree.getattr.remote('tenant_to_char_count'))))"))
+    replicas = [a for a in served.actors if str(a.get("class_name")).startswith("ServeReplica:chat:LLMServer")
+                and a.get("state") == "ALIVE"]
+    assert len(remembered) == len(replicas) >= 1, (remembered, [a.get("class_name") for a in served.actors])
+    assert sum(remembered.values()) >= len(text), remembered

@@ -175,7 +175,7 @@ def test_a_renamed_cluster_moves_everything_and_drifts_nothing(prod: dict[str, A
     """llm-prod -> llm-prod2: a new EKS cluster, so its Kubernetes provider targets another cluster and every object
     is created there: said once, without the drift or Ray upgrade its changed node classes would otherwise read as."""
     found = effects_of(prod, lambda c: c["triarch:cluster"].update(name="llm-prod2"), tmp_path)
-    assert found == ["cluster: 44 Kubernetes resource(s) move to another cluster (llm-prod-k8s -> llm-prod2-k8s): "
+    assert found == ["cluster: 45 Kubernetes resource(s) move to another cluster (llm-prod-k8s -> llm-prod2-k8s): "
                      "every model starts there from no node, and clients move to its endpoint; the old cluster serves "
                      "until Pulumi deletes it, last"]
 

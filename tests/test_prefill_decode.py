@@ -18,7 +18,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from conftest import MutatedConfig, plan_config, plan_refusal, reference_file, stack_document, write_stack_file
 from test_engine_args import planned
-from test_prefix_routing import INTERNAL_ROUTER, ray_deployment_options
+from test_prefix_routing import TRIARCH_ROUTER, ray_deployment_options
 from triarch import cli
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
@@ -118,7 +118,7 @@ def test_the_split_model_is_rays_pd_application(split_objects: list[dict[str, An
         assert set(role["engine_kwargs"]["kv_transfer_config"]) <= KV_TRANSFER_FIELDS
     # Ray 2.60 takes a router on each role's deployment: routed by prefix where the role has replicas to choose
     # between (decode's two), Serve's default for the one prefill replica
-    assert deployment_options(decode).request_router_config.request_router_class == INTERNAL_ROUTER
+    assert deployment_options(decode).request_router_config.request_router_class == TRIARCH_ROUTER
     assert "request_router_config" not in prefill["deployment_config"]
 
 

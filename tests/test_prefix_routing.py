@@ -4,10 +4,10 @@ pinned rayproject/ray-llm image), not only by ours. Expected values are written 
 
 from __future__ import annotations
 
-import ast
-import importlib.util
+import importlib
 import inspect
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +24,17 @@ from conftest import MutatedConfig, plan_refusal, reference_file, stack_document
 from test_engine_args import llm_configs, planned, vllm_container, with_model
 from triarch.config.schema import RAY_EVICTION_THRESHOLD_CHARS
 from triarch.offline import read_stack_config
+from triarch.planners.ray import ROUTER_SOURCE
 
 
 def engine_args(release: str) -> set[str]:
     return set(reference_file(release, "engine-args.txt").read_text(encoding="utf-8").split())
 
 
-PUBLIC_ROUTER = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"
-INTERNAL_ROUTER = f"{InternalRouter.__module__}.{InternalRouter.__name__}"
-"""The class the public path subclasses with no body of its own (checked below): importing the public path pulls
-in ray.serve.llm, which needs vLLM; the internal module imports with ray[serve] alone."""
+TRIARCH_ROUTER = "triarch_prefix_router.ResilientPrefixRouter"
+"""Triarch's router (components/triarch/ray_pods), which the Ray pods import from the ConfigMap on their PYTHONPATH;
+the tests import it from the same directory."""
+sys.path.insert(0, str(ROUTER_SOURCE.parent))
 
 SHIPPED_ROUTING = {
     "prod": {"chat": True, "qwen": True},   # generate models, autoscaled to 4 and 3 replicas
@@ -60,9 +61,7 @@ def ray_deployment_options(llm: dict[str, Any]) -> Any:
     RequestRouterConfig, importing the router class and serializing it."""
     options = dict(llm["deployment_config"])
     if "request_router_config" in options:
-        router = dict(options["request_router_config"])
-        assert router["request_router_class"] == PUBLIC_ROUTER
-        options["request_router_config"] = RequestRouterConfig(**{**router, "request_router_class": INTERNAL_ROUTER})
+        options["request_router_config"] = RequestRouterConfig(**options["request_router_config"])
     class Stand:  # the deployment's class does not matter to its options
         pass
     return serve.deployment(Stand, **options)._deployment_config
@@ -76,24 +75,21 @@ def test_every_shipped_serve_config_passes_rays_own_schema(stack: str) -> None:
         args = app["args"]
         for llm in args.get("llm_configs") or [args[role] for role in ("prefill_config", "decode_config")]:
             options = ray_deployment_options(llm)
-            routed[app["name"]] = options.request_router_config.request_router_class == INTERNAL_ROUTER
+            routed[app["name"]] = options.request_router_config.request_router_class == TRIARCH_ROUTER
             assert options.max_ongoing_requests == llm["deployment_config"]["max_ongoing_requests"]
     assert routed == SHIPPED_ROUTING[stack]
 
 
-def test_the_public_router_path_is_the_internal_router_exported(tmp_path: Path) -> None:
-    """ray/serve/llm/request_router.py in the pinned wheel: the class Triarch names subclasses the router the test
-    imports and adds nothing."""
-    spec = importlib.util.find_spec("ray")
-    assert spec is not None and spec.submodule_search_locations
-    source = Path(next(iter(spec.submodule_search_locations))) / "serve" / "llm" / "request_router.py"
-    tree = ast.parse(source.read_text(encoding="utf-8"))
-    imported = {alias.asname: f"{node.module}.{alias.name}" for node in tree.body
-                if isinstance(node, ast.ImportFrom) for alias in node.names if alias.asname}
-    [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == PUBLIC_ROUTER.rsplit(".", 1)[1]]
-    [base] = [b.id for b in cls.bases if isinstance(b, ast.Name)]
-    assert imported[base] == INTERNAL_ROUTER
-    assert all(isinstance(s, ast.Pass | ast.Expr) for s in cls.body)  # a docstring and `pass`
+def test_triarchs_router_is_rays_with_its_failure_paths_overridden() -> None:
+    """The class the plan names is Ray 2.60's PrefixCacheAffinityRouter with the methods that read a request's text or
+    call the tree actor taken over (a lost tree or a request without text is routed by load), nothing else."""
+    module = importlib.import_module(TRIARCH_ROUTER.rsplit(".", 1)[0])
+    router = getattr(module, TRIARCH_ROUTER.rsplit(".", 1)[1])
+    assert router.__mro__[1] is InternalRouter
+    own = {name for name, value in vars(router).items() if inspect.isfunction(value)}
+    assert own == {"initialize_state", "routable_text", "_prefix_match_best_replicas", "on_request_routed",
+                   "update_replicas", "on_replica_actor_died", "replace_tree"}
+    assert own - {"routable_text", "replace_tree"} <= set(vars(InternalRouter))  # each overrides a method of Ray's
 
 
 def test_the_defaults_triarch_names_as_rays_are_rays() -> None:
@@ -115,7 +111,7 @@ def test_every_key_reaches_the_router_as_its_kwarg(mutated_config: MutatedConfig
     config = mutated_config("prod", with_model(2, prefixRouting=TUNED))
     after = llm_configs(planned(config))
     assert after["qwen"]["deployment_config"]["request_router_config"] == {
-        "request_router_class": PUBLIC_ROUTER,
+        "request_router_class": TRIARCH_ROUTER,
         "request_router_kwargs": {"imbalanced_threshold": 6, "do_eviction": True, "match_rate_threshold": 0.25,
                                   "eviction_threshold_chars": 2_000_000, "eviction_target_chars": 1_500_000,
                                   "eviction_interval_secs": 30}}
@@ -274,3 +270,39 @@ def test_an_embedding_model_with_replicas_to_choose_between_gets_no_router(mutat
     configs = llm_configs(planned(mutated_config("lab", with_model(1, replicas=2))))
     assert configs["embed"]["deployment_config"]["num_replicas"] == 2
     assert "request_router_config" not in configs["embed"]["deployment_config"]
+
+
+@pytest.mark.parametrize("stack", ["prod", "fresh", "large", "lab"])
+def test_every_ray_container_imports_the_router_from_the_configmap_on_its_python_path(stack: str) -> None:
+    """The class path's module is a file of the ConfigMap the plan ships, holding Triarch's router source as is,
+    mounted read-only in every Ray container (head and workers) at the directory on its PYTHONPATH, whether or not a
+    model routes by prefix now (turning routing on then changes the Serve config alone)."""
+    objects = planned(read_stack_config(stack_path(stack))[0])
+    [service] = [o for o in objects if o["kind"] == "RayService"]
+    [config_map] = [o for o in objects
+                    if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("llm-prefix-router-")]
+    assert config_map["immutable"] is True
+    assert config_map["data"] == {"triarch_prefix_router.py": ROUTER_SOURCE.read_text(encoding="utf-8")}
+    cluster = service["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        spec = group["template"]["spec"]
+        [volume] = [v for v in spec["volumes"] if v.get("configMap", {}).get("name") == config_map["metadata"]["name"]]
+        for container in spec["containers"]:
+            [path] = [e["value"] for e in container["env"] if e["name"] == "PYTHONPATH"]
+            [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+            assert (mount["mountPath"], mount["readOnly"]) == (path, True)
+    assert len(groups) >= 2
+
+
+def test_the_router_configmap_is_named_by_its_content(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Another router source, another ConfigMap name (so the pods that imported the old one are replaced with the
+    template); the same source, the same name in every plan."""
+    from triarch.planners import ray
+
+    first, again = ray.router_config_map("llm"), ray.router_config_map("llm")
+    assert first == again and first["metadata"]["name"] != "llm-prefix-router"
+    edited = tmp_path / "triarch_prefix_router.py"
+    edited.write_text(ROUTER_SOURCE.read_text(encoding="utf-8") + "\n# a change\n", encoding="utf-8")
+    monkeypatch.setattr(ray, "ROUTER_SOURCE", edited)
+    assert ray.router_config_map("llm")["metadata"]["name"] != first["metadata"]["name"]

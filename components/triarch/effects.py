@@ -78,8 +78,9 @@ def _ray_effects(difference: Difference) -> list[str]:
     return found
 
 
-PREFIX_ROUTER = ".PrefixCacheAffinityRouter"
-"""How a Serve application's LLMConfig names Ray Serve LLM's prefix-aware router (planners/ray.py)."""
+PREFIX_ROUTERS = (".PrefixCacheAffinityRouter", ".ResilientPrefixRouter")
+"""How a Serve application's LLMConfig names a prefix-aware router: Ray Serve LLM's, as stacks deployed before
+Triarch shipped its own did, or Triarch's (planners/ray.py, PREFIX_ROUTER)."""
 
 
 def _prefix_routed(plan: Mapping[str, Any]) -> dict[str, dict[str, bool]]:
@@ -92,7 +93,7 @@ def _prefix_routed(plan: Mapping[str, Any]) -> dict[str, dict[str, bool]]:
         found[str(resource["name"])] = {
             str(app.get("name")): any(
                 str(((llm.get("deployment_config") or {}).get("request_router_config") or {}).get(
-                    "request_router_class", "")).endswith(PREFIX_ROUTER)
+                    "request_router_class", "")).endswith(PREFIX_ROUTERS)
                 for llm in _app_llm_configs(app))
             for app in apps}
     return found

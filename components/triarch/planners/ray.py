@@ -8,8 +8,10 @@ that spans several (its placement group then covers whole pods).
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -28,8 +30,13 @@ from triarch.planners.vllm import STREAMER_LOAD_FORMAT
 from triarch.scheduling import EFA_RESOURCE, GPU_PRESENT_LABEL, ray_start_resources
 
 RAY_SERVICE = "llm"
-PREFIX_ROUTER = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"
-"""Ray Serve LLM's prefix-aware router, by the public path Ray 2.60 exports it at (ray/serve/llm/request_router.py)."""
+ROUTER_SOURCE = Path(__file__).resolve().parent.parent / "ray_pods" / "triarch_prefix_router.py"
+"""Triarch's prefix-aware router: Ray 2.60's PrefixCacheAffinityRouter, routing by load what it cannot match (a
+request without text, a lost prefix tree) where Ray's waits forever. It runs in the Ray pods, shipped in a ConfigMap."""
+PREFIX_ROUTER = f"{ROUTER_SOURCE.stem}.ResilientPrefixRouter"
+ROUTER_MOUNT = "/opt/triarch/ray"
+"""Where the router's ConfigMap is mounted in every Ray container, and put on its PYTHONPATH (the Ray images set
+none): the Serve controller checks the class, the ingress replicas route with it."""
 SPEC_AUTHORED_HERE = {"pulumi.com/patchForce": "true"}
 """The RayService's spec is Triarch's to write, so `pulumi up` takes its fields back instead of failing on a
 server-side-apply conflict. KubeRay 1.7.0 (and 1.6.2, ray-project/kuberay#4807 and #4909) adds its finalizer with
@@ -122,6 +129,27 @@ def request_router(plan: ModelPlan, batch: int) -> dict[str, Any]:
              "eviction_interval_secs": routing.eviction_interval_seconds}
     kwargs.update({name: value for name, value in given.items() if value is not None})
     return {"request_router_class": PREFIX_ROUTER, "request_router_kwargs": kwargs}
+
+
+def router_config_map(namespace: str) -> dict[str, Any]:
+    """The router's source as a ConfigMap, named by its content: a Triarch release that changes the router changes
+    the pods' template, so the processes that imported the old one are replaced (a RayService upgrade), never left
+    running it beside a volume that says otherwise."""
+    source = ROUTER_SOURCE.read_text(encoding="utf-8")
+    digest = hashlib.sha256(source.encode()).hexdigest()[:10]
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"{RAY_SERVICE}-prefix-router-{digest}", "namespace": namespace,
+                         "labels": dict(pods.MANAGED_BY)},
+            "immutable": True,
+            "data": {ROUTER_SOURCE.name: source}}
+
+
+def mount_router(spec: dict[str, Any], config_map: str) -> None:
+    """The router's ConfigMap read-only on a Ray pod's containers' PYTHONPATH."""
+    spec["volumes"].append({"name": "triarch-router", "configMap": {"name": config_map, "defaultMode": 0o444}})
+    for container in spec["containers"]:
+        container["volumeMounts"].append({"name": "triarch-router", "mountPath": ROUTER_MOUNT, "readOnly": True})
+        container["env"].append({"name": "PYTHONPATH", "value": ROUTER_MOUNT})
 
 
 def llm_config(plan: ModelPlan) -> dict[str, Any]:
@@ -346,11 +374,15 @@ def ray_manifests(plans: list[ModelPlan], image: str, release: str,
                              for key in sorted(groups, key=lambda k: (k.pool, k.gpus))],
         "enableInTreeAutoscaling": autoscaled,
     }
+    # Mounted whether or not a model routes by prefix now: turning routing on or off then changes the Serve config
+    # alone, which KubeRay applies in place, not the pods' template, which would start a new Ray cluster.
+    router = router_config_map(settings.namespace)
     for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
         group["template"]["spec"].update(pods.pull_secrets(settings))
+        mount_router(group["template"]["spec"], router["metadata"]["name"])
     if ray_version:
         cluster["rayVersion"] = ray_version
-    objects = [pods.cache_claim(RAY_SERVICE, sum(p.cache_gib for p in served), settings)]
+    objects = [pods.cache_claim(RAY_SERVICE, sum(p.cache_gib for p in served), settings), router]
     objects += [pods.service_account(weights_account(key), settings.namespace, settings.weights_role_arn)
                 for key in sorted(groups, key=lambda k: (k.pool, k.gpus)) if weights_uris(groups[key])]
     if autoscaled:
