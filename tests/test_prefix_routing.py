@@ -130,8 +130,40 @@ def test_by_default_the_router_balances_past_half_a_batch_and_forgets(mutated_co
     llm = llm_configs(planned(mutated_config("prod", with_model(2))))["qwen"]
     deployment = llm["deployment_config"]
     assert deployment["max_ongoing_requests"] == 8
-    assert deployment["request_router_config"]["request_router_kwargs"] == {"imbalanced_threshold": 4,
-                                                                            "do_eviction": True}
+    assert deployment["request_router_config"]["request_router_kwargs"] == {
+        "imbalanced_threshold": 4, "do_eviction": True,
+        # what a replica's KV cache holds: 26,368 tokens (`triarch plan --stack prod`), at 4 characters a token
+        # (templates/compat/prefix-routing.yaml), and Ray's share of it, 0.9, rounded down
+        "eviction_threshold_chars": 105_472, "eviction_target_chars": 94_924}
+
+
+def test_the_router_remembers_per_replica_what_its_kv_cache_holds(mutated_config: MutatedConfig) -> None:
+    """prod's chat caches 1,884,960 tokens a replica (DeepSeek-V2-Lite's MLA on two A100s), qwen 26,368 (Qwen3-8B on
+    one L4): the one remembers about 7.5M characters of prompts, the other about 105,000, where Ray's bound is 400,000
+    for both; a threshold given alone keeps the 0.9 share, a target given alone under the derived threshold is the
+    stack's."""
+    kwargs = {name: llm["deployment_config"]["request_router_config"]["request_router_kwargs"]
+              for name, llm in llm_configs(planned(mutated_config("prod", with_model(1)))).items()
+              if "request_router_config" in llm["deployment_config"]}
+    assert (kwargs["chat"]["eviction_threshold_chars"], kwargs["chat"]["eviction_target_chars"]) == (
+        7_539_840, 6_785_856)
+    given = llm_configs(planned(mutated_config("prod", with_model(2, prefixRouting={
+        "evictionThresholdChars": 50_000}))))["qwen"]["deployment_config"]["request_router_config"]
+    assert (given["request_router_kwargs"]["eviction_threshold_chars"],
+            given["request_router_kwargs"]["eviction_target_chars"]) == (50_000, 45_000)
+    alone = llm_configs(planned(mutated_config("prod", with_model(2, prefixRouting={
+        "evictionTargetChars": 100_000}))))["qwen"]["deployment_config"]["request_router_config"]
+    assert (alone["request_router_kwargs"]["eviction_threshold_chars"],
+            alone["request_router_kwargs"]["eviction_target_chars"]) == (105_472, 100_000)
+
+
+def test_a_target_over_the_derived_threshold_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Given alone, evictionTargetChars is held to the threshold from qwen's KV cache (105,472), not Ray's 400,000."""
+    line = refused(tmp_path, capsys, 2, prefixRouting={"evictionTargetChars": 200_000})
+    assert line.startswith("error: triarch:models[2].prefixRouting.evictionTargetChars: 200000 is more than the "
+                           "105472 characters at which eviction starts (Triarch's bound: the 26368 tokens a replica "
+                           "of 'qwen' caches, at 4 characters each)"), line
+    assert line.endswith("allowed: 1..105472, or evictionThresholdChars as well"), line
 
 
 @pytest.mark.parametrize(("threshold", "batch"), [(8, 8), (9, 8)])
@@ -153,7 +185,8 @@ def test_a_threshold_of_zero_reaches_the_router(mutated_config: MutatedConfig) -
 
 def test_eviction_off_leaves_the_tree_unbounded_as_ray_does(mutated_config: MutatedConfig) -> None:
     llm = llm_configs(planned(mutated_config("prod", with_model(1, prefixRouting={"eviction": False}))))["chat"]
-    assert llm["deployment_config"]["request_router_config"]["request_router_kwargs"]["do_eviction"] is False
+    kwargs = llm["deployment_config"]["request_router_config"]["request_router_kwargs"]
+    assert kwargs["do_eviction"] is False and "eviction_threshold_chars" not in kwargs
 
 
 def test_routing_off_leaves_serves_default_router(mutated_config: MutatedConfig) -> None:
@@ -243,7 +276,7 @@ def test_an_eviction_key_beside_eviction_off_is_refused(tmp_path: Path, capsys: 
 
 @pytest.mark.parametrize(("routing", "limit"), [
     ({"evictionThresholdChars": 1000, "evictionTargetChars": 1001}, "1000 characters"),
-    ({"evictionTargetChars": 400_001}, "400000 characters"),  # Ray's default threshold
+    ({"evictionTargetChars": 7_539_841}, "7539840 characters"),  # chat's derived threshold (1,884,960 tokens x 4)
 ])
 def test_an_eviction_target_above_its_threshold_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                            routing: dict[str, int], limit: str) -> None:
@@ -254,9 +287,13 @@ def test_an_eviction_target_above_its_threshold_is_refused(tmp_path: Path, capsy
 
 
 def test_an_eviction_target_at_its_threshold_is_accepted(mutated_config: MutatedConfig) -> None:
-    config = mutated_config("prod", with_model(1, prefixRouting={"evictionTargetChars": 400_000}))
+    config = mutated_config("prod", with_model(1, prefixRouting={"evictionTargetChars": 7_539_840}))
     kwargs = llm_configs(planned(config))["chat"]["deployment_config"]["request_router_config"]["request_router_kwargs"]
-    assert kwargs["eviction_target_chars"] == 400_000
+    assert (kwargs["eviction_threshold_chars"], kwargs["eviction_target_chars"]) == (7_539_840, 7_539_840)
+    both = mutated_config("prod", with_model(2, prefixRouting={"evictionThresholdChars": 50_000,
+                                                               "evictionTargetChars": 50_000}))
+    kwargs = llm_configs(planned(both))["qwen"]["deployment_config"]["request_router_config"]["request_router_kwargs"]
+    assert (kwargs["eviction_threshold_chars"], kwargs["eviction_target_chars"]) == (50_000, 50_000)
 
 
 def test_a_match_rate_above_one_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

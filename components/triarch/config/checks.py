@@ -19,7 +19,6 @@ from triarch.config.pools import (
 )
 from triarch.config.schema import (
     DEFAULT_KV_CONNECTOR,
-    RAY_EVICTION_THRESHOLD_CHARS,
     SUPPORTED_KUBERNETES,
     UPSTREAM_IMAGES,
     DisaggregationConfig,
@@ -203,13 +202,12 @@ def _check_prefix_routing(model: ModelConfig, path: str) -> None:
                 raise ConfigError(f"{key}.{PrefixRoutingConfig.model_fields[name].alias}", getattr(routing, name),
                                   "would be ignored: prefixRouting.eviction is false",
                                   "remove it, or prefixRouting.eviction: true")
-    elif target is not None:
-        limit, source = (threshold, "evictionThresholdChars") if threshold is not None else (
-            RAY_EVICTION_THRESHOLD_CHARS, "Ray's default evictionThresholdChars")
-        if target > limit:
-            raise ConfigError(f"{key}.evictionTargetChars", target,
-                              f"is more than the {limit} characters at which eviction starts ({source}): a replica "
-                              "would be cut back to more than it holds", f"1..{limit}")
+    elif target is not None and threshold is not None and target > threshold:
+        # Given alone, the target is held to Triarch's threshold once the replica's KV cache is sized
+        # (planners/models.py, check_router_eviction).
+        raise ConfigError(f"{key}.evictionTargetChars", target,
+                          f"is more than the {threshold} characters at which eviction starts (evictionThresholdChars): "
+                          "a replica would be cut back to more than it holds", f"1..{threshold}")
 
 
 def _check_disaggregation(stack: StackConfig, model: ModelConfig, path: str, facts: Catalog) -> None:

@@ -204,8 +204,8 @@ class AutoscalingConfig(_Model):
 
 
 RAY_EVICTION_THRESHOLD_CHARS = 400_000
-"""PrefixCacheAffinityRouter's eviction_threshold_chars default (Ray 2.60, prefix_aware_router.py initialize_state):
-what an evictionTargetChars given alone must stay under."""
+"""PrefixCacheAffinityRouter's eviction_threshold_chars default (Ray 2.60, prefix_aware_router.py initialize_state),
+which Triarch replaces with one from the replica's KV cache (planners/router_memory.py)."""
 
 
 class PrefixRoutingConfig(_Model):
@@ -229,10 +229,12 @@ class PrefixRoutingConfig(_Model):
     """Forget each replica's least recently routed prompts past evictionThresholdChars (Triarch's default; Ray's
     is never to forget, and the router's prefix tree, in a Ray actor, then grows with every prompt)."""
     eviction_threshold_chars: int | None = Field(None, ge=1, examples=[2_000_000])
-    """Characters of prompts remembered per replica above which the oldest are forgotten. Ray's default: 400000."""
+    """Characters of prompts remembered per replica above which the oldest are forgotten. Default (Triarch's): what
+    the replica's KV cache holds, its tuned tokens at 4 characters each (vLLM keeps a prefix only while its cache
+    does); Ray's own default is 400000 whatever the replica."""
     eviction_target_chars: int | None = Field(None, ge=1, examples=[1_800_000])
-    """What each replica's remembered prompts are cut back to, at most evictionThresholdChars. Ray's default:
-    360000."""
+    """What each replica's remembered prompts are cut back to, at most evictionThresholdChars. Default: 0.9 of the
+    threshold (Ray's own share: 360000 of 400000)."""
     eviction_interval_seconds: int | None = Field(None, ge=1, examples=[30])
     """How often the prefix tree forgets. Ray's default: 10."""
 

@@ -20,6 +20,7 @@ from triarch.paths import PROJECT_ROOT
 from triarch.planners.coldstart import check_budget, predict
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.nodegroups import plan_pool
+from triarch.planners.router_memory import eviction_bounds, routing_facts
 from triarch.scheduling import EFA_RESOURCE
 from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, find_arch, load_arch, tune
 from triarch.tuner.nodes import NodesRefused, tune_nodes
@@ -267,6 +268,24 @@ def check_router_thresholds(stack: StackConfig, plans: list[ModelPlan]) -> None:
                           "never balance load", f"0..{batch - 1}, or remove it (half the batch)")
 
 
+def check_router_eviction(stack: StackConfig, plans: list[ModelPlan]) -> None:
+    """An evictionTargetChars given without evictionThresholdChars stays under the threshold Triarch derives from the
+    replica's KV cache (planners/router_memory.py): cut back to more than it holds, the tree would never forget."""
+    for plan in plans:
+        routing = plan.config.prefix_routing
+        if (plan.config.engine != "ray-serve" or plan.role == "prefill" or routing is None or not routing.eviction
+                or routing.eviction_target_chars is None or routing.eviction_threshold_chars is not None):
+            continue
+        threshold, target = eviction_bounds(plan)
+        if target <= threshold:
+            continue
+        raise ConfigError(f"{_model_path(model_index(stack, plan))}.prefixRouting.evictionTargetChars", target,
+                          f"is more than the {threshold} characters at which eviction starts (Triarch's bound: the "
+                          f"{plan.sizing.kv_cache_tokens} tokens a replica of '{plan.name}' caches, at "
+                          f"{routing_facts()['charsPerToken']:g} characters each): a replica would be cut back to more "
+                          "than it holds", f"1..{threshold}, or evictionThresholdChars as well")
+
+
 def model_index(stack: StackConfig, plan: ModelPlan) -> int:
     """The position in triarch:models of the model a plan (or a split model's role) serves."""
     return next(i for i, m in enumerate(stack.models) if m.name == plan.config.name)
@@ -312,6 +331,7 @@ def plan_models(stack: StackConfig, facts: Catalog, token: str | None = None) ->
     plans += prefills
     check_roles_fit(stack, plans)
     check_router_thresholds(stack, plans)
+    check_router_eviction(stack, plans)
     plans = [replace(plan, surge_fits=_surge_fits(stack, plan, plans)) for plan in plans]
     plans = [replace(plan, cold_start=predict(stack, plan, facts)) for plan in plans]
     for plan in plans:

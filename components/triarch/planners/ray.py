@@ -26,6 +26,7 @@ from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import efa_share, pod_resources, replica_bounds, uses_efa
+from triarch.planners.router_memory import eviction_bounds
 from triarch.planners.vllm import STREAMER_LOAD_FORMAT
 from triarch.scheduling import EFA_RESOURCE, GPU_PRESENT_LABEL, ray_start_resources
 
@@ -123,9 +124,9 @@ def request_router(plan: ModelPlan, batch: int) -> dict[str, Any]:
         "imbalanced_threshold": threshold if threshold is not None else imbalance_threshold(batch),
         "do_eviction": routing.eviction,
     }
+    if routing.eviction:
+        kwargs["eviction_threshold_chars"], kwargs["eviction_target_chars"] = eviction_bounds(plan)
     given = {"match_rate_threshold": routing.match_rate_threshold,
-             "eviction_threshold_chars": routing.eviction_threshold_chars,
-             "eviction_target_chars": routing.eviction_target_chars,
              "eviction_interval_secs": routing.eviction_interval_seconds}
     kwargs.update({name: value for name, value in given.items() if value is not None})
     return {"request_router_class": PREFIX_ROUTER, "request_router_kwargs": kwargs}
