@@ -35,6 +35,9 @@ CHAT_PODS = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": "ch
 PICKER_POD = Pod("llm", {"llm-d-router-gateway": "chat-pool-epp", "llm-d.ai/igw-mode": "llm-d-router-gateway"},
                  "10.0.30.1")
 """The chat picker's pod as the chart labels it (selectorLabels and modeLabels, InferencePool mode)."""
+PROXY_POD = Pod("llm", {"app.kubernetes.io/name": "chat-pool-epp", "llm-d-router-proxy": "chat-pool-proxy"},
+                "10.0.30.4")
+"""A chat proxy's pod as the chart labels it in service mode (routerlib labels and proxySelectorLabels)."""
 
 
 def picker_release(plan: StackPlan, name: str = "chat-pool") -> dict[str, Any]:
@@ -56,9 +59,16 @@ def test_the_routed_models_pool_selects_its_vllm_pods_on_vllms_port(shipped: dic
     router = release["values"]["router"]
     assert router["modelServers"] == {"matchLabels": CHAT_PODS, "targetPorts": [{"number": 8000}]}
     assert router["epp"]["image"] == {"tag": "v0.10.0", "pullPolicy": "IfNotPresent"}
-    assert router["proxy"] == {"enabled": True, "mode": "sidecar", "failOpen": True, "resources": {
+    # two pickers (the chart then turns on leader election), on different nodes where they can be
+    assert router["epp"]["replicas"] == 2
+    apart = {"topologyKey": "kubernetes.io/hostname",
+             "labelSelector": {"matchLabels": {"llm-d-router-gateway": "chat-pool-epp"}}}
+    assert router["epp"]["affinity"]["podAntiAffinity"] == {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": apart}]}
+    # two proxies of their own (service mode), failing at once where the picker does not answer
+    assert router["proxy"] == {"enabled": True, "mode": "service", "replicas": 2, "failOpen": False, "resources": {
         "requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
-        # the release's own Envoy ConfigMap (the chart's preset names every release's `envoy`), mounted by its sidecar
+        # the release's own Envoy ConfigMap (the chart's preset names every release's `envoy`), mounted by the proxies
         "configMap": {"name": "chat-pool-envoy"}, "volumes": [{"name": "config", "configMap": {
             "name": "chat-pool-envoy", "items": [{"key": "envoy.yaml", "path": "envoy.yaml"}]}}]}
     assert router["monitoring"] == {"prometheus": {"auth": {"enabled": False}}}
@@ -74,10 +84,17 @@ def test_the_routed_models_pool_selects_its_vllm_pods_on_vllms_port(shipped: dic
         "inference.networking.k8s.io_inferencepools.yaml"]
 
 
-def test_the_routed_models_service_sends_to_the_pickers_proxy(shipped: dict[str, StackPlan]) -> None:
-    chat = service(shipped["fresh"].objects(), "chat")
-    assert chat["spec"]["selector"] == {"llm-d-router-gateway": "chat-pool-epp"}
+def test_the_routed_models_service_sends_to_the_pickers_proxies(shipped: dict[str, StackPlan]) -> None:
+    """The proxies' Deployment (the chart's service mode labels its pods `llm-d-router-proxy: <release>-proxy`), on
+    their listener; one of the two is kept while nodes drain."""
+    objects = shipped["fresh"].objects()
+    chat = service(objects, "chat")
+    assert chat["spec"]["selector"] == {"llm-d-router-proxy": "chat-pool-proxy"}
     assert chat["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": 8081, "protocol": "TCP"}]
+    budgets = {b["metadata"]["name"]: b["spec"] for b in objects if b["kind"] == "PodDisruptionBudget"}
+    assert budgets["chat-pool-proxy"] == {"minAvailable": 1,
+                                          "selector": {"matchLabels": {"llm-d-router-proxy": "chat-pool-proxy"}}}
+    assert not [n for n, b in budgets.items() if "llm-d-router-gateway" in b["selector"].get("matchLabels", {})]
 
 
 def test_the_service_waits_for_the_picker(shipped: dict[str, StackPlan]) -> None:
@@ -107,14 +124,18 @@ def test_clients_reach_the_proxy_and_the_picker_reaches_vllm_and_the_api_server(
     policies = shipped["fresh"].objects("NetworkPolicy")
     server = Pod("llm", {**CHAT_PODS, "app.kubernetes.io/managed-by": "triarch"}, "10.0.30.2")
     client = Pod("llm", {"app": "smoke-test"}, "10.0.30.3")
-    assert connects(policies, client, PICKER_POD, 8081)
-    assert connects(policies, PICKER_POD, server, 8000)  # the proxy to vLLM, the picker to its metrics
+    assert connects(policies, client, PROXY_POD, 8081)
+    assert connects(policies, PROXY_POD, PICKER_POD, 9002)  # the proxies ask the picker (ext_proc) through its Service
+    assert connects(policies, PROXY_POD, server, 8000)  # and send to vLLM
+    assert connects(policies, PICKER_POD, server, 8000)  # the picker reads vLLM's metrics
     assert connects(policies, PICKER_POD, API_SERVICE, 443) and connects(policies, PICKER_POD, API_ENDPOINT, 6443)
     assert connects(policies, Pod("monitoring", {"app": "prometheus"}), PICKER_POD, 9090)
     for namespace in ("default", "kube-system", "keda"):
-        assert not connects(policies, Pod(namespace), PICKER_POD, 8081), namespace
-    assert not connects(policies, client, PICKER_POD, 9002)  # the ext_proc port is the sidecar's, on localhost
+        assert not connects(policies, Pod(namespace), PROXY_POD, 8081), namespace
+    assert not connects(policies, client, PICKER_POD, 9002)  # ext_proc is the proxies' alone
+    assert not connects(policies, client, PICKER_POD, 8081)  # the picker's pod serves no clients
     assert not connects(policies, server, API_SERVICE, 443)  # the vLLM pods stay off the API server
+    assert not connects(policies, PROXY_POD, API_SERVICE, 443)  # nor do the proxies
     assert not connects(policies, PICKER_POD, HUB, 80)
 
 
@@ -327,42 +348,65 @@ def fresh_effects(shipped: dict[str, StackPlan], enabled: bool, tmp_path: Path) 
 def test_turning_the_picker_on_says_the_services_backends_move_to_the_proxy(shipped: dict[str, StackPlan],
                                                                            tmp_path: Path) -> None:
     found = [line for line in fresh_effects(shipped, True, tmp_path) if line.startswith("Service ")]
-    assert found == ["Service chat: its backends move from the vLLM pods to the endpoint picker's proxy "
-                     "(chat-pool-epp): open connections stay on their pod, new ones go through the proxy, which "
-                     "sends each request to the pod the picker chose by its prompt's start; one more pod (the picker "
-                     "and its Envoy proxy) runs beside the add-ons"]
+    assert found == ["Service chat: its backends move from the vLLM pods to the endpoint picker's proxies "
+                     "(chat-pool-proxy): open connections stay on their pod, new ones go through a proxy, which "
+                     "sends each request to the pod the picker chose by its prompt's start; four more pods (two "
+                     "pickers, one leading, and two proxies) run beside the add-ons"]
 
 
 def test_turning_the_picker_off_says_the_service_goes_back_to_the_pods(shipped: dict[str, StackPlan],
                                                                        tmp_path: Path) -> None:
     found = [line for line in fresh_effects(shipped, False, tmp_path) if line.startswith("Service ")]
-    assert found == ["Service chat: its backends move from the endpoint picker's proxy (chat-pool-epp) back to the "
-                     "vLLM pods, connections spread over them without regard to their prefix caches; the picker's "
-                     "pod is removed"]
+    assert found == ["Service chat: its backends move from the endpoint picker's proxies (chat-pool-proxy) back to "
+                     "the vLLM pods, connections spread over them without regard to their prefix caches; the "
+                     "picker's pods are removed"]
 
 
-def test_the_pickers_pod_is_placed_on_the_system_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """prod with its vllm model made a generate model and routed: the placement proof places the picker with its
-    proxy (750m CPU, 1280 MiB requested: 500m + 250m, 1 GiB + 256 MiB) on the system pool, and nothing breaks."""
+def test_the_pickers_pods_are_placed_on_the_system_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """prod with its vllm model made a generate model and routed: the placement proof places the two pickers (500m
+    CPU, 1 GiB each) on the system pool by their affinity, and the two proxies (250m, 256 MiB each; a third while
+    their Deployment rolls) where no taint keeps them off, the system pool too, and nothing breaks."""
     config = stack_document("prod")
     config["triarch:models"][0].update(model="Qwen/Qwen3-8B", prefixRouting={"enabled": True})
     path = write_stack_file(tmp_path / "Pulumi.routed.yaml", config)
     code = cli.main(["check", "--stack-file", str(path)])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "Helm release embed-pool (endpoint picker and proxy): on system (m7i.xlarge); asks 750m CPU, 1280 MiB" \
-        in out, out
+    assert "Helm release embed-pool (endpoint picker): on system (m7i.xlarge); asks 500m CPU, 1024 MiB" in out, out
+    assert "1 node(s) at its peak of 2 pod(s)" in out.split("embed-pool (endpoint picker)")[1].split("\n")[0], out
+    proxies = out.split("Helm release embed-pool (proxy): ")[1].split("\n")[0]
+    assert proxies.startswith("on system (m7i.xlarge); asks 250m CPU, 256 MiB") and "peak of 3 pod(s)" in proxies, out
     assert "triarch-guardrails: no violations" in out
 
 
-def test_the_cost_report_counts_the_pickers_pod(tmp_path: Path) -> None:
-    """capacity.json: the routed model's picker pod (750m CPU, 1280 MiB requested) and its share of an m7i.xlarge
-    system node by CPU: $0.2016/h (prices.yaml, us-east-1) x 730 h x 0.75 / 4 vCPU = $27.59 a month."""
+def test_the_cost_report_counts_the_pickers_pods(tmp_path: Path) -> None:
+    """capacity.json: the routed model's two pickers and two proxies (2 x 500m + 2 x 250m = 1500m CPU, 2 x 1024 +
+    2 x 256 = 2560 MiB requested) and their share of an m7i.xlarge system node by CPU: $0.2016/h (prices.yaml,
+    us-east-1) x 730 h x 1.5 / 4 vCPU = $55.19 a month."""
     config = stack_document("prod")
     config["triarch:models"][0].update(model="Qwen/Qwen3-8B", prefixRouting={"enabled": True})
     path = write_stack_file(tmp_path / "Pulumi.routed.yaml", config)
     assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")]) == 0
     capacity = json.loads((tmp_path / "out" / "capacity.json").read_text())
     pickers = {m["name"]: m.get("picker") for m in capacity["models"]}
-    assert pickers == {"embed": {"pods": 1, "cpuMillicores": 750, "memoryMiB": 1280, "monthlyUsdShare": 27.59,
+    assert pickers == {"embed": {"pods": 4, "cpuMillicores": 1500, "memoryMiB": 2560, "monthlyUsdShare": 55.19,
                                  "of": "m7i.xlarge (4 vCPU)"}, "chat": None, "qwen": None}
+
+
+def test_a_stack_routed_before_the_proxies_moved_out_is_told_what_its_upgrade_does() -> None:
+    """A Service that selected the picker's pod (its sidecar proxy, as Triarch planned before) and now selects the
+    proxies' own Deployment: said, with the gap it opens."""
+    from triarch.effects import _picker_effects
+
+    def plan(selector: dict[str, str]) -> dict[str, Any]:
+        return {"resources": [{"type": "kubernetes:core/v1:Service",
+                               "inputs": {"metadata": {"name": "chat"}, "spec": {"selector": selector}}}]}
+
+    found = _picker_effects(plan({"llm-d-router-gateway": "chat-pool-epp"}),
+                            plan({"llm-d-router-proxy": "chat-pool-proxy"}))
+    assert found == ["Service chat: its backends move from the endpoint picker's pod and its sidecar proxy "
+                     "(chat-pool-epp) to two proxies of their own (chat-pool-proxy), and a second picker waits to "
+                     "lead: the picker's release upgrades and its old pod goes (Recreate): requests fail until the new "
+                     "proxies are ready and a picker leads"]
+    assert _picker_effects(plan({"llm-d-router-proxy": "chat-pool-proxy"}),
+                           plan({"llm-d-router-proxy": "chat-pool-proxy"})) == []

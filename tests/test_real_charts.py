@@ -263,8 +263,9 @@ def test_the_charts_webhooks_are_served_by_the_real_operators(fresh: Fresh) -> N
 def test_the_inference_pool_is_accepted_and_selects_the_models_pods_behind_the_picker(fresh: Fresh) -> None:
     """chat routes by prefix: the chart's InferencePool is stored as inference.networking.k8s.io/v1 (the CRD
     Triarch applies from the mirror, whose schema refuses a pool without targetPorts), selects exactly chat's vLLM
-    pods on vLLM's port and names the picker; the picker's Deployment is ready, and chat's Service sends to the
-    picker pod's proxy port, not to the vLLM pods."""
+    pods on vLLM's port and names the picker; the two pickers (leader election: its Lease's Role) and the two proxies
+    of their own Deployment are ready, and chat's Service sends to the proxies' port, not to the vLLM pods, with one
+    proxy kept by a PodDisruptionBudget."""
     pool = fresh.get("inferencepools.inference.networking.k8s.io", "chat-pool", "-n", "llm")
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
     assert pool["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "vllm",
@@ -276,9 +277,16 @@ def test_the_inference_pool_is_accepted_and_selects_the_models_pods_behind_the_p
     owners = {ref["name"].rsplit("-", 1)[0] for p in selected for ref in p["metadata"]["ownerReferences"]}
     assert selected and owners == {"chat"}, owners  # the chat Deployment's ReplicaSet, and nothing else
     picker = fresh.get("deployment", "chat-pool-epp", "-n", "llm")
-    assert picker["status"].get("availableReplicas") == 1
+    assert picker["status"].get("availableReplicas") == 2
     containers = {c["name"] for c in picker["spec"]["template"]["spec"]["containers"]}
-    assert containers == {"epp", "envoy-proxy"}
+    assert containers == {"epp"}
+    [epp] = picker["spec"]["template"]["spec"]["containers"]
+    assert "--ha-enable-leader-election" in epp["args"]
+    assert fresh.get("role", "chat-pool-epp-leader-election", "-n", "llm")["rules"]
+    proxies = fresh.get("deployment", "chat-pool-proxy", "-n", "llm")
+    assert proxies["status"].get("availableReplicas") == 2
+    assert [c["name"] for c in proxies["spec"]["template"]["spec"]["containers"]] == ["envoy-proxy"]
+    assert proxies["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True  # the post-renderer's
     # The post-renderer ran (the chart gives the epp container no context of its own), found by the Release's path
     # from the project's root while no PATH directory of the ups held it.
     assert picker["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -291,10 +299,12 @@ def test_the_inference_pool_is_accepted_and_selects_the_models_pods_behind_the_p
                  if r["type"] == "kubernetes:helm.sh/v3:Release" and r.get("inputs", {}).get("name") == "chat-pool"]
     assert release["inputs"]["postrender"] == "./.venv/bin/triarch-restrict-pods"
     service = fresh.get("service", "chat", "-n", "llm")
-    assert service["spec"]["selector"] == {"llm-d-router-gateway": "chat-pool-epp"}
+    assert service["spec"]["selector"] == {"llm-d-router-proxy": "chat-pool-proxy"}
     assert [p["targetPort"] for p in service["spec"]["ports"]] == [8081]
-    backends = fresh.get("pods", "-n", "llm", "-l", "llm-d-router-gateway=chat-pool-epp")["items"]
-    assert [p["metadata"]["ownerReferences"][0]["name"].rsplit("-", 1)[0] for p in backends] == ["chat-pool-epp"]
+    backends = fresh.get("pods", "-n", "llm", "-l", "llm-d-router-proxy=chat-pool-proxy")["items"]
+    assert [p["metadata"]["ownerReferences"][0]["name"].rsplit("-", 1)[0] for p in backends] == ["chat-pool-proxy"] * 2
+    budget = fresh.get("poddisruptionbudget", "chat-pool-proxy", "-n", "llm")
+    assert (budget["spec"]["minAvailable"], budget["status"].get("expectedPods")) == (1, 2)
     broken = {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
               "metadata": {"name": "no-ports", "namespace": "llm"},
               "spec": {"selector": {"matchLabels": {"a": "b"}}, "endpointPickerRef": {"name": "x", "port": {
@@ -304,16 +314,16 @@ def test_the_inference_pool_is_accepted_and_selects_the_models_pods_behind_the_p
 
 
 def test_two_routed_models_install_their_pickers_side_by_side(fresh: Fresh) -> None:
-    """Each picker release has its own Envoy ConfigMap, which its sidecar mounts: the chart's preset names every one
+    """Each picker release has its own Envoy ConfigMap, which its proxies mount: the chart's preset names every one
     `envoy`, and a second release in the namespace failed on it."""
     maps = {m["metadata"]["name"]: m for m in fresh.get("configmaps", "-n", "llm")["items"]}
     assert "envoy" not in maps
     for model in ("chat", "draft"):
         assert "envoy.yaml" in maps[f"{model}-pool-envoy"]["data"]
         assert maps[f"{model}-pool-envoy"]["metadata"]["annotations"]["meta.helm.sh/release-name"] == f"{model}-pool"
-        picker = fresh.get("deployment", f"{model}-pool-epp", "-n", "llm")
-        assert picker["status"].get("availableReplicas") == 1, model
-        volumes = {v["name"]: v for v in picker["spec"]["template"]["spec"]["volumes"]}
+        proxies = fresh.get("deployment", f"{model}-pool-proxy", "-n", "llm")
+        assert proxies["status"].get("availableReplicas") == 2, model
+        volumes = {v["name"]: v for v in proxies["spec"]["template"]["spec"]["volumes"]}
         assert volumes["config"]["configMap"]["name"] == f"{model}-pool-envoy", model
 
 

@@ -251,12 +251,14 @@ def price_gap_line(capacity: dict[str, Any]) -> str | None:
 
 
 def _picker_cost(stack: StackConfig, region: str | None, facts: Catalog, table: PriceTable) -> dict[str, Any]:
-    """An endpoint picker's pod (the picker and its proxy, planners/picker.py): what it requests, and on a created
-    cluster its share of a system node's price by CPU requested (the system nodes' own row counts the nodes; this
-    says how much of them the picker takes, never added to a total)."""
-    cpu = sum(cpu_millicores(r["requests"]["cpu"]) for r in (picker.PICKER_RESOURCES, picker.PROXY_RESOURCES))
-    memory = sum(memory_mib(r["requests"]["memory"]) for r in (picker.PICKER_RESOURCES, picker.PROXY_RESOURCES))
-    row: dict[str, Any] = {"pods": 1, "cpuMillicores": cpu, "memoryMiB": memory, "monthlyUsdShare": None}
+    """An endpoint picker's pods (two pickers and two proxies, planners/picker.py): what they request, and on a
+    created cluster their share of a system node's price by CPU requested (the system nodes' own row counts the
+    nodes; this says how much of them the pickers take, never added to a total)."""
+    pods = ((picker.PICKER_RESOURCES, picker.PICKER_REPLICAS), (picker.PROXY_RESOURCES, picker.PROXY_REPLICAS))
+    cpu = sum(cpu_millicores(r["requests"]["cpu"]) * n for r, n in pods)
+    memory = sum(memory_mib(r["requests"]["memory"]) * n for r, n in pods)
+    row: dict[str, Any] = {"pods": sum(n for _, n in pods), "cpuMillicores": cpu, "memoryMiB": memory,
+                           "monthlyUsdShare": None}
     system = stack.cluster.system_node_group
     instance = facts.instances.get(system.instance_type)
     price = table.instance(region, system.instance_type) if stack.cluster.create and region else None

@@ -252,32 +252,44 @@ def _service_names(plan: Mapping[str, Any]) -> set[str]:
     return {str(r["inputs"].get("metadata", {}).get("name")) for r in plan["resources"] if r["type"] == SERVICE}
 
 
-PICKER_SELECTOR = "llm-d-router-gateway"
-"""The label an endpoint picker's pod carries (planners/picker.py): a Service selecting it sends to the proxy."""
+PICKER_SELECTORS = ("llm-d-router-proxy", "llm-d-router-gateway")
+"""The labels a Service selects to send to an endpoint picker's proxies (planners/picker.py): the proxies' own
+Deployment, or, as stacks planned before it did, the picker's pod with its sidecar proxy."""
 
 
 def _service_backends(plan: Mapping[str, Any]) -> dict[str, str | None]:
-    """Service name -> the endpoint picker it sends to, or None where it selects the pods themselves."""
-    return {str(r["inputs"].get("metadata", {}).get("name")):
-            ((r["inputs"].get("spec") or {}).get("selector") or {}).get(PICKER_SELECTOR)
-            for r in plan["resources"] if r["type"] == SERVICE}
+    """Service name -> the endpoint picker's proxy it sends to, or None where it selects the pods themselves."""
+    found: dict[str, str | None] = {}
+    for resource in plan["resources"]:
+        if resource["type"] != SERVICE:
+            continue
+        selector = (resource["inputs"].get("spec") or {}).get("selector") or {}
+        found[str(resource["inputs"].get("metadata", {}).get("name"))] = next(
+            (str(selector[key]) for key in PICKER_SELECTORS if key in selector), None)
+    return found
 
 
 def _picker_effects(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
-    """A vllm model's Service moving to its endpoint picker's proxy (prefixRouting on) or back (off)."""
+    """A vllm model's Service moving to its endpoint picker's proxies (prefixRouting on), back (off), or from a
+    picker's sidecar proxy to proxies of their own."""
     before, after = _service_backends(base), _service_backends(head)
     found = []
     for name in sorted(set(before) & set(after)):
         old, new = before[name], after[name]
         if old is None and new is not None:
-            found.append(f"Service {name}: its backends move from the vLLM pods to the endpoint picker's proxy "
-                         f"({new}): open connections stay on their pod, new ones go through the proxy, which sends "
-                         "each request to the pod the picker chose by its prompt's start; one more pod (the picker "
-                         "and its Envoy proxy) runs beside the add-ons")
+            found.append(f"Service {name}: its backends move from the vLLM pods to the endpoint picker's proxies "
+                         f"({new}): open connections stay on their pod, new ones go through a proxy, which sends "
+                         "each request to the pod the picker chose by its prompt's start; four more pods (two "
+                         "pickers, one leading, and two proxies) run beside the add-ons")
         elif old is not None and new is None:
-            found.append(f"Service {name}: its backends move from the endpoint picker's proxy ({old}) back to the "
+            found.append(f"Service {name}: its backends move from the endpoint picker's proxies ({old}) back to the "
                          "vLLM pods, connections spread over them without regard to their prefix caches; the "
-                         "picker's pod is removed")
+                         "picker's pods are removed")
+        elif old is not None and new is not None and old != new:
+            found.append(f"Service {name}: its backends move from the endpoint picker's pod and its sidecar proxy "
+                         f"({old}) to two proxies of their own ({new}), and a second picker waits to lead: the "
+                         "picker's release upgrades and its old pod goes (Recreate): requests fail until the new "
+                         "proxies are ready and a picker leads")
     return found
 
 

@@ -119,14 +119,24 @@ def _chart_workloads(r: Any) -> list[Workload]:
     name = str(r.props.get("name"))
     label = f"Helm release {name}"
     if _is_picker(r):
-        # One pod (router.epp.replicas, 1 by default; the Deployment is Recreate, so no surge): the picker and its
-        # proxy sidecar, placed by router.epp.affinity and tolerations (routerlib _deployment.yaml, v0.10.0).
+        # The pickers (router.epp.replicas, 1 by default; the Deployment is Recreate, so no surge), placed by
+        # router.epp.affinity and tolerations, with the proxy as a sidecar (router.proxy.mode sidecar, the chart's
+        # default) or, in service mode, the proxies in a Deployment of their own (router.proxy.replicas, 2 by
+        # default), which takes no placement values: any node without a taint, with the Deployment's default
+        # surge of 25%, rounded up (routerlib _deployment.yaml and _proxy-deployment.yaml, v0.10.0).
         router = values.get("router") or {}
         epp, proxy = router.get("epp") or {}, router.get("proxy") or {}
         spec = {"affinity": epp.get("affinity") or {}, "tolerations": epp.get("tolerations") or []}
-        requests = requests_of([{"resources": epp.get("resources") or {}}, {"resources": proxy.get("resources") or {}}])
-        return [Workload(f"{label} (endpoint picker and proxy)", r.type, r.name, r.urn, spec, requests,
-                         as_int(epp.get("replicas")) or 1)]
+        pickers = as_int(epp.get("replicas")) or 1
+        if proxy.get("mode") != "service":
+            requests = requests_of([{"resources": epp.get("resources") or {}},
+                                    {"resources": proxy.get("resources") or {}}])
+            return [Workload(f"{label} (endpoint picker and proxy)", r.type, r.name, r.urn, spec, requests, pickers)]
+        proxies = as_int(proxy.get("replicas")) or 2
+        return [Workload(f"{label} (endpoint picker)", r.type, r.name, r.urn, spec,
+                         requests_of([{"resources": epp.get("resources") or {}}]), pickers),
+                Workload(f"{label} (proxy)", r.type, r.name, r.urn, {},
+                         requests_of([{"resources": proxy.get("resources") or {}}]), proxies, _surge("25%", proxies))]
     if name == "nvidia-device-plugin":
         spec = {"affinity": values.get("affinity") or {}, "tolerations": values.get("tolerations") or []}
         requests = requests_of([{"resources": values.get("resources") or {}}])

@@ -1,8 +1,11 @@
 """Prefix-aware routing for a plain vLLM model: the Gateway API Inference Extension's InferencePool over the model's
-pods, with llm-d-router's endpoint picker (EPP) and its Envoy sidecar in front of them (the standalone chart, no
+pods, with llm-d-router's endpoint picker (EPP) and Envoy proxies in front of them (the standalone chart, no
 Gateway). One release per model: an InferencePool selects one model's pods, and the picker's prefix index is per
-pool. The model's Service then selects the picker's pod (the proxy's port) instead of the vLLM pods; the proxy asks
-the picker which pod should answer and sends the request there, to vLLM's port."""
+pool. The model's Service then selects the proxies (their port) instead of the vLLM pods; a proxy asks the picker
+which pod should answer and sends the request there, to vLLM's port.
+
+No single pod carries the model's traffic: two pickers, one leading (the chart's leader election), and two proxies in
+a Deployment of their own (the chart's service mode) behind a PodDisruptionBudget."""
 
 from __future__ import annotations
 
@@ -18,11 +21,19 @@ PICKER_CHART = "llm-d-router-standalone"
 PROXY_PORT = 8081
 """The Envoy sidecar's listener (the chart's envoy preset, listener `vllm`, and its extraServicePorts `http`)."""
 EXT_PROC_PORT = 9002
-"""The picker's ext_proc gRPC port (router.epp.extProcPort), which the proxy calls on localhost."""
+"""The picker's ext_proc gRPC port (router.epp.extProcPort), which the proxies call through the picker's Service."""
 METRICS_PORT = 9090
 """The picker's metrics (its container port `metrics`, the Service's `http-metrics`)."""
 VLLM_PORT = 8000
 """The InferencePool's target port: vLLM's own (planners/vllm.py PORT)."""
+PICKER_REPLICAS = 2
+"""Pickers per model: above one the chart runs them active/passive (--ha-enable-leader-election, a Lease): only the
+leader answers (the other's gRPC health is not serving, so the EPP Service sends to the leader alone), and the other
+takes the Lease when the leader's pod goes, after the Lease runs out. No PodDisruptionBudget for them: with one of
+two ready, any budget that keeps the leader blocks every drain of its node, and a drain is what the other is for."""
+PROXY_REPLICAS = 2
+"""Envoy proxies per model (the chart's service mode: a Deployment and Service of their own, reaching the picker
+through its Service): both serve, and a PodDisruptionBudget keeps one while nodes drain."""
 MODE_LABEL = {"llm-d.ai/igw-mode": "llm-d-router-gateway"}
 """Every picker pod's label when the chart renders an InferencePool (routerlib _helpers.tpl, modeLabels)."""
 POSTRENDER_DIR = "./.venv/bin"
@@ -81,6 +92,23 @@ def picker_pod_selector(model: str) -> dict[str, str]:
     return {"llm-d-router-gateway": picker_name(model)}
 
 
+def proxy_pod_selector(model: str) -> dict[str, str]:
+    """The proxies' own label in service mode (routerlib _helpers.tpl, proxySelectorLabels: `<release>-proxy`, the
+    release cut to 40 characters): what the model's Service and the proxies' budget select."""
+    return {"llm-d-router-proxy": f"{release_name(model)[:40]}-proxy"}
+
+
+PROXY_POD = {"matchExpressions": [{"key": "llm-d-router-proxy", "operator": "Exists"}]}
+"""Every model's proxies (the chart labels them with their release's proxy name)."""
+
+
+def proxy_budget(model: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
+    """One proxy of the two kept while nodes drain: the model's traffic goes through them."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": f"{release_name(model)}-proxy", "namespace": namespace, "labels": labels},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": proxy_pod_selector(model)}}}
+
+
 def model_pod_selector(model: str) -> dict[str, str]:
     """What the InferencePool selects: the model's vLLM pods (planners/vllm.py selector)."""
     return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": model}
@@ -94,18 +122,27 @@ def proxy_config_map(model: str) -> str:
 def picker_values(stack: StackConfig, plan: ModelPlan) -> dict[str, Any]:
     """The chart's values for one model. Every key exists in the chart's values (v0.10.0, standalone values.yaml
     and routerlib's under `router`): the pool over the model's pods on vLLM's port, the picker's image at the pinned
-    tag, pulled once; the proxy as a sidecar (the chart's default), failing open (a request still reaches a vLLM pod
-    when the picker is down); on the system nodes of a created cluster, with Triarch's requests (PICKER_RESOURCES,
-    PROXY_RESOURCES) in place of the chart's."""
+    tag, pulled once; two pickers (leader election) and two proxies in their own Deployment (PICKER_REPLICAS,
+    PROXY_REPLICAS); on the system nodes of a created cluster, the pickers on different nodes where they can be,
+    with Triarch's requests (PICKER_RESOURCES, PROXY_RESOURCES) in place of the chart's.
+
+    failOpen false: the chart's "fail open" passes a request on without the picker's destination header, and the
+    proxy's original-destination cluster, which takes its endpoint from that header, then has none to send it to (a
+    503 either way, Envoy's original_dst load balancer): false says so at once, under the picker's error."""
     endpoint_picker = next(i for i in charts()[PICKER_CHART].images if i.key == "endpointPicker")
+    apart = {"topologyKey": "kubernetes.io/hostname",
+             "labelSelector": {"matchLabels": picker_pod_selector(plan.name)}}
+    spread = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": apart}]}}
     router: dict[str, Any] = {
         "modelServers": {"matchLabels": model_pod_selector(plan.name), "targetPorts": [{"number": VLLM_PORT}]},
         "epp": {"image": {"tag": parse(endpoint_picker.image).tag, "pullPolicy": "IfNotPresent"},
-                "resources": PICKER_RESOURCES},
-        "proxy": {"enabled": True, "mode": "sidecar", "failOpen": True, "resources": PROXY_RESOURCES,
+                "replicas": PICKER_REPLICAS, "resources": PICKER_RESOURCES, "affinity": spread},
+        "proxy": {"enabled": True, "mode": "service", "replicas": PROXY_REPLICAS, "failOpen": False,
+                  "resources": PROXY_RESOURCES,
                   # The envoy preset names its ConfigMap `envoy` in every release, so a second routed model's
                   # release in the namespace fails on it; the preset is merged under these (mergeOverwrite), its
-                  # envoy.yaml kept, and the sidecar's volume follows the name.
+                  # envoy.yaml kept, and the proxies' volume follows the name.
                   "configMap": {"name": proxy_config_map(plan.name)},
                   "volumes": [{"name": "config", "configMap": {"name": proxy_config_map(plan.name), "items": [
                       {"key": "envoy.yaml", "path": "envoy.yaml"}]}}]},
@@ -114,7 +151,7 @@ def picker_values(stack: StackConfig, plan: ModelPlan) -> dict[str, Any]:
         "monitoring": {"prometheus": {"auth": {"enabled": False}}},
     }
     if stack.cluster.create:
-        router["epp"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        router["epp"]["affinity"]["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": [
-                {"key": POOL_LABEL, "operator": "In", "values": [SYSTEM_POOL]}]}]}}}
+                {"key": POOL_LABEL, "operator": "In", "values": [SYSTEM_POOL]}]}]}}
     return {"router": router}

@@ -77,9 +77,10 @@ def network_policies(settings: pods.ServingSettings, with_ray: bool,
     Out: nothing by default; DNS; this namespace's own pods; HTTPS to the model hub, never inside the cluster's
     network (so not the API server, the nodes, or other namespaces); the Ray head, whose autoscaler asks the API
     server for workers, also HTTPS inside the cluster's network.
-    Endpoint pickers (prefixRouting on a vllm model): their proxy's port from the OpenAI clients (the model's Service
-    sends there); the picker watches its InferencePool and the pods through the API server (HTTPS inside the
-    cluster's network); the proxy reaches vLLM's port and the picker vLLM's metrics inside the namespace.
+    Endpoint pickers (prefixRouting on a vllm model): the proxies' port from the OpenAI clients (the model's Service
+    sends there), the picker's ext_proc port from the proxies; the picker watches its InferencePool and the pods and
+    holds its Lease through the API server (HTTPS inside the cluster's network); the proxy reaches vLLM's port and the
+    picker vLLM's metrics inside the namespace.
     """
     namespace = settings.namespace
 
@@ -117,8 +118,11 @@ def network_policies(settings: pods.ServingSettings, with_ray: bool,
     if with_pickers:
         pickers = {"matchLabels": dict(picker.MODE_LABEL)}
         policies += [
-            policy("allow-picker-proxy", pickers, "Ingress",
+            policy("allow-picker-proxy", picker.PROXY_POD, "Ingress",
                    [{"from": clients, "ports": [{"protocol": "TCP", "port": picker.PROXY_PORT}]}]),
+            policy("allow-picker-ext-proc", pickers, "Ingress",
+                   [{"from": [{"podSelector": picker.PROXY_POD}],
+                     "ports": [{"protocol": "TCP", "port": picker.EXT_PROC_PORT}]}]),
             policy("allow-picker-api-server", pickers, "Egress", api_server),
         ]
     if with_ray:

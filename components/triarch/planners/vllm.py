@@ -190,17 +190,19 @@ def _service_and_budget(plan: ModelPlan, settings: pods.ServingSettings, labels:
         "spec": {"type": "ClusterIP", "selector": selector,
                  "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]},
     }
+    budgets = []
     if picker.routed(plan):
-        # Behind the endpoint picker: the Service's backends are the picker's pod, at its proxy's port; the proxy
-        # sends each request on to the vLLM pod the picker chose (the InferencePool's, on vLLM's port).
-        service["spec"] = {"type": "ClusterIP", "selector": picker.picker_pod_selector(plan.name), "ports": [
+        # Behind the endpoint picker: the Service's backends are its proxies, at their port; a proxy sends each
+        # request on to the vLLM pod the picker chose (the InferencePool's, on vLLM's port).
+        service["spec"] = {"type": "ClusterIP", "selector": picker.proxy_pod_selector(plan.name), "ports": [
             {"name": "http", "port": PORT, "targetPort": picker.PROXY_PORT, "protocol": "TCP"}]}
+        budgets.append(picker.proxy_budget(plan.name, settings.namespace, labels))
     budget = {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": {"name": plan.name, "namespace": settings.namespace, "labels": labels},
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": budget_selector}},
     }
-    return [service, budget]
+    return [service, budget, *budgets]
 
 
 def vllm_manifests(plan: ModelPlan, settings: pods.ServingSettings) -> list[dict[str, Any]]:
