@@ -410,3 +410,28 @@ def test_a_stack_routed_before_the_proxies_moved_out_is_told_what_its_upgrade_do
                      "proxies are ready and a picker leads"]
     assert _picker_effects(plan({"llm-d-router-proxy": "chat-pool-proxy"}),
                            plan({"llm-d-router-proxy": "chat-pool-proxy"})) == []
+
+
+@pytest.mark.parametrize(("paths", "said"), [
+    (["version"], True),                                     # a chart bump: new templates and labels
+    (["values.router.epp.image.tag"], True),                 # the picker's image
+    (["postrender"], True),                                  # registry credentials added: the pods' pull Secret
+    (["values.router.proxy.resources.requests.cpu"], False),  # the proxies roll, one at a time, under their budget
+])
+def test_a_change_that_replaces_the_pickers_pods_says_routing_stops_until_one_leads(paths: list[str], said: bool
+                                                                                    ) -> None:
+    """The chart's picker Deployment is Recreate: what changes its pods stops both pickers before the new start."""
+    from triarch.diff import Diff, Difference
+    from triarch.effects import _picker_roll, traffic_effects
+
+    urn = "urn:pulumi:fresh::triarch::kubernetes:helm.sh/v3:Release::chat-pool"
+    head = {"resources": [{"type": "kubernetes:helm.sh/v3:Release", "name": "chat-pool", "urn": urn, "inputs": {
+        "name": "chat-pool", "chart": "oci://127.0.0.1:5000/charts/llm-d-router-standalone"}}]}
+    difference = Difference("changed", "kubernetes:helm.sh/v3:Release", "chat-pool", urn, paths, False, "")
+    expected = [f"Helm release chat-pool: its endpoint pickers' pods are replaced both at once (the chart's "
+                f"Deployment is Recreate; caused by {paths[0]}): requests through the model's proxies fail until a "
+                "new picker leads"]
+    assert _picker_roll(difference, head) == (expected if said else [])
+    assert traffic_effects(Diff([difference]), head, head, None, None) == (expected if said else [])
+    other = {"resources": [{**head["resources"][0], "inputs": {"name": "keda", "chart": "oci://x/keda"}}]}
+    assert _picker_roll(difference, other) == []

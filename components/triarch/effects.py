@@ -269,6 +269,28 @@ def _service_backends(plan: Mapping[str, Any]) -> dict[str, str | None]:
     return found
 
 
+RELEASE = "kubernetes:helm.sh/v3:Release"
+PICKER_CHART_SUFFIX = "/llm-d-router-standalone"
+PICKER_POD_INPUTS = ("chart", "version", "postrender", "values.router.epp")
+"""A picker release's inputs that change its pickers' pod template: the chart and its version (templates, labels),
+the post-renderer (the pods' security context and pull Secret), and the pickers' own values."""
+
+
+def _picker_roll(difference: Difference, head: Mapping[str, Any]) -> list[str]:
+    """A picker release whose pickers' pods change: the chart runs them as a Recreate Deployment, so both go before
+    the new ones start, and the proxies have no picker to ask until one of those leads."""
+    inputs: Mapping[str, Any] = next((r["inputs"] for r in head["resources"] if r["urn"] == difference.urn), {})
+    if not str(inputs.get("chart", "")).endswith(PICKER_CHART_SUFFIX):
+        return []
+    changed = sorted(p for p in difference.inputs
+                     if any(p == key or p.startswith((f"{key}.", f"{key}[")) for key in PICKER_POD_INPUTS))
+    if not changed:
+        return []
+    return [f"Helm release {inputs.get('name', difference.name)}: its endpoint pickers' pods are replaced both at "
+            f"once (the chart's Deployment is Recreate; caused by {', '.join(changed)}): requests through the model's "
+            "proxies fail until a new picker leads"]
+
+
 def _picker_effects(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
     """A vllm model's Service moving to its endpoint picker's proxies (prefixRouting on), back (off), or from a
     picker's sidecar proxy to proxies of their own."""
@@ -407,6 +429,8 @@ def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, An
             found += _ray_effects(difference)
         elif difference.type in POD_TEMPLATES and difference.kind == "changed":
             found += _rollout(difference, head)
+        elif difference.type == RELEASE and difference.kind == "changed":
+            found += _picker_roll(difference, head)
         elif difference.kind in ("changed", "replaced"):
             found += _pool_effects(difference)
     gone = sorted(_service_names(base) - _service_names(head))
