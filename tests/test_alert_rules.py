@@ -29,6 +29,8 @@ from triarch.local import engines
 from triarch.local.engines import EngineError
 
 XID = "DCGM_FI_DEV_XID_ERRORS"
+ROLE_PREFIXES = {"prefill": "Prefill:", "decode": "Decode:"}
+"""Ray 2.60's names for a split application's deployments (serving_patterns/prefill_decode/builder.py)."""
 MONITORING = "monitoring"
 
 
@@ -61,6 +63,20 @@ class Model:
     leader, <set>-<group>-<index> for the workers)."""
     routed: bool = False
     """A vllm model behind an endpoint picker (prefixRouting.enabled in the stack file)."""
+    role: str | None = None
+    """A split model's role (disaggregation in the stack file): each role is a Model of the model's name."""
+    replica: str = "r1"
+    """The replica's id, as vLLM's Ray stat logger labels its series (ReplicaId) and Serve its health (replica)."""
+
+    @property
+    def stem(self) -> str:
+        """How its alerts' names start: the model's name, and a split model's role, in CamelCase."""
+        return "".join(p.capitalize() for p in [*self.name.split("-"), *([self.role] if self.role else [])])
+
+    @property
+    def deployment(self) -> str:
+        """Its Serve deployment, as Ray 2.60 names it: LLMServer:<model>, or a split model's Prefill:/Decode:."""
+        return f"{ROLE_PREFIXES[self.role]}{self.name}" if self.role else f"LLMServer:{self.name}"
 
     @property
     def pod(self) -> str:
@@ -89,7 +105,7 @@ class World:
         if model.engine == "ray-serve":
             name = "ray_vllm_" + metric
             got = self.pod_job("ray", model.pod, model_name=model.name, engine="0", Component="core_worker",
-                               SessionName="session_2026", **rest)
+                               SessionName="session_2026", ReplicaId=model.replica, **rest)
         else:
             name = "vllm:" + metric
             got = self.pod_job("vllm", model.pod, container="vllm", endpoint="http", model_name=model.name,
@@ -98,8 +114,18 @@ class World:
 
     def serve_queue(self, model: Model) -> str:
         return "ray_serve_deployment_queued_queries" + labels(**self.pod_job(
-            "ray", "llm-x7k2p-head-b8r2m", application=model.name, deployment=f"LLMServer:{model.name}",
+            "ray", "llm-x7k2p-head-b8r2m", application=model.name, deployment=model.deployment,
             handle="h1", actor_id="a1"))
+
+    def healthy(self, model: Model) -> str:
+        """Serve's controller's gauge of one replica (on the head), which names its deployment."""
+        return "ray_serve_deployment_replica_healthy" + labels(**self.pod_job(
+            "ray", "llm-x7k2p-head-b8r2m", application=model.name, deployment=model.deployment,
+            replica=model.replica))
+
+    def roles(self, model: Model) -> list[Model]:
+        """A split model's two roles (the model alone otherwise)."""
+        return [m for m in self.models if m.name == model.name] if model.role else [model]
 
     @staticmethod
     def dcgm(metric: str, pod: str | None = None, namespace: str | None = None, gpu: str = "0",
@@ -137,8 +163,24 @@ Scenario = Callable[[World, str], list[Case]]
 
 def _model_of(world: World, alert: str, suffix: str) -> Model:
     stem = alert.removesuffix(suffix)
-    [model] = [m for m in world.models if "".join(p.capitalize() for p in m.name.split("-")) == stem]
+    [model] = [m for m in world.models if m.stem == stem]
     return model
+
+
+def per_role(suffix: str, cases_of: Callable[[World, Model], list[Case]]) -> Scenario:
+    """A model's alert; for a split model's role, with both roles' replicas alive (Serve's health gauge), and one
+    more case per case that fires: the same trouble on the other role leaves this role's alert silent."""
+    def scenario(world: World, alert: str) -> list[Case]:
+        model = _model_of(world, alert, suffix)
+        cases = cases_of(world, model)
+        if model.role is None:
+            return cases
+        alive = [s(world.healthy(role), "1x40") for role in world.roles(model)]
+        [other] = [m for m in world.roles(model) if m.role != model.role]
+        elsewhere = [Case(c.series, [(at, None) for at, _ in c.checks]) for c in cases_of(world, other)
+                     if any(fired is not None for _, fired in c.checks)]
+        return [Case([*alive, *c.series], c.checks) for c in [*cases, *elsewhere]]
+    return scenario
 
 
 def xid_cases(kind: str) -> Scenario:
@@ -206,8 +248,7 @@ def gpus_missing(world: World, alert: str) -> list[Case]:
     ]
 
 
-def queued_gpus_idle(world: World, alert: str) -> list[Case]:
-    model = _model_of(world, alert, "RequestsQueuedGpusIdle")
+def queued_gpus_idle(world: World, model: Model) -> list[Case]:
     busy_gpu = world.dcgm("DCGM_FI_DEV_GPU_UTIL", pod=model.pod, namespace=world.namespace)
     if model.engine == "ray-serve":
         # Serve's router holds what the replicas do not take; vLLM's own queue stays empty
@@ -230,21 +271,23 @@ def queued_gpus_idle(world: World, alert: str) -> list[Case]:
     ]
 
 
-def kv_full(world: World, alert: str) -> list[Case]:
-    model = _model_of(world, alert, "KvCacheFull")
+def kv_full(world: World, model: Model) -> list[Case]:
     name = world.vllm("kv_cache_usage_perc", model)
     # Above 95% it fires; at 93%, where KEDA already adds replicas (test_observability), it stays silent.
     return [Case([s(name, "0.99x20")], [("5m", None), ("12m", {})]), Case([s(name, "0.6x20")], [("12m", None)]),
             Case([s(name, "0.97x20")], [("12m", {})]), Case([s(name, "0.93x20")], [("12m", None)])]
 
 
-def preempting(world: World, alert: str) -> list[Case]:
-    model = _model_of(world, alert, "Preempting")
+def preempting(world: World, model: Model) -> list[Case]:
     name = world.vllm("num_preemptions_total", model)
     return [Case([s(name, "0+3x30")], [("15m", {})]), Case([s(name, "7x30")], [("15m", None)])]
 
 
 def slow_first_token(world: World, alert: str) -> list[Case]:
+    stem = alert.removesuffix("SlowFirstToken")
+    split = [m for m in world.models if m.role and m.stem == stem + m.role.capitalize()]
+    if split:
+        return split_first_token(world, split)
     model = _model_of(world, alert, "SlowFirstToken")
 
     def bucket(le: str) -> str:
@@ -262,6 +305,51 @@ def slow_first_token(world: World, alert: str) -> list[Case]:
             Case(near(1.1, 1.3), [("20m", {})]), Case(near(0.5, 0.9), [("20m", None)])]
 
 
+def split_first_token(world: World, roles: list[Model]) -> list[Case]:
+    """A split model's first token: a client waits for its prefill role's, then its decode role's (the KV transfer
+    included), so the p90s of the two roles add up against the SLO, and neither alone, nor both blended, is it."""
+    [prefill] = [m for m in roles if m.role == "prefill"]
+    [decode] = [m for m in roles if m.role == "decode"]
+    slo = decode.slo
+    assert slo is not None
+    alive = [s(world.healthy(role), "1x40") for role in roles]
+
+    def between(model: Model, low: float, high: float) -> list[dict[str, str]]:
+        """Every first token of the role between low and high x the SLO: its p90 is low + 0.9 (high - low)."""
+        def bucket(le: str) -> str:
+            return world.vllm("time_to_first_token_seconds_bucket", model, le=le)
+        return [s(bucket(f"{low * slo:g}"), "0x30"), s(bucket(f"{high * slo:g}"), "0+10x30"),
+                s(bucket("+Inf"), "0+10x30")]
+
+    return [
+        # each role under the SLO (0.64 and 0.54 x), together over it (1.18 x): fires
+        Case([*alive, *between(prefill, 0.55, 0.65), *between(decode, 0.45, 0.55)], [("20m", {})]),
+        # 0.19 + 0.69 = 0.88 x: silent; both roles' series blended would read 0.68 x for each and fire
+        Case([*alive, *between(prefill, 0.1, 0.2), *between(decode, 0.6, 0.7)], [("20m", None)]),
+        # a slow prefill alone (1.28 x)
+        Case([*alive, *between(prefill, 1.1, 1.3), *between(decode, 0.01, 0.02)], [("20m", {})]),
+    ]
+
+
+def kv_transfers_failing(world: World, alert: str) -> list[Case]:
+    """Failures the decode engines' NIXL connector counts (transfers, and the notifications that free the prefill's
+    blocks), for five minutes; failures long over do not page."""
+    model = _model_of(world, alert.removesuffix("KvTransfersFailing") + "Decode", "")
+    failed = world.vllm("nixl_num_failed_transfers_total", model)
+    notices = world.vllm("nixl_num_failed_notifications_total", model)
+    return [Case([s(failed, "0+2x30")], [("3m", None), ("10m", {})]),
+            Case([s(notices, "0+1x30")], [("10m", {})]),
+            Case([s(failed, "4x30"), s(notices, "3x30")], [("10m", None)])]
+
+
+def kv_expired_unread(world: World, alert: str) -> list[Case]:
+    """The prefill engines released KV caches no decode replica read: at once, for ten minutes after."""
+    model = _model_of(world, alert.removesuffix("KvCacheExpiredUnread") + "Prefill", "")
+    expired = world.vllm("nixl_num_kv_expired_reqs_total", model)
+    return [Case([s(expired, "0x5 1x30")], [("4m", None), ("7m", {}), ("25m", None)]),
+            Case([s(expired, "3x30")], [("20m", None)])]
+
+
 SCENARIOS: list[tuple[re.Pattern[str], Scenario]] = [
     (re.compile(r"GpuXid(NodeError|ResetPending|ApplicationError|Unclassified)"),
      lambda world, alert: xid_cases(alert)(world, alert)),
@@ -270,10 +358,12 @@ SCENARIOS: list[tuple[re.Pattern[str], Scenario]] = [
     (re.compile(r"ServingPodsPending"), pods_pending),
     (re.compile(r"RayServiceNotReady"), ray_not_ready),
     (re.compile(r"\w+GpusMissing"), gpus_missing),
-    (re.compile(r"\w+RequestsQueuedGpusIdle"), queued_gpus_idle),
-    (re.compile(r"\w+KvCacheFull"), kv_full),
-    (re.compile(r"\w+Preempting"), preempting),
+    (re.compile(r"\w+RequestsQueuedGpusIdle"), per_role("RequestsQueuedGpusIdle", queued_gpus_idle)),
+    (re.compile(r"\w+KvCacheFull"), per_role("KvCacheFull", kv_full)),
+    (re.compile(r"\w+Preempting"), per_role("Preempting", preempting)),
     (re.compile(r"\w+SlowFirstToken"), slow_first_token),
+    (re.compile(r"\w+KvTransfersFailing"), kv_transfers_failing),
+    (re.compile(r"\w+KvCacheExpiredUnread"), kv_expired_unread),
 ]
 
 
@@ -286,25 +376,31 @@ def world_of(plan: StackPlan) -> World:
             pool, _, gpus = group["groupName"].rpartition("-")
             groups[(pool, int(gpus.removesuffix("gpu")))] = group["groupName"]
         serve = yaml.safe_load(service["spec"]["serveConfigV2"])
-        # a split's decode role stands for the model: its replicas are the ones that answer
-        kwargs = {app["name"]: next(c for w, c in application_llm_configs(app) if w != "prefill_config")[
-            "engine_kwargs"] for app in serve["applications"]}
-        ray_gpus = {name: int(k.get("tensor_parallel_size", 1)) * int(k.get("pipeline_parallel_size", 1))
-                    for name, k in kwargs.items()}
+        # per application and role (None, or a split's prefill/decode): the GPUs of one replica
+        ray_gpus = {(app["name"], where.removesuffix("_config") if where.endswith("_config") else None):
+                    int(c["engine_kwargs"].get("tensor_parallel_size", 1))
+                    * int(c["engine_kwargs"].get("pipeline_parallel_size", 1))
+                    for app in serve["applications"] for where, c in application_llm_configs(app)}
     sizes = {s["metadata"]["name"]: s["spec"]["leaderWorkerTemplate"]["size"]
              for s in plan.objects("LeaderWorkerSet")}
     models = []
     for entry in plan.config["triarch:models"]:
-        group = None
-        if entry.get("engine") == "ray-serve":
-            # a worker pod holds one replica, or one node of a replica that spans several
-            gpus = ray_gpus[entry["name"]]
-            group = groups.get((entry["nodeGroup"], gpus)) or next(
-                name for (pool, per_pod), name in groups.items() if pool == entry["nodeGroup"] and gpus % per_pod == 0)
-        models.append(Model(entry["name"], entry.get("engine", "vllm"), entry["nodeGroup"], group,
-                            entry.get("timeToFirstTokenSloSeconds"), sizes.get(entry["name"], 1),
-                            entry.get("engine", "vllm") == "vllm"
-                            and bool((entry.get("prefixRouting") or {}).get("enabled"))))
+        split = entry.get("disaggregation")
+        roles: list[tuple[str | None, str]] = (
+            [(role, (split.get(role) or {}).get("nodeGroup", entry["nodeGroup"])) for role in ("prefill", "decode")]
+            if split and split.get("enabled", True) else [(None, entry["nodeGroup"])])
+        for role, pool_name in roles:
+            group = None
+            if entry.get("engine") == "ray-serve":
+                # a worker pod holds one replica, or one node of a replica that spans several
+                gpus = next(g for (app, where), g in ray_gpus.items() if app == entry["name"] and where == role)
+                group = groups.get((pool_name, gpus)) or next(
+                    name for (pool, per_pod), name in groups.items() if pool == pool_name and gpus % per_pod == 0)
+            models.append(Model(entry["name"], entry.get("engine", "vllm"), pool_name, group,
+                                entry.get("timeToFirstTokenSloSeconds"), sizes.get(entry["name"], 1),
+                                entry.get("engine", "vllm") == "vllm"
+                                and bool((entry.get("prefixRouting") or {}).get("enabled")),
+                                role, f"{role[0]}{len(models)}x7" if role else "r1"))
     return World(namespace, models, sorted({m.pool for m in models}))
 
 
@@ -403,16 +499,23 @@ def busy_world(world: World) -> Series:
         if model.routed:
             series += picker_series(world, model)
         if model.engine == "ray-serve":
-            deployment = {"application": model.name, "deployment": f"LLMServer:{model.name}"}
+            deployment = {"application": model.name, "deployment": model.deployment}
             series += [
                 s(world.serve_queue(model), "2x30"),
                 s("ray_serve_num_ongoing_requests_at_replicas" + labels(**world.pod_job(
                     "ray", model.pod, handle="h1", actor_id="a1", **deployment)), "12x30"),
-                s("ray_serve_deployment_replica_healthy" + labels(**world.pod_job(
-                    "ray", "llm-x7k2p-head-b8r2m", replica="r1", **deployment)), "1x30"),
+                s(world.healthy(model), "1x30"),
                 s("ray_serve_autoscaling_target_replicas" + labels(**world.pod_job(
                     "ray", "llm-x7k2p-head-b8r2m", **deployment)), "1x30"),
             ]
+        if model.role == "decode":  # its engines read the KV caches over NIXL and count what moved
+            series += [s(world.vllm("nixl_xfer_time_seconds_bucket", model, le=le), f"0+{rate}x30")
+                       for le, rate in (("0.01", "5"), ("0.1", "8"), ("+Inf", "10"))]
+            series += [s(world.vllm("nixl_bytes_transferred_sum", model), "0+2000000x30"),
+                       s(world.vllm("nixl_num_failed_transfers_total", model), "0x30"),
+                       s(world.vllm("nixl_num_failed_notifications_total", model), "0x30")]
+        if model.role == "prefill":
+            series += [s(world.vllm("nixl_num_kv_expired_reqs_total", model), "0x30")]
     return series
 
 

@@ -92,6 +92,8 @@ class Served:
     """Ray's metrics agent's exposition once the requests were answered."""
     exposition_under_load: str = ""
     """Where a selector stayed empty: Prometheus's last scrape (a line), then the agent's exposition."""
+    split_answers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """The split model's role queries (SPLIT_QUERIES) as Prometheus answered them under load."""
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +151,8 @@ def served(data_plane: DataPlane, shipped: dict[str, StackPlan], tmp_path_factor
         listed = head.run("ray", "list", "actors", "--format", "json", "--detail", "--limit", "1000",
                           "--address=127.0.0.1:6379", timeout=120)
         seen.actors = json.loads(listed.stdout) if listed.returncode == 0 else []
-        seen.series, seen.exposition_under_load = scraped_series(data_plane, shipped["prod"],
-                                                                 data_plane.work / "prometheus")
+        seen.series, seen.exposition_under_load, seen.split_answers = scraped_series(
+            data_plane, shipped["prod"], data_plane.work / "prometheus", split_queries(shipped["fresh"]))
         yield seen
     finally:
         stop_ray(head)
@@ -164,8 +166,27 @@ def ray_queries(plan: StackPlan) -> list[tuple[str, str]]:
             if any(m.startswith("ray_") for m in selected_metrics(expr))]
 
 
-GENERATE_UNDER_LOAD = ("chat", "qwen")
-"""prod's generate models, kept busy while Prometheus is asked for their gauges."""
+GENERATE_UNDER_LOAD = {"chat": 400, "qwen": 400, "split": 32}
+"""prod's generate models, kept busy while Prometheus is asked for their gauges, and fresh's split, asked for its
+roles' series; each with the tokens a request of it generates."""
+SPLIT_PANELS = {"prefill": ("split (prefill): time to first token and between tokens", "TTFT p90"),
+                "decode": ("split (decode): time to first token and between tokens", "TTFT p90"),
+                "client": ("split: KV transfer time and the first token", "TTFT p90, prefill + decode (estimate)")}
+"""The fresh dashboard's targets (panel, legend) that read the split's roles apart, and the client's estimate."""
+
+
+def split_queries(plan: StackPlan) -> dict[str, str]:
+    """The plan's queries of SPLIT_QUERIES, and for each role the series its TTFT query keeps (the vector inside
+    its `sum by (le)`), counted per replica: the replicas the plan takes for that role's."""
+    [board_map] = [o for o in plan.objects("ConfigMap") if o["metadata"]["name"] == "triarch-layers"]
+    board = json.loads(next(iter(board_map["data"].values())))
+    targets = {(p["title"], t["legendFormat"]): t["expr"] for p in board["panels"] for t in p.get("targets", [])}
+    queries = {name: targets[where] for name, where in SPLIT_PANELS.items()}
+    for role in ("prefill", "decode"):
+        inner = queries[role].removeprefix("histogram_quantile(0.9, sum by (le) (").removesuffix("))")
+        assert inner != queries[role] and "rate(" in inner, queries[role]
+        queries[f"{role} replicas"] = f"count by (ReplicaId) ({inner})"
+    return queries
 EXPORTED_ON_EVENT = {"ray_vllm_num_preemptions_total": "vLLM's preemption counter reaches Ray's metrics agent at a "
                                                        "replica's first preemption (the agent exports what was "
                                                        "recorded; plain vLLM's prometheus_client exports a 0)"}
@@ -173,13 +194,15 @@ EXPORTED_ON_EVENT = {"ray_vllm_num_preemptions_total": "vLLM's preemption counte
 counter says it did not happen."""
 
 
-def scraped_series(plane: DataPlane, plan: StackPlan, work: Path) -> tuple[dict[str, list[dict[str, Any]]], str]:
+def scraped_series(plane: DataPlane, plan: StackPlan, work: Path, also: dict[str, str]
+                   ) -> tuple[dict[str, list[dict[str, Any]]], str, dict[str, list[dict[str, Any]]]]:
     """Prometheus scraping Ray's metrics agent as prometheus-operator scrapes the plan's `ray` PodMonitor (a port
     number on each Ray pod, here the one node): each Ray selector of the plan's queries, asked while the generate
     models serve a load, for its last sample in the window (Ray 2.60's agent drops a gauge not refreshed within two
     export intervals, open_telemetry_metric_recorder.py, so on a loaded host a gauge can come and go between scrapes
     and an instant query at the wrong moment finds it stale); and, if a selector stayed empty, Prometheus's last
-    scrape and the agent's exposition, to say why."""
+    scrape and the agent's exposition, to say why; and what Prometheus answers to each query `also` names, asked
+    until each answers."""
     [monitor] = [m for m in plan.objects("PodMonitor") if m["metadata"]["name"] == "ray"]
     [endpoint] = monitor["spec"]["podMetricsEndpoints"]
     # Scrapes time out at the interval: under a loaded CI host the agent's exposition took longer than 1 s to serve.
@@ -187,9 +210,9 @@ def scraped_series(plane: DataPlane, plan: StackPlan, work: Path) -> tuple[dict[
 
     def more_load(name: str) -> list[Any]:
         return [plane.client.submit("POST", f"{SERVE_URL}/{name}/v1/completions",
-                                    {"model": name, "prompt": prompt(200, seed=i), "max_tokens": 400,
-                                     "ignore_eos": True}, timeout=600)
-                for i in range(12)]
+                                    {"model": name, "prompt": prompt(200, seed=i), "max_tokens": GENERATE_UNDER_LOAD[
+                                        name], "ignore_eos": True}, timeout=600)
+                for i in range(12 if GENERATE_UNDER_LOAD[name] > 100 else 4)]
 
     load = {name: more_load(name) for name in GENERATE_UNDER_LOAD}
     try:
@@ -199,6 +222,7 @@ def scraped_series(plane: DataPlane, plan: StackPlan, work: Path) -> tuple[dict[
             "__metrics_path__": endpoint["path"]}}])
         wanted = {s for _, expr in ray_queries(plan) for s in selectors(expr) if s.split("{")[0].startswith("ray_")}
         found: dict[str, list[dict[str, Any]]] = {}
+        answers: dict[str, list[dict[str, Any]]] = {}
 
         def answered() -> bool:
             for name, futures in load.items():  # each model stays busy until every gauge was seen: one that
@@ -206,14 +230,18 @@ def scraped_series(plane: DataPlane, plan: StackPlan, work: Path) -> tuple[dict[
                     futures.extend(more_load(name))
             for selector in wanted - {k for k, v in found.items() if v}:
                 found[selector] = prometheus.query(f"last_over_time({selector}[10m])")
-            return all(found.get(s) for s in wanted if s.split("{")[0] not in EXPORTED_ON_EVENT)
+            for name, query in also.items():
+                if not [a for a in answers.get(name, []) if a["value"][1] != "NaN"]:
+                    answers[name] = prometheus.query(query)
+            return (all(found.get(s) for s in wanted if s.split("{")[0] not in EXPORTED_ON_EVENT)
+                    and all(answers.get(name) for name in also))
 
         if eventually(answered, 120, 2):
-            return found, ""
+            return found, "", answers
         scrapes = [(s["metric"]["__name__"], s["value"][1]) for s in prometheus.query(
             '{__name__=~"up|scrape_duration_seconds|scrape_samples_scraped"}')]
         exposition = plane.client.get(f"http://127.0.0.1:{RAY_METRICS_PORT}/metrics").body
-        return found, f"Prometheus's last scrape: {scrapes}\n{exposition}"
+        return found, f"Prometheus's last scrape: {scrapes}\n{exposition}", answers
     finally:
         for futures in load.values():  # what is still generating once every gauge was seen is no longer needed
             for future in futures:
@@ -312,6 +340,25 @@ def test_the_split_model_moves_each_prompts_kv_cache_from_prefill_to_decode_over
     assert counter(metrics, "ray_vllm_prompt_tokens_by_source_total", model_name="split",
                    source="external_kv_transfer") > 0
     assert counter(metrics, "ray_vllm_nixl_bytes_transferred_count", model_name="split") > 0
+
+
+def test_the_split_models_roles_are_measured_apart(served: Served) -> None:
+    """fresh's dashboard reads the split's roles apart on Ray 2.60's real series (issue 47, item 8): both roles'
+    engines label theirs `model_name="split"`, and each role's time-to-first-token query keeps one replica's, not the
+    other role's. The replica it takes for decode is the one whose engine read KV caches over NIXL (a consumer
+    records the transfers), the one it takes for prefill is not; each role's p90 and the client's estimate (their
+    sum) are numbers."""
+    answers = served.split_answers
+    replicas = {role: {a["metric"].get("ReplicaId") for a in answers.get(f"{role} replicas", [])}
+                for role in ("prefill", "decode")}
+    assert all(len(found) == 1 for found in replicas.values()), (replicas, served.exposition_under_load[:300])
+    [prefill], [decode] = replicas["prefill"], replicas["decode"]
+    assert prefill != decode
+    assert counter(served.agent_metrics, "ray_vllm_nixl_bytes_transferred_count", ReplicaId=decode) > 0
+    assert counter(served.agent_metrics, "ray_vllm_nixl_bytes_transferred_count", ReplicaId=prefill) == 0
+    assert counter(served.agent_metrics, "ray_vllm_request_success_total", ReplicaId=prefill) > 0
+    p90s = {name: [float(a["value"][1]) for a in answers.get(name, [])] for name in ("prefill", "decode", "client")}
+    assert all(len(v) == 1 and 0 < v[0] < float("inf") for v in p90s.values()), p90s
 
 
 IMAGE = "data:image/png;base64,iVBORw0KGgo="

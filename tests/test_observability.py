@@ -89,8 +89,10 @@ def known(name: str) -> bool:
     if name.startswith("vllm:"):
         return base in reference_lines("vllm-0.33.0", "metrics.txt")
     prefix = data["ray"]["rayVllmPrefix"]
-    if name.startswith(prefix):  # vLLM inside ray[llm] 2.60.0, which pins vLLM 0.29.0
-        return "vllm:" + base.removeprefix(prefix) in reference_lines("vllm-0.29.0", "metrics.txt")
+    if name.startswith(prefix):  # vLLM inside ray[llm] 2.60.0, which pins vLLM 0.29.0 (its NIXL connector's
+        # series are registered by the connector, not in the release's list: metrics.yaml nixl, with their source)
+        return ("vllm:" + base.removeprefix(prefix) in reference_lines("vllm-0.29.0", "metrics.txt")
+                or base.removeprefix(prefix) in data["nixl"]["names"])
     if name.startswith("DCGM_"):
         return name in reference_lines("dcgm-exporter-4.8.2", "default-counters.csv")
     if name.startswith("llm_d_epp_"):  # the endpoint picker of llm-d-router v0.10.0, as its registry names them

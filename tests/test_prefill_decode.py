@@ -149,39 +149,111 @@ def test_nixl_in_its_roles_with_rays_port_bases(split_objects: list[dict[str, An
 
 # --- the tuner sizes each role ----------------------------------------------------------------------------------
 
-def test_each_role_is_tuned_decode_the_batch_prefill_a_steps_prompts(split_objects: list[dict[str, Any]]) -> None:
+def test_each_role_is_tuned_decode_the_batch_prefill_for_throughput(split_objects: list[dict[str, Any]]) -> None:
     """Qwen3-8B on one L4, whole: a batch of 8, 2048 tokens a step, 16384-token requests (test_prefix_routing).
-    Split: decode keeps that batch; prefill takes the 2048-token prompts one step computes, 1, at the same length."""
+    Split: decode keeps that batch; prefill is no longer held to one prompt at a time (a held KV cache is not a
+    running request): it takes the batch the same GPU holds at the same length, 8. Its larger step (16384) does not
+    fit the L4 beside one 16384-token request, so vLLM's 2048 stays and the plan says why."""
     args = applications(split_objects)["qwen"]["args"]
     prefill, decode = args["prefill_config"], args["decode_config"]
     assert (decode["engine_kwargs"]["max_num_seqs"], decode["engine_kwargs"]["max_num_batched_tokens"]) == (8, 2048)
-    assert prefill["engine_kwargs"]["max_num_seqs"] == 1
+    assert (prefill["engine_kwargs"]["max_num_seqs"], prefill["engine_kwargs"]["max_num_batched_tokens"]) == (8, 2048)
     assert prefill["engine_kwargs"]["max_model_len"] == decode["engine_kwargs"]["max_model_len"] == 16384
     assert (prefill["deployment_config"]["num_replicas"], decode["deployment_config"]["num_replicas"]) == (1, 2)
-    assert prefill["deployment_config"]["max_ongoing_requests"] == 1
+    assert prefill["deployment_config"]["max_ongoing_requests"] == 8
+
+
+def prefill_on_a100(config: dict[str, Any], **prefill: Any) -> None:
+    split_qwen(config, prefill={"replicas": 2, "nodeGroup": "a100", **prefill})
+
+
+def test_a_prefill_role_on_a_larger_gpu_takes_the_throughput_step_and_its_prompts(
+        mutated_config: MutatedConfig) -> None:
+    """Prefill on the A100 (80 GB): 16384 tokens a step (vLLM's advice for throughput is more than 8192), and as many
+    prompts as its KV cache holds at the expected length, up to vLLM's 256: at 2048 tokens, its KV tokens / 2048 (to
+    a multiple of 8); told to expect 8192-token prompts, a quarter of that."""
+    def role(**prefill: Any) -> tuple[int, int, int]:
+        config = mutated_config("prod", lambda c: prefill_on_a100(c, **prefill))
+        [plan] = [p for p in plan_models(from_pulumi_config(config), catalog()) if p.name == "qwen-prefill"]
+        kwargs = applications(planned(config))["qwen"]["args"]["prefill_config"]["engine_kwargs"]
+        assert not plan.sizing.notes, plan.sizing.notes
+        return kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"], plan.sizing.kv_cache_tokens
+    seqs, step, kv = role()
+    assert step == 16384 and 8 < seqs <= 256 and seqs == min(256, kv // 2048 // 8 * 8)
+    long_seqs, long_step, long_kv = role(promptLength=8192)
+    assert long_step == 16384 and long_seqs == min(256, long_kv // 8192 // 8 * 8) and long_seqs < seqs
+
+
+def test_the_prefill_step_holds_one_expected_prompt() -> None:
+    """16384 tokens a step at least; a longer expected prompt is computed in one step."""
+    from triarch.config.schema import DisaggregationConfig
+    from triarch.planners.models import prefill_step
+    assert prefill_step(DisaggregationConfig.model_validate({})) == 16384
+    assert prefill_step(DisaggregationConfig.model_validate({"prefill": {"promptLength": 30000}})) == 30000
+    assert prefill_step(DisaggregationConfig.model_validate({"prefill": {"promptLength": 4000}})) == 16384
+
+
+def test_an_expected_prompt_as_long_as_a_request_is_refused(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(tmp_path, capsys, lambda c: split_qwen(c, prefill={"replicas": 1, "promptLength": 16384}))
+    assert line == ("error: triarch:models[2].disaggregation.prefill.promptLength: 16384 leaves no room for an "
+                    "answer in the 16384 tokens a request may hold (the decode role's max_model_len); allowed: "
+                    "16..16383"), line
 
 
 def test_each_roles_router_balances_at_its_own_batch(mutated_config: MutatedConfig) -> None:
-    """Two prefill replicas at batch 1 and two decode replicas at batch 8, each role routed by prefix: the prefill
-    router balances on any difference (0: a queue bounded at 1 never leads by more than 1, so a threshold of 1
-    would follow prefixes onto a busy replica for ever), the decode router past half its batch (4)."""
-    config = mutated_config("prod", lambda c: split_qwen(c, prefill={"replicas": 2}))
+    """Two prefill replicas on the A100 and two decode replicas on the L4 at batch 8, each role routed by prefix:
+    each router balances past half its own role's batch."""
+    config = mutated_config("prod", prefill_on_a100)
     args = applications(planned(config))["qwen"]["args"]
     found = {role: (args[role]["deployment_config"]["max_ongoing_requests"],
                     args[role]["deployment_config"]["request_router_config"]["request_router_kwargs"][
                         "imbalanced_threshold"]) for role in ("prefill_config", "decode_config")}
-    assert found == {"prefill_config": (1, 0), "decode_config": (8, 4)}
+    prefill_batch = args["prefill_config"]["engine_kwargs"]["max_num_seqs"]
+    assert prefill_batch > 8
+    assert found == {"prefill_config": (prefill_batch, prefill_batch // 2), "decode_config": (8, 4)}
 
 
 def test_a_threshold_a_roles_queues_cannot_exceed_is_refused(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    """imbalancedThreshold 4 suits decode's batch of 8 but not prefill's batch of 1: refused, naming the role."""
+    """imbalancedThreshold 8 suits the prefill role's batch on the A100 but not decode's batch of 8: refused, naming
+    the role."""
     def tuned(config: dict[str, Any]) -> None:
-        split_qwen(config, prefill={"replicas": 2})
-        config["triarch:models"][2]["prefixRouting"] = {"imbalancedThreshold": 4}
+        prefill_on_a100(config)
+        config["triarch:models"][2]["prefixRouting"] = {"imbalancedThreshold": 8}
     line = refused(tmp_path, capsys, tuned)
-    assert line.startswith("error: triarch:models[2].prefixRouting.imbalancedThreshold: 4 is not below the 1 "
-                           "requests a replica of the prefill role of 'qwen' takes at once"), line
+    assert line.startswith("error: triarch:models[2].prefixRouting.imbalancedThreshold: 8 is not below the 8 "
+                           "requests a replica of the decode role of 'qwen' takes at once"), line
+
+
+def test_each_role_scales_on_its_own_load(mutated_config: MutatedConfig, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """prefill 1 to 3 replicas, decode 2 to 4: each role's deployment gets its own autoscaling_config (Ray 2.60
+    takes each LLMConfig's deployment_config, and Ray validates the options), scaling out at half the role's batch
+    in flight per replica; the L4 worker group runs 3 to 7 pods (1 + 2 to 3 + 4, a pod per one-GPU replica), the
+    head runs Ray's autoscaler, and the plan says each role's range."""
+    def scaled(config: dict[str, Any]) -> None:
+        split_qwen(config, prefill={"autoscaling": {"min": 1, "max": 3}}, decode={"autoscaling": {"min": 2, "max": 4}})
+        next(g for g in config["triarch:nodeGroups"] if g["name"] == "l4")["max"] = 12  # and an upgrade's cluster
+    objects = planned(mutated_config("prod", scaled))
+    args = applications(objects)["qwen"]["args"]
+    for role, low, high in (("prefill_config", 1, 3), ("decode_config", 2, 4)):
+        deployment = args[role]["deployment_config"]
+        assert deployment["autoscaling_config"] == {"min_replicas": low, "max_replicas": high,
+                                                    "target_ongoing_requests": 4}
+        assert "num_replicas" not in deployment
+        deployment_options(args[role])
+    [service] = [o for o in objects if o["kind"] == "RayService"]
+    cluster = service["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    [group] = [g for g in cluster["workerGroupSpecs"] if g["groupName"] == "l4-1gpu"]
+    assert (group["minReplicas"], group["maxReplicas"]) == (3, 7)
+    config = stack_document("prod")
+    scaled(config)
+    path = write_stack_file(tmp_path / "Pulumi.scaled.yaml", config)
+    assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")]) == 0
+    assert "    qwen: prefill 1-3 x 1 GPU on 'l4' (batch 8), decode 2-4 x 1 GPU on 'l4' (batch 8);" in (
+        capsys.readouterr().out)
 
 
 def test_a_role_on_another_pool_is_tuned_there(mutated_config: MutatedConfig) -> None:
@@ -301,20 +373,30 @@ def test_the_guardrails_see_both_roles_engines(split_objects: list[dict[str, Any
     as an engine of its own."""
     [service] = [o for o in split_objects if o["kind"] == "RayService"]
     found = {app: llm["engine_kwargs"]["max_num_seqs"] for app, llm in llm_configs(service)}
-    assert found == {"chat": 256, "qwen prefill": 1, "qwen decode": 8}
+    assert found == {"chat": 256, "qwen prefill": 8, "qwen decode": 8}
 
 
-def test_the_models_alerts_and_panels_read_both_roles_under_its_name(split_objects: list[dict[str, Any]]) -> None:
-    """vLLM labels both roles' metrics with the served model name (qwen): the model's alerts and panels select it,
-    and the prefill role gets none of its own (they would select a name no engine reports)."""
+def test_each_roles_alerts_and_panels_read_its_own_replicas(split_objects: list[dict[str, Any]]) -> None:
+    """vLLM labels both roles' series with the served model name (qwen), so each role's alerts and panels keep the
+    series of its own replicas, those of its Serve deployment (Prefill:qwen, Decode:qwen, as Ray 2.60 names them),
+    with its own batch; none selects a name no engine reports (qwen-prefill). The split adds its KV transfers."""
     import json
     [rules] = [o for o in split_objects if o["kind"] == "PrometheusRule"]
-    boards = [o for o in split_objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "triarch-layers"]
-    assert boards
-    for text in (json.dumps(rules), *(json.dumps(b) for b in boards)):
-        assert "qwen-prefill" not in text
-    assert 'model_name=\\"qwen\\"' in json.dumps(rules)
-    assert "qwen: KV cache use" in json.dumps(boards)
+    alerts = {r["alert"]: r["expr"] for g in rules["spec"]["groups"] for r in g["rules"]}
+    [board_map] = [o for o in split_objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "triarch-layers"]
+    board = json.loads(next(iter(board_map["data"].values())))
+    titles = {p["title"]: [t["expr"] for t in p.get("targets", [])] for p in board["panels"]}
+    assert "qwen-prefill" not in json.dumps(rules) + json.dumps(board)
+    for role, deployment, batch in (("Prefill", "Prefill:qwen", 8), ("Decode", "Decode:qwen", 8)):
+        full = alerts[f"Qwen{role}KvCacheFull"]
+        assert 'model_name="qwen"' in full and f'deployment="{deployment}"' in full, full
+        assert f"> {batch} and" in alerts[f"Qwen{role}RequestsQueuedGpusIdle"]
+        assert f'deployment="{deployment}"' in alerts[f"Qwen{role}RequestsQueuedGpusIdle"]
+        [kv] = titles[f"qwen ({role.lower()}): KV cache use"]
+        assert f'deployment="{deployment}"' in kv, kv
+    assert not [name for name in alerts if name.startswith("QwenKvCacheFull")]
+    assert "ray_vllm_nixl_xfer_time_seconds_bucket" in json.dumps(titles["qwen: KV transfer time and the first token"])
+    assert {"QwenKvTransfersFailing", "QwenKvCacheExpiredUnread"} <= set(alerts)
 
 
 def test_the_roles_reach_each_other_through_the_ray_pods_policy(split_objects: list[dict[str, Any]]) -> None:
@@ -349,8 +431,10 @@ def test_the_plan_says_the_split_and_the_cost_report_counts_both_roles(
     path = write_stack_file(tmp_path / "Pulumi.split.yaml", config)
     assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")]) == 0
     said = capsys.readouterr().out
-    assert ("    qwen: prefill 1 x 1 GPU on 'l4' (batch 1), decode 2 x 1 GPU on 'l4' (batch 8); the KV cache crosses "
+    assert ("    qwen: prefill 1 x 1 GPU on 'l4' (batch 8), decode 2 x 1 GPU on 'l4' (batch 8); the KV cache crosses "
             "over NIXL's UCX backend: TCP between nodes without EFA (see the kv-transfer-over-tcp advisory)\n") in said
+    assert ("prefill steps of 2048 tokens (max_num_batched_tokens), not 16384: a larger step's activations would "
+            "leave NVIDIA L4 too little KV cache for one 16384-token request") in " ".join(said.split())
     import json
     capacity = json.loads((tmp_path / "out" / "capacity.json").read_text(encoding="utf-8"))
     uses = {m["name"]: m for m in capacity["models"]}
@@ -514,9 +598,17 @@ def test_a_prefill_role_over_pipeline_stages_is_planned(tmp_path: Path) -> None:
     (lambda c: c["triarch:models"][2].update(task="embed", disaggregation=SPLIT),
      "error: triarch:models[2].disaggregation.enabled: True splits a request's prompt from its generated tokens"),
     (lambda c: c["triarch:models"][2].update(disaggregation=SPLIT),
-     "error: triarch:models[2].autoscaling: {'min': 1, 'max': 3} would be ignored beside disaggregation"),
+     "error: triarch:models[2].autoscaling: {'min': 1, 'max': 3} would be ignored beside disaggregation (each role "
+     "scales on its own load); allowed: disaggregation.prefill.autoscaling and disaggregation.decode.autoscaling"),
     (lambda c: (split_qwen(c), c["triarch:models"][2].update(replicas=2)),
      "error: triarch:models[2].replicas: 2 would be ignored beside disaggregation"),
+    (lambda c: split_qwen(c, prefill={"replicas": 2, "autoscaling": {"min": 1, "max": 3}}),
+     "error: triarch:models[2].disaggregation.prefill.replicas: 2 would be ignored beside prefill.autoscaling"),
+    (lambda c: split_qwen(c, decode={"autoscaling": {"min": 4, "max": 3}}),
+     "error: triarch:models[2].disaggregation.decode.autoscaling.min: 4 is greater than autoscaling.max (3)"),
+    (lambda c: split_qwen(c, prefill={"autoscaling": {"min": 1, "max": 6}}, decode={"autoscaling": {"max": 6}}),
+     "error: triarch:models[2].disaggregation: 'qwen' needs 12 GPUs on node group 'l4' (prefill 6 x 1 + decode 6 x "
+     "1 GPUs per replica), which holds 10 at most"),
     (lambda c: split_qwen(c, decode={"nodeGroup": "h100"}),
      "error: triarch:models[2].disaggregation.decode.nodeGroup: 'h100' is not a node group of this stack"),
     (lambda c: split_qwen(c, prefill={"tensorParallelSize": 2}),

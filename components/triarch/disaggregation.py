@@ -40,6 +40,15 @@ class Facts:
     tcp_source: str
     decode_pipeline_parallel: str
     """Why a decode role cannot span pipeline stages (the engine's refusal, where it is raised)."""
+    deployment_prefixes: dict[str, str]
+    """What Ray 2.60 puts before a role's deployment name (`Prefill:`, `Decode:`): how a role's series are told
+    apart, both roles' engines labelling theirs with the model's name."""
+    user_first_token: str
+    """Why the time to first token a client sees is estimated from both roles' (no series measures it)."""
+    prefill_step_tokens: int
+    """The prefill role's tokens per step, at least (vLLM's throughput advice; the source in the file)."""
+    held_caches: str
+    """Why the prefill role's batch need not be small (a held KV cache is not a running request)."""
 
 
 @cache
@@ -52,7 +61,16 @@ def facts() -> Facts:
         default_backend=data["nixlBackends"]["default"], ucx_efa_library=" ".join(data["ucxEfaLibrary"].split()),
         libfabric_library=" ".join(data["libfabricLibrary"].split()), port_base=dict(data["sideChannelPortBase"]),
         tcp_figure=data["transferOverTcp"]["figure"], tcp_source=data["transferOverTcp"]["source"],
-        decode_pipeline_parallel=" ".join(str(data["decodePipelineParallel"]).split()))
+        decode_pipeline_parallel=" ".join(str(data["decodePipelineParallel"]).split()),
+        deployment_prefixes=dict(data["deploymentPrefixes"]),
+        user_first_token=" ".join(str(data["userFirstToken"]).split()),
+        prefill_step_tokens=int(data["prefillStep"]["tokens"]), held_caches=" ".join(str(data["heldCaches"]).split()))
+
+
+def role_deployment(role: Role, model_id: str) -> str:
+    """The Serve deployment of a split model's role, as Ray 2.60 names it: the role's prefix, then the model id with
+    "/" as "--" and "." as "_" (core/server/builder.py _get_deployment_name)."""
+    return facts().deployment_prefixes[role] + model_id.replace("/", "--").replace(".", "_")
 
 
 def kv_transfer_config(role: Role, connector: str, backend: str) -> dict[str, Any]:

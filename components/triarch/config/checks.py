@@ -236,8 +236,8 @@ def _check_disaggregation(stack: StackConfig, model: ModelConfig, path: str, fac
                           "none", "remove disaggregation, or task: generate")
     if model.autoscaling is not None:
         raise ConfigError(f"{path}.autoscaling", model.autoscaling.model_dump(by_alias=True),
-                          "would be ignored beside disaggregation (each role's replicas are fixed)",
-                          "disaggregation.prefill.replicas and disaggregation.decode.replicas, or remove "
+                          "would be ignored beside disaggregation (each role scales on its own load)",
+                          "disaggregation.prefill.autoscaling and disaggregation.decode.autoscaling, or remove "
                           "disaggregation")
     if "replicas" in model.model_fields_set:
         raise ConfigError(f"{path}.replicas", model.replicas,
@@ -251,6 +251,14 @@ def _check_disaggregation(stack: StackConfig, model: ModelConfig, path: str, fac
     names = [group.name for group in stack.node_groups]
     for role in ROLES:
         given: RoleConfig = getattr(split, role)
+        scaling = given.autoscaling
+        if scaling is not None and "replicas" in given.model_fields_set:
+            raise ConfigError(f"{key}.{role}.replicas", given.replicas,
+                              f"would be ignored beside {role}.autoscaling (Ray Serve keeps the role's replicas "
+                              "between autoscaling.min and max)", f"remove replicas, or remove {role}.autoscaling")
+        if scaling is not None and scaling.min > scaling.max:
+            raise ConfigError(f"{key}.{role}.autoscaling.min", scaling.min,
+                              f"is greater than autoscaling.max ({scaling.max})", f"0..{scaling.max}")
         pool = given.node_group or model.node_group
         if given.node_group is not None and given.node_group not in names:
             raise ConfigError(f"{key}.{role}.nodeGroup", given.node_group, "is not a node group of this stack",

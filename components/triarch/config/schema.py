@@ -197,9 +197,9 @@ class NodeGroupConfig(_Model):
 class AutoscalingConfig(_Model):
     """Replicas follow the load: Ray Serve's autoscaler (engine ray-serve) or KEDA on vLLM's queue (engine vllm)."""
 
-    min: int = Field(1, ge=0)
+    min: int = Field(1, ge=0, examples=[1])
     """Fewest replicas; 0 (ray-serve only) lets the model scale to zero and cold-start on the next request."""
-    max: int = Field(ge=1)
+    max: int = Field(ge=1, examples=[4])
     """Most replicas; the pool's max must hold them."""
 
 
@@ -250,12 +250,28 @@ class RoleConfig(_Model):
     the role's engine args on that pool."""
 
     replicas: int = Field(1, ge=1, le=64, examples=[2])
-    """Fixed number of this role's replicas (Ray Serve deployments `Prefill:<model>` and `Decode:<model>`)."""
+    """Fixed number of this role's replicas (Ray Serve deployments `Prefill:<model>` and `Decode:<model>`), without
+    autoscaling."""
     node_group: str | None = Field(None, examples=["h100"])
     """The nodeGroups[].name of the pool this role runs on. Default: the model's nodeGroup."""
     tensor_parallel_size: int | None = Field(None, ge=1, le=16, examples=[2])
     """GPUs one replica of this role splits each layer over, within a node. Default: the tuner's choice on the
     role's pool."""
+    autoscaling: AutoscalingConfig | None = Field(None, examples=[{"min": 1, "max": 4}])
+    """This role's replicas between min and max by its own load, instead of the fixed `replicas`: Ray Serve's
+    autoscaler on the role's deployment (Ray 2.60 takes each LLMConfig's deployment_config), so prompts queued for
+    prefill add prefill replicas and generations in flight add decode replicas."""
+
+
+class PrefillRoleConfig(RoleConfig):
+    """The prefill role of a split model, which the tuner sizes from the prompts it expects."""
+
+    prompt_length: int | None = Field(None, ge=16, le=1_048_576, examples=[8000])
+    """A typical prompt's length in tokens. The role's batch (max_num_seqs) is the prompts of this length its KV
+    cache holds, and its step (max_num_batched_tokens) at least one of them, so a typical prompt is computed in one
+    step.
+    Default: 2048 for the batch (the tuner's typical request), 16384 for the step (vLLM's advice for throughput,
+    templates/compat/prefill-decode.yaml prefillStep). At most the decode role's maxModelLen."""
 
 
 class DisaggregationConfig(_Model):
@@ -273,9 +289,10 @@ class DisaggregationConfig(_Model):
     NIXL in the ray-llm image; between EFA pools it moves the KV cache over EFA where the image carries libefa,
     over TCP otherwise. LIBFABRIC: libfabric's EFA provider, only where both roles' pools have EFA and the image is
     known to carry the EFA installer (templates/compat/efa-images.yaml): its plugin cannot load without it."""
-    prefill: RoleConfig = RoleConfig()
-    """The prefill role: its replicas compute prompts and hold their KV cache only until a decode replica reads it,
-    so the tuner gives them a small batch."""
+    prefill: PrefillRoleConfig = PrefillRoleConfig()
+    """The prefill role: its replicas compute each prompt to its first token and hold its KV cache until a decode
+    replica reads it. The tuner sizes it for throughput: a batch of the prompts its KV cache holds and steps of at
+    least 16384 tokens."""
     decode: RoleConfig = RoleConfig()
     """The decode role: its replicas hold every running request's KV cache, so the tuner gives them the model's
     whole batch."""
@@ -357,9 +374,9 @@ class ModelConfig(_Model):
 
     disaggregation: DisaggregationConfig | None = Field(
         None, examples=[{"prefill": {"replicas": 1}, "decode": {"replicas": 2}}])
-    """Split prefill from decode (engine ray-serve, generate models): each role its own replicas, pool and engine
-    args, the KV cache handed over by vLLM's NIXL connector. Default: off. Replaces `replicas` and `autoscaling`
-    (each role's replicas are fixed)."""
+    """Split prefill from decode (engine ray-serve, generate models): each role its own replicas (fixed, or
+    autoscaling on its own load), pool and engine args, the KV cache handed over by vLLM's NIXL connector. Default:
+    off. Replaces the model's `replicas` and `autoscaling`."""
 
     @property
     def resolved_task(self) -> Literal["generate", "embed"]:

@@ -25,7 +25,9 @@ from triarch.planners.observability import (
     DCGM_NAMESPACE_LABEL,
     DCGM_POD_LABEL,
     POOL_METRIC_LABEL,
+    first_token_p90,
     model_selector,
+    of_role,
     queued,
     vllm_metric,
 )
@@ -75,29 +77,62 @@ def _how() -> list[Panel]:
 
 
 def _when(plan: ModelPlan, namespace: str) -> list[Panel]:
+    """A model's panels; a split model's role's read its own replicas' series (of_role), titled `<model> (<role>)`."""
     sel = model_selector(plan, namespace)
+    title = f"{plan.config.name} ({plan.role})" if plan.role else plan.name
 
     def metric(name: str) -> str:
         return vllm_metric(plan, name)
 
     def quantile(q: float, name: str) -> str:
-        return f"histogram_quantile({q}, sum by (le) (rate({metric(name)}_bucket{sel}[5m])))"
+        buckets = of_role(plan, namespace, f"rate({metric(name)}_bucket{sel}[5m])")
+        return f"histogram_quantile({q}, sum by (le) ({buckets}))"
+
+    def total(name: str) -> str:
+        return f"sum({of_role(plan, namespace, f'rate({metric(name)}_total{sel}[5m])')})"
 
     # No tuned number in the dashboard: a ConfigMap's data cannot change in place (the provider replaces it), so the
     # dashboard changes only when models or pools come and go. The batch is in the alerts (a PrometheusRule).
     return [
-        _panel(f"{plan.name}: requests running and waiting", "short",
-               (f"sum({metric('num_requests_running')}{sel})", "running"),
+        _panel(f"{title}: requests running and waiting", "short",
+               (f"sum({of_role(plan, namespace, metric('num_requests_running') + sel)})", "running"),
                (queued(plan, namespace), "waiting")),
-        _panel(f"{plan.name}: KV cache use", "percentunit",
-               (f"max by (pod) ({metric('kv_cache_usage_perc')}{sel})", "{{pod}}")),
-        _panel(f"{plan.name}: time to first token and between tokens", "s",
+        _panel(f"{title}: KV cache use", "percentunit",
+               (f"max by (pod) ({of_role(plan, namespace, metric('kv_cache_usage_perc') + sel)})", "{{pod}}")),
+        _panel(f"{title}: time to first token and between tokens", "s",
                (quantile(0.5, "time_to_first_token_seconds"), "TTFT p50"),
                (quantile(0.9, "time_to_first_token_seconds"), "TTFT p90"),
                (quantile(0.9, "inter_token_latency_seconds"), "ITL p90")),
-        _panel(f"{plan.name}: tokens per second and preemptions", "short",
-               (f"sum(rate({metric('generation_tokens')}_total{sel}[5m]))", "generated tokens/s"),
-               (f"sum(rate({metric('num_preemptions')}_total{sel}[5m]))", "preemptions/s")),
+        _panel(f"{title}: tokens per second and preemptions", "short",
+               (total("generation_tokens"), "generated tokens/s"),
+               (total("num_preemptions"), "preemptions/s")),
+    ]
+
+
+def _transfer(decode: ModelPlan, prefill: ModelPlan, namespace: str) -> list[Panel]:
+    """A split model's KV transfers from prefill to decode (vLLM's NIXL connector, recorded by the decode engines),
+    and the first token a client sees, estimated as the two roles' p90s added (no series measures it)."""
+    sel = model_selector(decode, namespace)
+
+    def metric(name: str) -> str:
+        return vllm_metric(decode, name)
+
+    def quantile(q: float, name: str) -> str:
+        return f"histogram_quantile({q}, sum by (le) (rate({metric(name)}_bucket{sel}[5m])))"
+
+    model = decode.config.name
+    return [
+        _panel(f"{model}: KV transfer time and the first token", "s",
+               (quantile(0.5, "nixl_xfer_time_seconds"), "transfer p50"),
+               (quantile(0.9, "nixl_xfer_time_seconds"), "transfer p90"),
+               (f"{first_token_p90(prefill, namespace)} + {first_token_p90(decode, namespace)}",
+                "TTFT p90, prefill + decode (estimate)")),
+        _panel(f"{model}: KV bytes moved", "Bps",
+               (f"sum(rate({metric('nixl_bytes_transferred')}_sum{sel}[5m]))", "bytes/s")),
+        _panel(f"{model}: KV transfers failed and caches expired unread", "short",
+               (f"sum(rate({metric('nixl_num_failed_transfers')}_total{sel}[5m]))", "failed transfers/s"),
+               (f"sum(rate({metric('nixl_num_failed_notifications')}_total{sel}[5m]))", "failed notifications/s"),
+               (f"sum(rate({metric('nixl_num_kv_expired_reqs')}_total{sel}[5m]))", "expired unread/s")),
     ]
 
 
@@ -149,11 +184,13 @@ def dashboard(stack: StackConfig, models: list[ModelPlan], namespace: str) -> di
         for panel in _how():
             board = board.with_panel(panel)
     board = board.with_row(Row("When: vLLM schedules each request"))
+    prefills = {m.config.name: m for m in models if m.role == "prefill"}
     for plan in sorted(models, key=lambda m: m.name):  # by name: reordering the stack's models changes nothing
-        if plan.role == "prefill":
-            continue  # its engines report under the model's name: the model's panels show both roles
         for panel in _when(plan, namespace):
             board = board.with_panel(panel)
+        if plan.role == "decode":
+            for panel in _transfer(plan, prefills[plan.config.name], namespace):
+                board = board.with_panel(panel)
     routed = sorted((m for m in models if picker.routed(m)), key=lambda m: m.name)
     if routed:
         board = board.with_row(Row("Routing: endpoint pickers send each request to a pod"))

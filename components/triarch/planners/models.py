@@ -6,12 +6,13 @@ The tuner runs here once per model; workloads, the plan summary and policies rea
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
 from triarch.catalog import Catalog, carries_efa_libraries, gated_repos
 from triarch.config import ModelConfig, StackConfig, gpus_per_node
+from triarch.config.schema import DisaggregationConfig
 from triarch.disaggregation import facts as pd_facts
 from triarch.errors import ConfigError
 from triarch.hub import HubError, HubModel
@@ -24,7 +25,7 @@ from triarch.planners.router_memory import eviction_bounds, routing_facts
 from triarch.scheduling import EFA_RESOURCE
 from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, find_arch, load_arch, tune
 from triarch.tuner.nodes import NodesRefused, tune_nodes
-from triarch.tuner.search import LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT, TYPICAL_CHAT_TOKENS
+from triarch.tuner.search import LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT
 
 MIN_CACHE_GIB = 20
 
@@ -175,20 +176,45 @@ def largest_gpu_use(plan: ModelPlan) -> int:
     return plan.config.replicas if plan.config.autoscaling is None else plan.config.autoscaling.max
 
 
-def prefill_batch(decode: ModelPlan) -> int:
-    """The prefill role's batch (max_num_seqs): a prefill replica runs each request to its first token only and
-    holds its KV cache until a decode replica has read it, so it keeps the prompts one scheduler step computes
-    (max_num_batched_tokens of them at a typical request's length), never more than the decode role's batch. The
-    rest of its KV cache keeps prompt prefixes; the decode role keeps every running request's."""
-    args = decode.sizing.engine_args
-    batch = int(args["max_num_seqs"])
-    return max(1, min(batch, int(args["max_num_batched_tokens"]) // TYPICAL_CHAT_TOKENS))
+def prefill_step(split: DisaggregationConfig) -> int:
+    """The prefill role's tokens per step: vLLM's advice for throughput (templates/compat/prefill-decode.yaml
+    prefillStep), or one expected prompt where that is longer, so a typical prompt is computed in one step."""
+    return max(pd_facts().prefill_step_tokens, split.prefill.prompt_length or 0)
+
+
+def widen_prefill_step(prefill: ModelPlan, step: int, plan_with: Callable[[int], ModelPlan]) -> ModelPlan:
+    """The prefill role with the largest step of `step`, `step`/2, ... above the one vLLM's defaults gave it that its
+    GPUs hold at the same shape (GPUs per replica, the same end of the memory estimate, one request of its length):
+    a larger step never buys more GPUs. Where a smaller step than `step` is kept, the plan's notes say why."""
+    default = int(prefill.sizing.engine_args["max_num_batched_tokens"])
+    tried = step
+    while tried > default:
+        try:
+            wider: ModelPlan | None = plan_with(tried)
+        except ConfigError:
+            wider = None  # one request of the role's length no longer fits beside that step's activations
+        if (wider is not None and wider.gpus_per_replica == prefill.gpus_per_replica
+                and wider.sizing.sized_for == prefill.sizing.sized_for):
+            if tried == step:
+                return wider
+            prefill, default = wider, tried
+            break
+        tried //= 2
+    if default >= step:
+        return prefill
+    note = (f"prefill steps of {default} tokens (max_num_batched_tokens), not {step}: a larger step's activations "
+            f"would leave {prefill.pool.gpu.product} too little KV cache for one {prefill.sizing.max_model_len}-token "
+            "request at this tensor_parallel_size; a pool of larger GPUs for the prefill role "
+            "(disaggregation.prefill.nodeGroup) takes it")
+    return replace(prefill, sizing=replace(prefill.sizing, notes=(*prefill.sizing.notes, note)))
 
 
 def plan_roles(stack: StackConfig, index: int, facts: Catalog, token: str | None) -> tuple[ModelPlan, ModelPlan]:
     """A split model's decode role (the model's plan) and prefill role, each tuned on its own pool: the decode role
-    as the model would be, the prefill role at the decode role's max_model_len (a request must fit both) with a
-    prefill batch; both with the NIXL backend their pools allow."""
+    as the model would be, the prefill role at the decode role's max_model_len (a request must fit both), for
+    throughput: a batch of the expected prompts its KV cache holds (a held cache is not a running request:
+    prefill-decode.yaml heldCaches), and the larger step where the GPUs vLLM's defaults chose hold it; both with the
+    NIXL backend their pools allow."""
     model = stack.models[index]
     split = model.disaggregation
     assert split is not None
@@ -196,14 +222,23 @@ def plan_roles(stack: StackConfig, index: int, facts: Catalog, token: str | None
     def role_config(given: Any, **update: Any) -> ModelConfig:
         return model.model_copy(update={"node_group": given.node_group or model.node_group,
                                         "tensor_parallel_size": given.tensor_parallel_size
-                                        or model.tensor_parallel_size, "replicas": given.replicas, **update})
+                                        or model.tensor_parallel_size, "replicas": given.replicas,
+                                        "autoscaling": given.autoscaling, **update})
 
     decode = plan_model(stack, index, facts, token, role_config(split.decode))
     check_decode_stages(stack, index, decode)
     length = decode.sizing.max_model_len
-    prefill = plan_model(stack, index, facts, token,
-                         role_config(split.prefill, warm_replicas=0, ttft_slo_seconds=None),
-                         max_num_seqs=prefill_batch(decode), **({"max_model_len": length} if length else {}))
+    prompt = split.prefill.prompt_length
+    if prompt is not None and length is not None and prompt >= length:
+        raise ConfigError(f"{_model_path(index)}.disaggregation.prefill.promptLength", prompt,
+                          f"leaves no room for an answer in the {length} tokens a request may hold (the decode "
+                          "role's max_model_len)", f"16..{length - 1}")
+    config = role_config(split.prefill, warm_replicas=0, ttft_slo_seconds=None)
+    lengths = {"max_model_len": length} if length else {}
+    prefill = plan_model(stack, index, facts, token, config, typical_tokens=prompt, **lengths)
+    prefill = widen_prefill_step(prefill, prefill_step(split),
+                                 lambda step: plan_model(stack, index, facts, token, config, typical_tokens=prompt,
+                                                         max_num_batched_tokens=step, **lengths))
     over_efa = prefill.pool.efa_interfaces > 0 and decode.pool.efa_interfaces > 0
     check_backend(stack, index, over_efa)
     return (replace(decode, role="decode", kv_backend=split.backend, kv_over_efa=over_efa),
@@ -300,14 +335,14 @@ def check_roles_fit(stack: StackConfig, plans: list[ModelPlan]) -> None:
         decode = next(p for p in plans if p.role == "decode" and p.config.name == plan.config.name)
         needs: dict[str, int] = {}
         for role in (plan, decode):
-            needs[role.pool.name] = needs.get(role.pool.name, 0) + role.config.replicas * role.gpus_per_replica
+            needs[role.pool.name] = needs.get(role.pool.name, 0) + largest_gpu_use(role) * role.gpus_per_replica
         for pool_name, need in needs.items():
             group = stack.node_group(pool_name)
             pool = plan.pool if plan.pool.name == pool_name else decode.pool
             capacity = group.max * pool.schedulable_gpus_per_node
             if need <= capacity:
                 continue
-            each = " + ".join(f"{r.role} {r.config.replicas} x {r.gpus_per_replica}" for r in (plan, decode)
+            each = " + ".join(f"{r.role} {largest_gpu_use(r)} x {r.gpus_per_replica}" for r in (plan, decode)
                               if r.pool.name == pool_name)
             raise ConfigError(f"{_model_path(model_index(stack, plan))}.disaggregation", plan.config.name,
                               f"needs {need} GPUs on node group '{pool_name}' ({each} GPUs per replica), which holds "

@@ -15,6 +15,7 @@ from typing import Any
 
 from triarch.config import StackConfig
 from triarch.datafiles import read_yaml
+from triarch.disaggregation import role_deployment
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import picker, pods
 from triarch.planners.model_plan import ModelPlan
@@ -68,6 +69,29 @@ def model_selector(plan: ModelPlan, namespace: str) -> str:
     return f'{{namespace="{namespace}", model_name="{plan.config.name}"}}'
 
 
+def role_replicas(plan: ModelPlan, namespace: str) -> str:
+    """The replicas of a split model's role, as a vector labelled by replica id the way vLLM's Ray stat logger labels
+    its series (ReplicaId): Serve's health gauge of the role's deployment, whose `replica` is the same id."""
+    assert plan.role is not None
+    deployment = role_deployment(plan.role, plan.config.name)
+    return (f'label_replace(ray_serve_deployment_replica_healthy{{namespace="{namespace}", '
+            f'application="{plan.config.name}", deployment="{deployment}"}}, "ReplicaId", "$1", "replica", "(.+)")')
+
+
+def of_role(plan: ModelPlan, namespace: str, vector: str) -> str:
+    """`vector`, a model's vLLM series (or a rate of them), kept to the replicas of the plan's role where the plan is
+    a split model's role (both roles' engines label theirs with the model's name); as it is otherwise."""
+    if plan.role is None:
+        return vector
+    return f"({vector} and on(ReplicaId) {role_replicas(plan, namespace)})"
+
+
+def first_token_p90(plan: ModelPlan, namespace: str) -> str:
+    """The p90 time to first token of a model's (or a split model's role's) engines over five minutes."""
+    buckets = f"rate({vllm_metric(plan, 'time_to_first_token_seconds')}_bucket{model_selector(plan, namespace)}[5m])"
+    return f"histogram_quantile(0.9, sum by (le) ({of_role(plan, namespace, buckets)}))"
+
+
 def gpu_pods(plan: ModelPlan, namespace: str) -> str:
     """The DCGM label matchers of the GPUs serving a model: the pods of its Deployment
     (<name>-<pod-template-hash>-<suffix>), of its LeaderWorkerSet where a replica spans nodes (<name>-<group> for
@@ -85,9 +109,12 @@ def gpu_pods(plan: ModelPlan, namespace: str) -> str:
 
 def queued(plan: ModelPlan, namespace: str) -> str:
     """Requests waiting for a model, where its engine queues them: vLLM's own queue for a vLLM server; Ray Serve's
-    router for a Ray Serve model (a replica takes at most max_num_seqs, so the rest wait in Serve, not in vLLM)."""
+    router for a Ray Serve model (a replica takes at most max_num_seqs, so the rest wait in Serve, not in vLLM), for a
+    split model's role those waiting for the role's deployment."""
     if plan.config.engine == "ray-serve":
-        return f'sum(ray_serve_deployment_queued_queries{{namespace="{namespace}", application="{plan.config.name}"}})'
+        role = f', deployment="{role_deployment(plan.role, plan.config.name)}"' if plan.role else ""
+        return (f'sum(ray_serve_deployment_queued_queries{{namespace="{namespace}", '
+                f'application="{plan.config.name}"{role}}})')
     return f"sum(vllm:num_requests_waiting{model_selector(plan, namespace)})"
 
 
@@ -120,32 +147,64 @@ class Alert:
 
 def model_alerts(plan: ModelPlan, namespace: str) -> list[Alert]:
     """When (vLLM): the tuned batch overflowing while the GPUs idle, a full KV cache, preemptions, a slow first
-    token against the model's SLO."""
+    token against the model's SLO. A split model's role gets its own (its batch, its pool's GPUs, its replicas'
+    series), named `<Model>Prefill...`/`<Model>Decode...`; the first token is the model's (split_alerts)."""
     sel = model_selector(plan, namespace)
     seqs = plan.sizing.engine_args["max_num_seqs"]
-    name = _alert_name(plan.name)
+    name = _alert_name(f"{plan.config.name}-{plan.role}" if plan.role else plan.name)
+    who = f"{plan.config.name}'s {plan.role} role" if plan.role else plan.name
     where = "in Ray Serve's router" if plan.config.engine == "ray-serve" else "in vLLM's queue"
+    preemptions = f"rate({vllm_metric(plan, 'num_preemptions')}_total{sel}[5m])"
     alerts = [
         Alert(f"{name}RequestsQueuedGpusIdle", "when",
               f"{queued(plan, namespace)} > {seqs} and on() "
               f"avg(DCGM_FI_DEV_GPU_UTIL{gpu_pods(plan, namespace)}) < {GPU_IDLE_PERCENT}",
               QUEUE_MINUTES,
-              f"{plan.name}: more requests wait {where} than its batch (max_num_seqs {seqs}) while its GPUs are "
+              f"{who}: more requests wait {where} than its batch (max_num_seqs {seqs}) while its GPUs are "
               f"under {GPU_IDLE_PERCENT}% busy: the scheduler, not the GPU, is the bottleneck"),
-        Alert(f"{name}KvCacheFull", "when", f"max({vllm_metric(plan, 'kv_cache_usage_perc')}{sel}) > {KV_FULL}", 10,
-              f"{plan.name}: the KV cache is over {KV_FULL:.0%} full ({plan.sizing.kv_cache_tokens} tokens per "
+        Alert(f"{name}KvCacheFull", "when",
+              f"max({of_role(plan, namespace, vllm_metric(plan, 'kv_cache_usage_perc') + sel)}) > {KV_FULL}", 10,
+              f"{who}: the KV cache is over {KV_FULL:.0%} full ({plan.sizing.kv_cache_tokens} tokens per "
               "replica): requests are preempted or wait; add replicas or lower max_model_len"),
-        Alert(f"{name}Preempting", "when",
-              f"sum(rate({vllm_metric(plan, 'num_preemptions')}_total{sel}[5m])) > 0", 10,
-              f"{plan.name}: vLLM preempts running requests (KV cache exhausted mid-generation)"),
+        Alert(f"{name}Preempting", "when", f"sum({of_role(plan, namespace, preemptions)}) > 0", 10,
+              f"{who}: vLLM preempts running requests (KV cache exhausted mid-generation)"),
     ]
     slo = plan.config.ttft_slo_seconds
+    if slo is not None and plan.role is None:
+        alerts.append(Alert(
+            f"{name}SlowFirstToken", "when", f"{first_token_p90(plan, namespace)} > {slo}", 10,
+            f"{plan.name}: p90 time to first token is over its {slo}s SLO"))
+    return alerts
+
+
+def split_alerts(decode: ModelPlan, prefill: ModelPlan, namespace: str) -> list[Alert]:
+    """A split model's own: the first token a client sees, estimated as the two roles' p90s added (no series
+    measures it: templates/compat/prefill-decode.yaml userFirstToken; exact when both roles slow together, above it
+    otherwise, so the alert errs toward firing), KV transfers failing, and KV caches the prefill role held for a
+    decode replica that never read them."""
+    sel = model_selector(decode, namespace)
+    name = _alert_name(decode.config.name)
+    model = decode.config.name
+
+    def nixl(counter: str, window: str) -> str:
+        return f"sum(increase({vllm_metric(decode, counter)}_total{sel}[{window}]))"
+
+    alerts = [
+        Alert(f"{name}KvTransfersFailing", "when",
+              f"{nixl('nixl_num_failed_transfers', '5m')} > 0 or {nixl('nixl_num_failed_notifications', '5m')} > 0",
+              5, f"{model}: KV transfers from its prefill role to its decode role fail (vLLM's NIXL connector): "
+                 "requests are recomputed or fail; see both roles' logs for the NIXL error"),
+        Alert(f"{name}KvCacheExpiredUnread", "when", f"{nixl('nixl_num_kv_expired_reqs', '10m')} > 0", 0,
+              f"{model}: its prefill role released KV caches no decode replica read in time: decode replicas "
+              "cannot reach prefill (the side channel's ports, a NetworkPolicy) or restarted mid-request"),
+    ]
+    slo = decode.config.ttft_slo_seconds
     if slo is not None:
         alerts.append(Alert(
             f"{name}SlowFirstToken", "when",
-            f"histogram_quantile(0.9, sum by (le) (rate({vllm_metric(plan, 'time_to_first_token_seconds')}_bucket"
-            f"{sel}[5m]))) > {slo}", 10,
-            f"{plan.name}: p90 time to first token is over its {slo}s SLO"))
+            f"{first_token_p90(prefill, namespace)} + {first_token_p90(decode, namespace)} > {slo}", 10,
+            f"{model}: the p90 time to first token, its prefill role's and its decode role's added, is over its "
+            f"{slo}s SLO"))
     return alerts
 
 
@@ -253,11 +312,11 @@ def observability_manifests(stack: StackConfig, models: list[ModelPlan], setting
     pools = {m.pool.name: m.pool for m in models}
     for pool in sorted(pools):
         alerts += pool_alerts(pools[pool])
+    prefills = {m.config.name: m for m in models if m.role == "prefill"}
     for plan in sorted(models, key=lambda m: m.name):  # by name: reordering the stack's models changes nothing
-        if plan.role == "prefill":
-            # its engines report under the model's name, as the decode role's do: the model's alerts read both
-            continue
         alerts += model_alerts(plan, namespace)
+        if plan.role == "decode":
+            alerts += split_alerts(plan, prefills[plan.config.name], namespace)
     groups = [{"name": f"triarch-{layer}", "rules": [a.rule() for a in alerts if a.layer == layer]}
               for layer in ("where", "how", "when") if any(a.layer == layer for a in alerts)]
     objects.append({"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",

@@ -56,8 +56,8 @@ def exported(name: str) -> bool:
     if name.startswith("vllm:"):
         return base.removeprefix("vllm:") in vllm
     prefix = data["ray"]["rayVllmPrefix"]
-    if name.startswith(prefix):
-        return base.removeprefix(prefix) in vllm
+    if name.startswith(prefix):  # vLLM inside Ray Serve: a split model's engines add their NIXL connector's
+        return base.removeprefix(prefix) in vllm or base.removeprefix(prefix) in data["nixl"]["names"]
     return any(name in data[source]["names"] or base in data[source]["names"]
                for source in ("ray", "kuberay", "kubeStateMetrics", "dcgm", "endpointPicker"))
 

@@ -118,12 +118,10 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
         rows = [["name", "engine", "model", "node group", "GPUs x replicas", "TP", "KV cache", "max len",
                  "max concurrency"]]
         for plan in result.models:
-            low, high = replica_bounds(plan)
-            replicas = str(low) if low == high else f"{low}-{high}"
             sizing = plan.sizing
             concurrency = f"{sizing.max_concurrency:.1f}x" if sizing.max_concurrency is not None else "-"
             rows.append([plan.name, plan.config.engine, plan.config.model, plan.pool.name,
-                         f"{plan.gpus_per_replica} x {replicas}", parallelism(plan), kv_range(sizing),
+                         f"{plan.gpus_per_replica} x {replicas(plan)}", parallelism(plan), kv_range(sizing),
                          str(sizing.max_model_len or "-"), concurrency])
         lines += _table(rows)
         told = [(plan.name, in_stack_words(note)) for plan in result.models for note in plan.sizing.notes]
@@ -146,6 +144,12 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
     return "\n".join(lines)
 
 
+def replicas(plan: ModelPlan) -> str:
+    """A plan's replicas as the summary says them: `2`, or `1-3` where they scale."""
+    low, high = replica_bounds(plan)
+    return str(low) if low == high else f"{low}-{high}"
+
+
 def split_lines(models: list[ModelPlan]) -> list[str]:
     """Each split model's roles in one line: replicas, pools, batches and how the KV cache crosses between them."""
     lines = []
@@ -155,9 +159,9 @@ def split_lines(models: list[ModelPlan]) -> list[str]:
         prefill = next(p for p in models if p.role == "prefill" and p.config.name == decode.config.name)
         crossing = ("EFA between the roles' pools" if decode.kv_over_efa
                     else "TCP between nodes without EFA (see the kv-transfer-over-tcp advisory)")
-        lines.append(f"{decode.name}: prefill {prefill.config.replicas} x {prefill.gpus_per_replica} GPU on "
+        lines.append(f"{decode.name}: prefill {replicas(prefill)} x {prefill.gpus_per_replica} GPU on "
                      f"'{prefill.pool.name}' (batch {prefill.sizing.engine_args['max_num_seqs']}), decode "
-                     f"{decode.config.replicas} x {decode.gpus_per_replica} GPU on '{decode.pool.name}' (batch "
+                     f"{replicas(decode)} x {decode.gpus_per_replica} GPU on '{decode.pool.name}' (batch "
                      f"{decode.sizing.engine_args['max_num_seqs']}); the KV cache crosses over NIXL's "
                      f"{decode.kv_backend} backend: {crossing}")
     return lines

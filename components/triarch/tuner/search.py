@@ -202,6 +202,7 @@ def tune(
     vllm_version: str | None = None,
     remedies: bool = True,
     tp_limit: int | None = None,
+    typical_tokens: int | None = None,
 ) -> Sizing:
     """Engine args for serving ``arch`` on GPUs of type ``gpu``.
 
@@ -214,7 +215,9 @@ def tune(
     is capped to the model's maximum and to the KV tokens that fit; when not given it defaults to the context
     ``vllm_version`` derives (:mod:`triarch.tuner.context`), lowered (see :data:`MIN_CONCURRENCY`) so several
     such requests fit. Memory and paging follow that release's rules (None: the default image's vLLM;
-    ``gpu_memory_utilization`` None: the release's default).
+    ``gpu_memory_utilization`` None: the release's default). ``max_num_seqs``, when not given, is how many requests
+    of ``typical_tokens`` (a typical request's length: TYPICAL_CHAT_TOKENS, TYPICAL_EMBED_TOKENS for embed, when
+    None) the KV cache holds, up to vLLM's default.
 
     When no tensor-parallel size leaves even one KV block, the tuner tries what a person would before refusing
     (:func:`_remedy`): a smaller ``max_num_batched_tokens``, then eager mode, then both, each only where the
@@ -308,7 +311,7 @@ def tune(
             found = max(usable, key=lambda p: (p.longest(need), -p.tp)) if usable else None
         return found
 
-    typical = TYPICAL_EMBED_TOKENS if task == "embed" else TYPICAL_CHAT_TOKENS
+    typical = typical_tokens or (TYPICAL_EMBED_TOKENS if task == "embed" else TYPICAL_CHAT_TOKENS)
     # What a remedy must leave room for: the length asked for, else one typical request (or the model's maximum).
     useful = requested_len if requested_len is not None else min(typical, target) if target is not None else typical
     aim = useful  # the length below which the pessimistic end's shorter max_model_len would serve nobody
