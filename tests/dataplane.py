@@ -233,6 +233,9 @@ def start_ray(plane: DataPlane, temp: Path, python_path: Path | None = None) -> 
     env = {"PATH": f"{python.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}", "HOME": str(home),
            "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "VLLM_NO_USAGE_STATS": "1",
            "RAY_worker_niceness": "0", "VLLM_CACHE_ROOT": str(dataplane.vllm_cache(python)),
+           # a driver run here (the tests' own) has `uv run` among its ancestors (pytest's), and Ray 2.60 would then
+           # build a uv venv of the working directory for the workers it starts (worker.py, RAY_ENABLE_UV_RUN_...)
+           "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
            **{name: value for name, (value, _) in CPU_ENV.items()}}  # what every engine of the node inherits
     if python_path is not None:
         env["PYTHONPATH"] = str(python_path)

@@ -29,7 +29,7 @@ from triarch.local.cpu_serving import Replacement, cpu_serve_config
 from triarch.local.inside import Answer
 from triarch.local.tiny_models import prompt
 from triarch.planners.queries import selected_metrics, selectors, shipped_queries
-from triarch.planners.ray import PREFIX_ROUTER
+from triarch.planners.ray import PREFIX_ROUTER, imbalance_threshold
 
 STACKS = ("prod", "fresh")
 DEPLOY_TIMEOUT = 900
@@ -433,3 +433,21 @@ def test_routing_by_prefix_goes_on_after_the_prefix_tree_actor_is_lost(served: S
                 and a.get("state") == "ALIVE"]
     assert len(remembered) == len(replicas) >= 1, (remembered, [a.get("class_name") for a in served.actors])
     assert sum(remembered.values()) >= len(text), remembered
+
+
+BALANCE_PROBE = Path(__file__).parent / "ray_balance_probe.py"
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_the_prefix_router_balances_one_hot_prompt_at_every_batch(served: Served, batch: int) -> None:
+    """Two replicas that take `batch` requests at once (a role's max_ongoing_requests, its max_num_seqs) and hold each
+    for a second, behind Triarch's router with Triarch's default threshold for that batch, sent 8 requests of one
+    prompt at once: both replicas answer half (issue 47, item 7). Measured on this cluster (2026-12-06), with the
+    threshold half a batch rounded up to 1 at batch 1 (Triarch's before) and with Ray's default (never balance) at
+    batch 4, one replica answered all 8 while the other idled."""
+    done = served.head.run("python", str(BALANCE_PROBE), f"balance-{batch}", PREFIX_ROUTER, str(batch),
+                           str(imbalance_threshold(batch)), "8", timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    answered = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(answered) == 2 and min(answered) >= 3, answered
+

@@ -24,7 +24,7 @@ from conftest import MutatedConfig, plan_refusal, reference_file, stack_document
 from test_engine_args import llm_configs, planned, vllm_container, with_model
 from triarch.config.schema import RAY_EVICTION_THRESHOLD_CHARS
 from triarch.offline import read_stack_config
-from triarch.planners.ray import ROUTER_SOURCE
+from triarch.planners.ray import ROUTER_SOURCE, imbalance_threshold
 
 
 def engine_args(release: str) -> set[str]:
@@ -122,6 +122,13 @@ def test_every_key_reaches_the_router_as_its_kwarg(mutated_config: MutatedConfig
     options = ray_deployment_options(after["qwen"])
     assert options.request_router_config.request_router_kwargs == kwargs
     serve_applications(config)
+
+
+def test_the_default_threshold_is_below_every_batch() -> None:
+    """Ray 2.60's router balances when two queues differ by more than the threshold, and a replica's queue is bounded
+    by its batch: half a batch rounded down, so at a batch of 1 any difference balances (0). Rounded up to 1, one
+    replica took every request of a hot prompt (tests/test_dataplane_ray.py, on Ray itself)."""
+    assert [imbalance_threshold(batch) for batch in (1, 2, 3, 4, 8, 9, 256)] == [0, 1, 1, 2, 4, 4, 128]
 
 
 def test_by_default_the_router_balances_past_half_a_batch_and_forgets(mutated_config: MutatedConfig) -> None:
