@@ -20,9 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import ROOT, STACK_NAMES, stack_path, write_stack_file
+from conftest import ROOT, STACK_NAMES, reference_dir, stack_path, write_stack_file
 from engine_tier import Lab, pod_templates, refused_as_pod
-from triarch import refdata
 from triarch.cli import main as triarch
 from triarch.local.plane import Plane
 
@@ -441,7 +440,7 @@ def policy_previews(bare_plane: Plane, tmp_path_factory: pytest.TempPathFactory)
     for stack in ("compliant", "violating"):
         bare_plane.run([pulumi_bin, "stack", "init", stack, "--cwd", str(project), "--non-interactive"])
         for key, value in (("aws:region", "us-east-1"), ("cases:set", stack),
-                           ("cases:charts", str(refdata.directory("charts")))):
+                           ("cases:charts", str(reference_dir("charts")))):
             bare_plane.run([pulumi_bin, "config", "set", "--stack", stack, "--cwd", str(project), key, value])
     running = {stack: _preview(bare_plane, project, stack) for stack in ("compliant", "violating")}
     return {stack: _read_preview(process) for stack, process in running.items()}

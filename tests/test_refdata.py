@@ -94,6 +94,35 @@ def test_nothing_but_this_module_reads_shared_directly() -> None:
     assert readers == []
 
 
+GITHUB_AT = re.compile(r"^https://(raw\.githubusercontent\.com/[^/]+/[^/]+|github\.com/[^/]+/[^/]+/tree)/([^/]+)/")
+
+
+def test_every_upstream_location_a_fill_reads_is_immutable() -> None:
+    """A file `fill` brings from GitHub is read at a full commit id, never a tag, a branch or a short id (a tag can
+    move, and a short id can become ambiguous); the other upstream is PyPI's release files (issue 48)."""
+    read = [(rel, url) for rel, entry in refdata.load_sources().items() if entry.from_upstream
+            for url in ([entry.derive.source] if entry.derive else [entry.source]) if url]
+    assert len(read) >= 40
+    github = [(rel, GITHUB_AT.match(url)) for rel, url in read if "github" in url]
+    assert [rel for rel, found in github if found is None or not re.fullmatch(r"[0-9a-f]{40}", found.group(2))] == []
+    assert [(rel, url) for rel, url in read if "github" not in url
+            and not url.startswith("https://files.pythonhosted.org/packages/")] == []
+
+
+SKIP_LOGIC = {"conftest.py": "reference_file and reference_dir: skip in a fork, fail under CI, in one line",
+              "engine_tier.py": "the real tier's own skip, which names the missing folder in its one line",
+              "test_refdata.py": "the cache itself, against mirrors this module makes"}
+"""The test files that may ask the reference cache for a file or folder directly, each with why."""
+
+
+def test_every_test_reads_the_reference_data_through_the_skip_logic() -> None:
+    """A test that asks refdata for a file itself errors in a fork without that file instead of skipping with the
+    line that says how to fill it (issue 48: the policy cases once did): only the skip logic asks directly."""
+    pattern = re.compile(r"refdata\.(path|directory)\(")
+    readers = sorted(p.name for p in (ROOT / "tests").rglob("*.py") if pattern.search(p.read_text(encoding="utf-8")))
+    assert readers == sorted(SKIP_LOGIC)
+
+
 # --- fill, path, directory ------------------------------------------------------------------------------------
 
 def test_fill_from_a_directory_caches_every_file_verified(cache: Path, mirror: Path) -> None:
