@@ -411,7 +411,8 @@ def test_a_crd_set_found_nowhere_says_how_to_supply_it(tmp_path: Path, monkeypat
     assert message.startswith("the kuberay CRDs (chart kuberay-operator) are needed by this stack")
     assert "\n" not in message
     assert message.endswith(f"({tmp_path / 'empty'}) has no verified kuberay-v1.7.0/; bring it with "
-                            "`uv run triarch refdata fill --from ../shared/reference`")
+                            "`uv run triarch refdata fill` (from upstream; or "
+                            "`uv run triarch refdata fill --from ../shared/reference` where it is beside the clone)")
 
 
 def test_kwok_provisions_claims_of_the_stacks_storage_classes(tmp_path: Path,

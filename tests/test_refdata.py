@@ -160,9 +160,12 @@ def test_a_missing_file_is_named_in_one_line_with_its_source_and_the_command(cac
         refdata.path("chart/crds/a.yaml")
     assert str(info.value) == (f"reference file chart/crds/a.yaml is not in {cache} (source: "
                                f"{(mirror / 'chart' / 'crds' / 'a.yaml').as_uri()}); bring it with "
-                               "`uv run triarch refdata fill --from ../shared/reference` "
-                               "(or `uv run triarch refdata fill` from upstream)")
-    with pytest.raises(refdata.ReferenceMissing, match=r"cases\.yaml .*fill --from \.\./shared/reference`$"):
+                               "`uv run triarch refdata fill` (from upstream; or "
+                               "`uv run triarch refdata fill --from ../shared/reference` where it is beside the clone)")
+    with pytest.raises(refdata.ReferenceMissing,
+                       match=r"cases\.yaml .*`uv run triarch refdata fill --from DIR\|URL` "
+                             r"\(\.\./shared/reference or a mirror\), in CI the repository variable "
+                             r"TRIARCH_REFERENCE_MIRROR$"):
         refdata.path("cases.yaml")  # derived: only a copy brings it
     with pytest.raises(ValueError, match=r"^nope\.yaml is not listed in tools/reference/sources\.yaml$"):
         refdata.path("nope.yaml")
@@ -280,8 +283,8 @@ def test_sources_yaml_refuses_an_unknown_recipe_or_wrong_parameters(tmp_path: Pa
 
     entry = load({"recipe": "strip-helm-lines", "header": "# h"})["a.yaml"]
     assert entry.derive == refdata.Derive("strip-helm-lines", "https://x/a.yaml", None, {"header": "# h"})
-    assert entry.bring == ("`uv run triarch refdata fill --from ../shared/reference` "
-                           "(or `uv run triarch refdata fill` from upstream)")
+    assert entry.bring == ("`uv run triarch refdata fill` (from upstream; or "
+                           "`uv run triarch refdata fill --from ../shared/reference` where it is beside the clone)")
     with pytest.raises(ValueError, match=r"^a\.yaml: unknown recipe 'sed' \(known: class-fields, "):
         load({"recipe": "sed"})
     with pytest.raises(ValueError, match=r"^a\.yaml: recipe strip-helm-lines takes header, not heading$"):
@@ -392,8 +395,8 @@ def test_an_input_that_is_not_the_pinned_one_is_refused_before_its_recipe_runs(
 
 
 def test_a_file_with_a_recipe_is_brought_from_upstream_in_its_missing_line(cache: Path, upstream: list[str]) -> None:
-    with pytest.raises(refdata.ReferenceMissing, match=r"crds/a\.yaml .*\(or `uv run triarch refdata fill` from "
-                                                       r"upstream\)$"):
+    with pytest.raises(refdata.ReferenceMissing, match=r"crds/a\.yaml .*; bring it with `uv run triarch refdata fill` "
+                                                       r"\(from upstream;"):
         refdata.path("crds/a.yaml")
 
 

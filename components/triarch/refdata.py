@@ -188,10 +188,11 @@ class Source:
 
     @property
     def bring(self) -> str:
-        """The command that brings this file into the cache."""
+        """The command that brings this file into the cache, what every user has first: upstream, where it holds the
+        file; a mirror (../shared for the project's developers) otherwise."""
         if not self.from_upstream:
-            return f"`{FILL_FROM_SHARED}`"
-        return f"`{FILL_FROM_SHARED}` (or `{FILL_FROM_UPSTREAM}` from upstream)"
+            return FILL_FROM_MIRROR
+        return f"`{FILL_FROM_UPSTREAM}` (from upstream; or `{FILL_FROM_SHARED}` where it is beside the clone)"
 
 
 @cache

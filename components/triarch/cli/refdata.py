@@ -42,7 +42,8 @@ def cmd_refdata_status(args: argparse.Namespace) -> int:
     print(f"{ok} of {len(states)} reference files cached and verified in {refdata.cache_root()}"
           + (f"; {mirror} need a mirror, as the last fill from upstream recorded: bring them with "
              f"{refdata.FILL_FROM_MIRROR}" if mirror else "")
-          + (f"; bring the rest with `{refdata.FILL_FROM_SHARED}`" if bad else ""))
+          + (f"; bring the rest with `{refdata.FILL_FROM_UPSTREAM}` (from upstream; or "
+             f"`{refdata.FILL_FROM_SHARED}` where it is beside the clone)" if bad else ""))
     return 1 if bad else 0
 
 

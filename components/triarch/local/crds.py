@@ -92,6 +92,7 @@ def crd_files(names: list[str], references: list[Path]) -> list[Path]:
             raise EngineError(
                 f"the {name} CRDs (chart {crds.chart}) are needed by this stack, but the Go module proxy does not "
                 f"serve {crds.module} and the reference cache ({refdata.cache_root()}) has no verified "
-                f"{crds.reference_dir}/; bring it with `{refdata.FILL_FROM_SHARED}`")
+                f"{crds.reference_dir}/; bring it with `{refdata.FILL_FROM_UPSTREAM}` (from upstream; or "
+                f"`{refdata.FILL_FROM_SHARED}` where it is beside the clone)")
         found += files
     return found
