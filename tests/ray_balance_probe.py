@@ -1,7 +1,8 @@
 """A driver for Ray 2.60's cluster in the data plane (run with its Python, Triarch's router on the PYTHONPATH): a
 Serve application of two replicas that each take `batch` requests at once and hold each for a second, routed by the
 prefix-aware router class and imbalanced_threshold given, is sent `count` requests of one prompt at once; prints how
-many each replica answered, as JSON. No engine: the router and Serve's queues are what is measured.
+many each replica answered, as JSON on a line of its own ("answered per replica: [4, 4]"). No engine: the router and
+Serve's queues are what is measured.
 
     python ray_balance_probe.py APP ROUTER_CLASS BATCH THRESHOLD COUNT"""
 
@@ -39,7 +40,7 @@ def main() -> None:
             await asyncio.sleep(HOLD_SECONDS)
             return str(serve.get_replica_context().replica_id.unique_id)
 
-    ray.init(address="127.0.0.1:6379", namespace=app, logging_level="ERROR")
+    ray.init(address="127.0.0.1:6379", namespace=app, logging_level="ERROR", log_to_driver=False)
     handle = serve.run(Held.bind(), name=app, route_prefix=None)
     text = "You are a careful assistant. Answer in one line. " * 8
     try:
@@ -47,7 +48,7 @@ def main() -> None:
         answered = Counter(response.result(timeout_s=120) for response in responses)
     finally:
         serve.delete(app)
-    print(json.dumps(sorted(answered.values(), reverse=True)))
+    print("answered per replica: " + json.dumps(sorted(answered.values(), reverse=True)), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ the components a stack says the cluster already runs (`existing`). The plane its
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -195,6 +196,43 @@ def test_a_go_of_another_minor_is_refused_in_one_line(output: str, said: str) ->
     with pytest.raises(engines.EngineError) as error:
         engines.check_go_version(output, "1.26.8")
     assert str(error.value).startswith(said) and "\n" not in str(error.value)
+
+
+def test_an_engines_cache_key_changes_with_what_builds_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another Go pinned to build it, another build recipe, another pin: another cache directory, so an engine built
+    otherwise is never taken for this one (issue 48)."""
+    etcd = engines.load_engines()["etcd"]
+    first = etcd.digest()
+    monkeypatch.setattr(engines, "pinned_go", lambda path=engines.GO_VERSION_FILE: "1.27.0")
+    assert etcd.digest() != first
+    monkeypatch.undo()
+    monkeypatch.setattr(engines, "recipe_digest", lambda: "another recipe")
+    assert etcd.digest() != first
+    monkeypatch.undo()
+    assert etcd.digest() == first
+    bumped = dataclasses.replace(etcd, entry=etcd.entry.replace(etcd.version, etcd.version + "-1"))
+    assert bumped.digest() != first
+
+
+def test_the_recipe_in_the_key_is_every_function_the_build_calls() -> None:
+    """BUILD_RECIPE holds each function of the engines module that `build` calls (directly or through one it calls):
+    a step added to the build without joining the key would reuse engines built without it."""
+    import ast
+    import inspect
+
+    module = {name for name, value in vars(engines).items() if inspect.isfunction(value)
+              and value.__module__ == engines.__name__}
+    seen: set[str] = set()
+    todo = ["build"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        tree = ast.parse(inspect.getsource(getattr(engines, name)).lstrip())
+        todo += [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                 and n.func.id in module and n.func.id not in {"cache_root", "pinned_go", "recipe_digest"}]
+    assert seen == {f.__name__ for f in engines.BUILD_RECIPE}
 
 
 def test_the_build_checks_go_before_building_and_a_cached_engine_needs_none(

@@ -166,7 +166,7 @@ def test_prod_is_updated_after_dev_and_behind_its_environment() -> None:
 TIMINGS = ROOT / ".ci" / "timings.yaml"
 ENGINE_CACHE = "~/.cache/triarch/engines"
 REFERENCE_CACHE = "~/.cache/triarch/reference"
-ENGINES_KEY = "hashFiles('tools/engines/**')"
+ENGINES_KEY = "hashFiles('tools/engines/**', 'components/triarch/local/engines.py')"
 REFERENCE_KEY = "hashFiles('tools/reference/sources.yaml')"
 
 

@@ -7,7 +7,9 @@ rebuilds that tool alone and nothing built enters the work tree."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -72,8 +74,12 @@ class Engine:
         return (self.release or self.version).removeprefix("v")
 
     def digest(self) -> str:
-        """What a build depends on: the pin and our own sources for it."""
+        """What a build depends on: the pin, the Go release pinned to build it (tools/engines/.go-version), the
+        code that builds (BUILD_RECIPE) and our own sources for it. Any of them changed, the engine is built again
+        into a directory of its own; a cache built otherwise is never reused."""
         h = hashlib.sha256(self.entry.encode())
+        h.update(f"go {pinned_go()}".encode())
+        h.update(recipe_digest().encode())
         if self.sources:
             for path in sorted((ENGINES_DIR / self.sources).iterdir()):
                 h.update(path.name.encode())
@@ -323,3 +329,19 @@ def describe(cache: Path | None = None) -> dict[str, Any]:
         out[name] = {"version": engine.plain_version, "module": f"{engine.module}@{engine.version}",
                      "built": str(ready) if ready else None}
     return out
+
+
+BUILD_RECIPE: tuple[Callable[..., Any], ...] = (build, go_env, module_dir, ldflags, versioned_replaces,
+                                                staging_replaces)
+"""The code that turns a pin into binaries (every function of this module `build` calls: tests/test_local.py holds
+it): its source is part of each engine's cache key."""
+
+
+@functools.cache
+def recipe_digest() -> str:
+    """The sha256 of BUILD_RECIPE's source."""
+    h = hashlib.sha256()
+    for function in BUILD_RECIPE:
+        h.update(inspect.getsource(function).encode())
+    return h.hexdigest()
+
