@@ -70,12 +70,27 @@ class FromZero:
 
     def empty_l4(self) -> None:
         """No embed replica, and the l4 pool consolidated down to no node (its consolidateAfter shortened to 5s)."""
-        self.plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=0")
-        self.plane.kubectl("delete", "pods", "-n", "llm", "-l", "app.kubernetes.io/instance=embed", "--force",
-                           "--grace-period=0")
+        self.no_embed_pods()
         self.plane.kubectl("patch", "nodepool", "l4", "--type=merge",
                            "-p", json.dumps({"spec": {"disruption": {"consolidateAfter": "5s"}}}))
         self.wait("the l4 pool empty", lambda: not self.pool_nodes("l4"), 240)
+
+    def no_embed_pods(self) -> None:
+        """embed scaled to zero and its pods gone at once. kwok would end each pod at a random moment within its
+        grace period, as a drain might; the drain is not what these scenarios are about. The pods are deleted again
+        each time until none is left: a pod deleted before the ReplicaSet took the new scale is replaced, and the
+        replacement, deleted by the scale-down, would wait out the vLLM pod's grace period and be counted by the
+        scenario after (seen under a loaded CI host, 2026-12-07)."""
+        self.plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=0")
+
+        def gone() -> bool:
+            if not self.pods("embed"):
+                return True
+            self.plane.kubectl("delete", "pods", "-n", "llm", "-l", "app.kubernetes.io/instance=embed", "--force",
+                               "--grace-period=0", "--ignore-not-found")
+            return False
+
+        self.wait("the embed pods gone", gone, 60)
 
     def karpenter_refused(self, pod: dict[str, Any]) -> str | None:
         """Karpenter's own word that it cannot place the pod (its FailedScheduling event on it, not the
@@ -111,6 +126,12 @@ def _serving(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The pods Running and not being deleted (a pod whose node Karpenter disrupts lingers Running while it ends,
     beside its replacement)."""
     return [p for p in pods if p.get("status", {}).get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")]
+
+
+def _pending(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods waiting for a node, not those being deleted."""
+    return [p for p in pods if p.get("status", {}).get("phase") == "Pending"
             and not p["metadata"].get("deletionTimestamp")]
 
 
@@ -190,20 +211,7 @@ def test_empty_nodes_are_consolidated_as_the_disruption_policy_says(from_zero: F
     claims = {c["metadata"]["name"] for c in from_zero.get("nodeclaims") if c["metadata"]["labels"].get(
         "karpenter.sh/nodepool") == "l4"}
     assert claims
-    from_zero.plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=0")
-
-    def gone() -> bool:
-        """kwok would end each pod at a random moment within its grace period, as a drain might; the drain is not
-        what this test is about, so the pods go at once, again each time until none is left: a pod deleted before
-        the ReplicaSet took the new scale is replaced, and the replacement, deleted by the scale-down, would wait
-        out the vLLM pod's grace period (seen under a loaded CI host, 2026-12-07)."""
-        if not from_zero.pods("embed"):
-            return True
-        from_zero.plane.kubectl("delete", "pods", "-n", "llm", "-l", "app.kubernetes.io/instance=embed", "--force",
-                                "--grace-period=0", "--ignore-not-found")
-        return False
-
-    from_zero.wait("the embed pods gone", gone, 60)
+    from_zero.no_embed_pods()
 
     def recorded() -> bool:  # the moment consolidateAfter counts from (a pod's bind or removal; Karpenter writes
         now = {c["metadata"]["name"]: c for c in from_zero.get("nodeclaims")}  # it at most every 10 s)
@@ -254,7 +262,7 @@ def test_a_zone_without_capacity_leaves_a_replica_pending_not_doubled_up(from_ze
         assert deployment["spec"]["replicas"] == 2
         from_zero.plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=2")
         from_zero.wait("one embed replica Running", lambda: _running(from_zero.pods("embed")) == 1)
-        [waiting] = [p for p in from_zero.pods("embed") if p["status"].get("phase") == "Pending"]
+        [waiting] = _pending(from_zero.pods("embed"))
         from_zero.wait("Karpenter's word that it cannot place the second replica",
                        lambda: from_zero.karpenter_refused(waiting) is not None, 120)
         nodes = from_zero.pool_nodes("l4")
@@ -280,7 +288,7 @@ def test_the_nodepool_limit_holds_where_the_plan_refuses(from_zero: FromZero, tm
     from_zero.wait(f"{most} embed replicas Running", lambda: _running(from_zero.pods("embed")) == most)
     # Karpenter says a pod's FailedScheduling once in five minutes (its event dedupe is by the pod): a pod still
     # pending from the scenario before would keep that scenario's word, so the pending pod is made anew.
-    [stale] = [p for p in from_zero.pods("embed") if p["status"].get("phase") == "Pending"]
+    [stale] = _pending(from_zero.pods("embed"))
     from_zero.plane.kubectl("delete", "pod", "-n", "llm", stale["metadata"]["name"], "--grace-period=0", "--force")
 
     def pending_anew() -> list[dict[str, Any]]:
@@ -296,8 +304,7 @@ def test_the_nodepool_limit_holds_where_the_plan_refuses(from_zero: FromZero, tm
     nodes = from_zero.pool_nodes("l4")
     staying = [n for n in nodes if "deletionTimestamp" not in n["metadata"]]
     assert len(staying) == most, [(n["metadata"]["name"], n["metadata"].get("deletionTimestamp")) for n in nodes]
-    pending = [p for p in from_zero.pods("embed") if p["status"].get("phase") == "Pending"]
-    assert len(pending) == 1
+    assert len(_pending(from_zero.pods("embed"))) == 1
 
 
 def test_warm_capacity_keeps_a_node_that_the_next_replica_takes(from_zero: FromZero) -> None:
