@@ -17,6 +17,7 @@ from conftest import (
     StackConfigReader,
     StackWriter,
     compat_data,
+    plan_refusal,
     stack_document,
 )
 from triarch.cli import main
@@ -317,6 +318,48 @@ def test_other_namespaces_are_ignored(stack_config: StackConfigReader) -> None:
         "other:cluster": "[1, 2",
     }
     assert from_pulumi_config(noisy) == from_pulumi_config(config)
+
+
+@pytest.mark.parametrize(("key", "line"), [
+    ("Triarch:models", "error: Triarch:models: is not read by Triarch: the namespace is 'triarch', in lower case "
+                       "(did you mean 'triarch:models'?); allowed: triarch:<key>"),
+    ("triarc:models", "error: triarc:models: is not read by Triarch: the namespace is 'triarch' (did you mean "
+                      "'triarch:models'?); allowed: triarch:<key>"),
+])
+def test_a_misspelt_namespace_is_refused_not_planned_without_its_models(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, line: str) -> None:
+    """Pulumi passes any namespace on; read as another tool's, the models would be left out and the stack plan with
+    none, exit 0."""
+    config = stack_document("dev")
+    config[key] = config.pop("triarch:models")
+    assert plan_refusal(tmp_path, capsys, config) == line
+
+
+def test_a_misspelt_aws_key_is_named_with_the_key_it_is_closest_to(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    config = stack_document("prod")
+    config["aws:regoin"] = config.pop("aws:region")
+    line = plan_refusal(tmp_path, capsys, config)
+    assert line.startswith("error: aws:regoin: is not a config key of the aws provider (did you mean 'aws:region'?); "
+                           "allowed: aws:accessKey, "), line
+    assert "aws:region, " in line and "aws:skipCredentialsValidation, " in line  # the pinned provider's own keys
+
+
+def test_the_aws_providers_own_keys_are_accepted(stack_config: StackConfigReader) -> None:
+    config = stack_config("prod")
+    keys = {"aws:profile": "llm-prod", "aws:skipCredentialsValidation": "true", "aws:maxRetries": "5",
+            "aws:defaultTags": '{"tags": {"team": "ml"}}'}
+    assert from_pulumi_config({**config, **keys}) == from_pulumi_config(config)
+
+
+def test_a_stack_without_models_says_what_it_plans(write_stack: StackWriter, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    config = stack_document("dev")
+    del config["triarch:models"]
+    assert main(["plan", "--stack-file", str(write_stack(config)), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert ("Models: none (triarch:models is empty or not set): this plans the cluster, its GPU pools and the "
+            "operators, and serves nothing; add a model under triarch:models to serve one") in out
 
 
 # --- what brings a pool's nodes up -----------------------------------------------------------------------

@@ -223,6 +223,26 @@ def test_console_script_runs_outside_the_test_process(tmp_path: Path) -> None:
     assert "Resources" in done.stdout
 
 
+@pytest.mark.parametrize("command", [["plan", "--stack", "dev"], ["refdata", "status"]], ids=["plan", "one-line"])
+def test_a_reader_that_goes_away_stops_the_command_quietly(tmp_path: Path, command: list[str]) -> None:
+    """`triarch plan --stack dev | head`: once the reader is gone, the command stops as a shell tool does on SIGPIPE
+    (exit 141), with no traceback and no "Exception ignored" from Python's flush at exit, whether the output is
+    large (the plan's summary fails as it is printed) or one line (it fails only when flushed). Here the reader is
+    gone before anything is printed (`| true`), so every write meets a closed pipe."""
+    script = Path(sys.executable).with_name("triarch")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
+    out = ["--out", str(tmp_path)] if command[0] == "plan" else []
+    process = subprocess.Popen([str(script), *command, *out], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    err = process.stderr.read()
+    assert process.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+    if out:
+        assert json.loads((tmp_path / "plan.json").read_text(encoding="utf-8"))["stack"] == "dev"  # planned still
+
+
 def _resources(planned: Planned) -> list[tuple[str, str, str]]:
     return sorted((r["type"], r["name"], json.dumps(r["inputs"], sort_keys=True))
                   for r in planned.document["resources"])

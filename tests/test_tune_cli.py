@@ -134,3 +134,25 @@ def test_tune_says_which_end_of_the_estimate_it_sized_for(capsys: pytest.Capture
     assert main(["tune", "--model", "Qwen/Qwen3-8B", "--gpu", "l4", "--gpus", "1", "--max-model-len", "20000"]) == 0
     assert ("what fits there: --max-model-len 17936, --kv-cache-dtype fp8 or more GPUs per replica (--gpus, or more "
             "nodes with --nodes)\n") in capsys.readouterr().out
+
+
+def test_the_gpu_is_named_as_a_stack_names_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--gpu` in any case, or an instance type (as `instanceType` in a stack): the instance's GPU, and its GPUs per
+    node for the tensor-parallel search unless `--gpus` says otherwise."""
+    by_key = _tune_json(capsys, "--model", "Qwen/Qwen3-8B", "--gpu", "l4")
+    assert _tune_json(capsys, "--model", "Qwen/Qwen3-8B", "--gpu", "L4") == by_key
+    assert _tune_json(capsys, "--model", "Qwen/Qwen3-8B", "--gpu", "g6.xlarge") == by_key
+    # Gemma 3 27B's 51.1 GiB of weights: four of g6.12xlarge's four L4s, never one of g6.xlarge's one
+    assert _tune_json(capsys, "--model", "google/gemma-3-27b-it", "--gpu", "g6.12xlarge")["tensor_parallel_size"] == 4
+    for one_gpu in (["--gpu", "g6.xlarge"], ["--gpu", "g6.12xlarge", "--gpus", "1"]):
+        assert main(["tune", "--model", "google/gemma-3-27b-it", *one_gpu]) == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert "the most 1 GPU(s) allow" in line, line
+
+
+def test_a_gpu_neither_known_nor_an_instance_type_names_the_nearest(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "--model", "Qwen/Qwen3-8B", "--gpu", "g6.xlarg"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: --gpu: 'g6.xlarg' is not a known GPU or GPU instance type (did you mean "
+                           "'g6.xlarge'?)"), line
+    assert "l40s" in line and "p5.48xlarge" in line and "m6i.xlarge" not in line  # GPUs and GPU instances only

@@ -5,6 +5,8 @@ GPU, review a change as its pull request would be, and verify a live cluster. `p
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 
 from triarch.cli import check, comment, diff, local, model, plan, prices, refdata, reference, review, tune, verify
 from triarch.cli.common import Commands, run
@@ -33,7 +35,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE
+"""The exit code of a shell tool whose reader went away (`... | head`): a SIGPIPE'd process's."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run(args.handler, args)
+    try:
+        code = run(args.handler, args)
+        sys.stdout.flush()  # a reader that went away shows here, not in Python's own flush at exit
+    except BrokenPipeError:  # `triarch plan ... | head`: stop quietly, as a shell tool does on SIGPIPE
+        return EXIT_PIPE_CLOSED
+    return code
 

@@ -63,13 +63,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         arch, read = find_arch(args.model, revision=args.revision, config_key="--model-config path/to/config.json")
     else:
         arch = load_arch(args.model_config)
+    per_node = 8
     if args.gpu is not None:
-        gpus = catalog().gpus
-        if args.gpu not in gpus:
-            from triarch.config.pools import unknown
-
-            raise unknown("--gpu", args.gpu, "GPU", sorted(gpus), "templates/compat/gpus.yaml")
-        gpu = gpus[args.gpu]
+        name, per_node = gpu_named(args.gpu)
+        gpu = catalog().gpus[name]
     elif args.kv_cache_memory_bytes is not None:
         # The KV budget is given: the GPU only has to be large enough to hold it next to the weights.
         gpu = Gpu("unspecified", "unspecified GPU (KV budget given)", "unknown", "0.0", 1 << 30, "0.0", True, None)
@@ -77,6 +74,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise TriarchError("--gpu: missing; allowed: a GPU from templates/compat/gpus.yaml, or pass "
                            "--kv-cache-memory-bytes to size the KV cache without one")
     task: Task = args.task or ("embed" if "embedding" in arch.label.lower() else "generate")
+    args.gpus = per_node if args.gpus is None else args.gpus
     if args.nodes < 1:
         raise TriarchError(f"--nodes: {args.nodes} is not allowed; allowed: 1 or more (nodes of --gpus GPUs)")
     options = {"vllm_version": args.vllm_version, "gpu_memory_utilization": args.gpu_memory_utilization,
@@ -126,6 +124,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def gpu_named(value: str) -> tuple[str, int]:
+    """`--gpu` as a stack speaks: a GPU of gpus.yaml in any case (`L4`), or an instance type (`g6.xlarge`), which
+    also gives the GPUs a node has. Returns the GPU's key and the GPUs per node (8 for a bare GPU)."""
+    from triarch.catalog import catalog
+
+    facts = catalog()
+    if value.lower() in facts.gpus:
+        return value.lower(), 8
+    instance = facts.instances.get(value.lower())
+    if instance is not None and instance.gpu is not None:
+        return instance.gpu, instance.gpus
+    from triarch.config.pools import unknown
+
+    with_gpus = sorted(n for n, i in facts.instances.items() if i.gpu is not None)
+    raise unknown("--gpu", value, "GPU or GPU instance type", [*sorted(facts.gpus), *with_gpus],
+                  "templates/compat/gpus.yaml or instances.yaml")
+
+
 def add_parser(commands: Commands) -> None:
     tune = commands.add_parser("tune", help="size vLLM's KV cache and engine args for a model on a GPU")
     model = tune.add_mutually_exclusive_group(required=True)
@@ -135,8 +151,11 @@ def add_parser(commands: Commands) -> None:
     model.add_argument("--model-config", help="path to any Hugging Face config.json")
     tune.add_argument("--revision", help="the Hub revision of --model to size (a commit, branch or tag; default: "
                                          "the catalog's entry, else main)")
-    tune.add_argument("--gpu", help="a GPU of templates/compat/gpus.yaml (e.g. l4, a100-80gb)")
-    tune.add_argument("--gpus", type=int, default=8, help="GPUs per node the tensor-parallel search may use")
+    tune.add_argument("--gpu", help="a GPU of templates/compat/gpus.yaml (e.g. l4, a100-80gb; any case), or an "
+                                    "instance type of templates/compat/instances.yaml (e.g. g6.xlarge): its GPU, "
+                                    "and its GPUs per node unless --gpus says")
+    tune.add_argument("--gpus", type=int, help="GPUs per node the tensor-parallel search may use (default: the "
+                                               "instance type's, else 8)")
     tune.add_argument("--tensor-parallel-size", type=int,
                       help="GPUs each layer is split over, within a node (default: the fewest that fit)")
     tune.add_argument("--pipeline-parallel-size", type=int, help="stages; beyond one node, whole nodes each")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import difflib
+import functools
+import importlib.util
 import json
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -43,6 +46,7 @@ def from_pulumi_config(values: Mapping[str, Any]) -> StackConfig:
         if key == "aws:region":
             data["awsRegion"] = value
         if namespace != NAMESPACE:
+            _check_other_namespace(key, value)
             continue
         if name in SECRET_KEYS:
             continue
@@ -62,6 +66,38 @@ def from_pulumi_config(values: Mapping[str, Any]) -> StackConfig:
         raise _first_error(error) from None
     check_stack(stack, catalog())
     return stack
+
+
+PROVIDER_PACKAGES = {"aws": "pulumi_aws"}
+"""Providers whose config keys a stack sets beside Triarch's, by namespace: each key is held to the pinned provider's
+own list (its SDK's config/vars.py), so a misspelt one is named instead of silently ignored. (pulumi_kubernetes has no
+such list: Triarch's Kubernetes providers are explicit, configured from the cluster, not from `kubernetes:` keys.)"""
+
+
+@functools.cache
+def provider_keys(namespace: str) -> tuple[str, ...]:
+    """The config keys the pinned provider SDK reads (`__config__.get...('key')` in its config/vars.py)."""
+    spec = importlib.util.find_spec(PROVIDER_PACKAGES[namespace])  # finds the package without importing it
+    if spec is None or spec.origin is None:
+        return ()
+    text = (Path(spec.origin).parent / "config" / "vars.py").read_text()
+    return tuple(sorted(set(re.findall(r"__config__\.get(?:_[a-z]+)?\('([A-Za-z]+)'", text))))
+
+
+def _check_other_namespace(key: str, value: Any) -> None:
+    """A key outside Triarch's namespace: refused where its namespace is a misspelt `triarch` (Pulumi would pass it
+    on and Triarch would plan without it), or where it is not a key of the provider it names."""
+    namespace, _, name = key.partition(":")
+    if namespace.lower() != NAMESPACE and _closest(namespace, [NAMESPACE]):
+        raise ConfigError(key, value, f"is not read by Triarch: the namespace is '{NAMESPACE}' (did you mean "
+                          f"'{NAMESPACE}:{name}'?)", f"{NAMESPACE}:<key>", show_value=False)
+    if namespace.lower() == NAMESPACE:
+        raise ConfigError(key, value, f"is not read by Triarch: the namespace is '{NAMESPACE}', in lower case (did "
+                          f"you mean '{NAMESPACE}:{name}'?)", f"{NAMESPACE}:<key>", show_value=False)
+    if namespace in PROVIDER_PACKAGES and (known := provider_keys(namespace)) and name not in known:
+        raise ConfigError(key, value, f"is not a config key of the {namespace} provider"
+                          f"{_closest(name, list(known), namespace + ':')}",
+                          ", ".join(f"{namespace}:{k}" for k in known), show_value=False)
 
 
 def _closest(key: str, known: list[str], prefix: str = "") -> str:

@@ -136,6 +136,9 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
             lines += ["  Read from the Hugging Face Hub (the commit each was sized at):", *(f"    {x}" for x in read)]
     if result.models:
         lines += ["", *cold_start_lines(result.models)]
+    else:
+        lines += ["", "Models: none (triarch:models is empty or not set): this plans the cluster, its GPU pools and "
+                  "the operators, and serves nothing; add a model under triarch:models to serve one"]
     lines += ["", *capacity_lines(result.capacity)]
     notes = [w for w in result.run.warnings if w not in {v.message for v in result.verdicts}]
     if notes:
