@@ -85,9 +85,19 @@ def test_a_version_no_known_ami_runs_names_the_versions_that_do(tmp_path: Path,
     config = stack_document("prod")
     config["triarch:cluster"]["kubernetesVersion"] = "1.37"
     line = refusal(tmp_path, config, capsys)
-    assert "has no AMI for Kubernetes 1.37; allowed: no AL2023 release in templates/compat/amis.yaml has one; a " \
-           "Kubernetes version one has (" in line
-    assert "1.36)" in line and "a release for 1.37: ;" not in line
+    # the version is the mistake, not a pool's amiRelease: no release Triarch knows has it
+    assert line.startswith("triarch:cluster.kubernetesVersion: '1.37' has no AL2023 release in "
+                           "templates/compat/amis.yaml (the AMI that pins the nodes' NVIDIA driver); allowed: "), line
+    assert ", 1.36, or add a release for it with its source" in line and "amiRelease" not in line
+
+
+def test_an_unquoted_version_is_told_to_be_quoted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kubernetesVersion: 1.30` unquoted is the number 1.3 to YAML."""
+    config = stack_document("prod")
+    config["triarch:cluster"]["kubernetesVersion"] = 1.30
+    assert refusal(tmp_path, config, capsys) == (
+        "triarch:cluster.kubernetesVersion: 1.3 is a number where a string is read: quote it (YAML reads an "
+        "unquoted 1.30 as the number 1.3); allowed: a string")
 
 
 # --- managed node groups ------------------------------------------------------------------------------------------

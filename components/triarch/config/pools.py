@@ -176,10 +176,13 @@ def check_ami_release(stack: StackConfig, ami_type: str, release_name: str | Non
         fitting = sorted(r for r, a in releases.items() if kubernetes in a.release_versions)
         known = sorted({v for a in releases.values() for v in a.release_versions}, key=lambda v: tuple(
             int(part) for part in v.split(".")))
+        if not fitting:  # no release has that Kubernetes: the version is the mistake, not the release
+            raise ConfigError("triarch:cluster.kubernetesVersion", kubernetes,
+                              f"has no {shown or ami_type} release in templates/compat/amis.yaml (the AMI that "
+                              "pins the nodes' NVIDIA driver)", f"{', '.join(known)}, or add a release for it with "
+                              "its source")
         raise ConfigError(path, release_name, f"has no AMI for Kubernetes {kubernetes}",
-                          f"a release for {kubernetes}: " + ", ".join(fitting) if fitting else
-                          f"no {shown or ami_type} release in templates/compat/amis.yaml has one; a Kubernetes "
-                          f"version one has ({', '.join(known)}), or add the release with its source")
+                          f"a release for {kubernetes}: " + ", ".join(fitting))
 
 
 def _family(name: str) -> str:

@@ -137,6 +137,9 @@ def _first_error(error: ValidationError) -> ConfigError:
     if kind == "missing":
         return ConfigError(path, None, "is required", _describe_field(loc))
     takes = _describe_field(loc)
+    if kind == "string_type" and isinstance(value, int | float) and not isinstance(value, bool):
+        return ConfigError(path, value, "is a number where a string is read: quote it (YAML reads an unquoted 1.30 "
+                           "as the number 1.3)", takes)
     if kind in PROBLEMS:
         return ConfigError(path, value, PROBLEMS[kind], takes)
     if kind.endswith("_type") or kind.endswith("_parsing"):
