@@ -233,6 +233,7 @@ def start_ray(plane: DataPlane, temp: Path, python_path: Path | None = None) -> 
     env = {"PATH": f"{python.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}", "HOME": str(home),
            "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "VLLM_NO_USAGE_STATS": "1",
            "RAY_worker_niceness": "0", "VLLM_CACHE_ROOT": str(dataplane.vllm_cache(python)),
+           "TMPDIR": str(dataplane.engine_tmp(python)),  # the user's own, as plain engines have (cpu_serving.py)
            # a driver run here (the tests' own) has `uv run` among its ancestors (pytest's), and Ray 2.60 would then
            # build a uv venv of the working directory for the workers it starts (worker.py, RAY_ENABLE_UV_RUN_...)
            "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",

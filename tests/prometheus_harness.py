@@ -123,5 +123,11 @@ class Prometheus:
         return {s["metric"]["alertname"] for s in self.query('ALERTS{alertstate="firing"}')}
 
     def stop(self) -> None:
-        self.process.kill()
-        self.process.wait(timeout=10)
+        """SIGTERM first: through sudo (the non-root way into the namespace) a SIGKILL ends sudo and leaves
+        Prometheus running in the namespace; SIGTERM is passed on."""
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)

@@ -76,7 +76,7 @@ def test_the_cpu_command_replaces_only_what_cannot_run_here(tmp_path: Path) -> N
         "command", "model", "--revision", "--load-format", "--enforce-eager", "--block-size",
         "--num-gpu-blocks-override", "env HOME",
         "env HF_HOME", "env VLLM_CACHE_ROOT", "env HF_HUB_OFFLINE", "env VLLM_CPU_KVCACHE_SPACE",
-        "env VLLM_CPU_OMP_THREADS_BIND", "env OMP_NUM_THREADS"}
+        "env VLLM_CPU_OMP_THREADS_BIND", "env OMP_NUM_THREADS", "env TMPDIR"}
     assert command.env["HF_HOME"] != "/models/huggingface" and command.env["HF_HUB_OFFLINE"] == "1"
     assert (command.host, command.port) == ("127.0.0.1", 8000)
 
@@ -95,6 +95,18 @@ def test_engines_of_one_environment_share_its_vllm_cache_and_keep_their_own_home
                                                        str(tmp_path / "second" / "home"))
     other = cpu_command(planned, model, tmp_path / "vllm-0.29" / "d1" / "venv" / "bin" / "python", tmp_path / "third")
     assert other.env["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm-0.29" / "d1" / "vllm-cache")
+
+
+def test_the_engines_temporary_files_are_the_users_own(tmp_path: Path) -> None:
+    """The plan sets USER=ray, so PyTorch's compile cache is /tmp/torchinductor_ray for every user of a host: the
+    engines' TMPDIR is in the environment's cache, the user's own, shared by its engines (a pod's /tmp is its own)."""
+    model = make("Qwen/Qwen3-8B", tmp_path / "m")
+    python = tmp_path / "vllm-0.32" / "4522720ebcc1" / "venv" / "bin" / "python"
+    planned = container(["Qwen/Qwen3-8B", "--port", "8000"])
+    first = cpu_command(planned, model, python, tmp_path / "first")
+    second = cpu_command(planned, model, python, tmp_path / "second")
+    assert first.env["TMPDIR"] == second.env["TMPDIR"] == str(tmp_path / "vllm-0.32" / "4522720ebcc1" / "tmp")
+    assert Path(first.env["TMPDIR"]).is_dir()  # tempfile falls back to /tmp where TMPDIR is not a directory
 
 
 def test_a_gang_pod_gets_its_group_address_and_keeps_its_pipeline(tmp_path: Path) -> None:

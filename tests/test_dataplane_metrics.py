@@ -163,8 +163,8 @@ def observed(data_plane: DataPlane, tmp_path_factory: pytest.TempPathFactory) ->
         yield seen
     finally:
         prometheus.stop()
-        dcgm.kill()
-        dcgm.wait(timeout=10)
+        dcgm.terminate()  # SIGTERM, which sudo (the non-root way into the namespace) passes on; SIGKILL would
+        dcgm.wait(timeout=10)  # end sudo alone and leave the server in the namespace
         data_plane.stop(server)
 
 

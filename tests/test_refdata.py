@@ -9,7 +9,9 @@ import hashlib
 import io
 import re
 import tarfile
+import urllib.error
 from collections.abc import Callable
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +203,45 @@ def test_a_failed_download_is_one_line(cache: Path, mirror: Path, monkeypatch: p
     problems = refdata.fill(None).problems
     url = (mirror / "chart" / "crds" / "a.yaml").as_uri()
     assert problems[0] == f"chart/crds/a.yaml: download of {url} failed: timed out"
+
+
+def test_an_unreachable_upstream_is_one_line_and_asked_once_per_host(cache: Path, mirror: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Offline (or behind a proxy that refuses): one line for every file its host could not bring, naming the
+    host and why, and each host asked once, not once per file (each would wait out its timeout)."""
+    (mirror / "chart" / "crds" / "b.yaml").write_bytes(B)  # a second file from the same host
+    refdata.load_sources()["chart/crds/b.yaml"] = refdata.Source(
+        "chart/crds/b.yaml", _sha(B), (mirror / "chart" / "crds" / "b.yaml").as_uri())
+    asked: list[str] = []
+
+    def offline(url: str) -> bytes:
+        asked.append(url)
+        raise urllib.error.URLError(OSError(101, "Network is unreachable"))
+
+    monkeypatch.setattr(refdata, "_download", offline)
+    assert cli.main(["refdata", "fill"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1] == (f"0 of 3 reference files cached and verified in {cache}; 1 need a mirror "
+                                             "(recorded in .needs-mirror: under CI their tests skip)")
+    err = captured.err.splitlines()
+    assert err[0] == f"warning: {NEEDS_MIRROR_LINE}"
+    assert err[1:] == ["error: chart/crds/a.yaml and 1 more: not brought, upstream cannot be reached (file: [Errno "
+                       "101] Network is unreachable); fill where it can be, or bring them with `uv run triarch "
+                       "refdata fill --from DIR|URL` (../shared/reference or a mirror), in CI the repository variable "
+                       "TRIARCH_REFERENCE_MIRROR"]
+    assert len(asked) == 1  # the host, once
+    # an answer is not unreachability: a 404 stays the file's own line, and the host is asked again
+    asked.clear()
+
+    def missing(url: str) -> bytes:
+        asked.append(url)
+        raise urllib.error.HTTPError(url, 404, "Not Found", Message(), None)
+
+    monkeypatch.setattr(refdata, "_download", missing)
+    problems = refdata.fill(None).problems
+    assert len(problems) == len(asked) == 2 and all("HTTP Error 404: Not Found" in p for p in problems), problems
+    assert [p.split(":")[0] for p in problems] == ["chart/crds/a.yaml", "chart/crds/b.yaml"]
 
 
 # --- derivation recipes: pure transforms -----------------------------------------------------------------------

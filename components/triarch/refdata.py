@@ -25,6 +25,8 @@ import io
 import os
 import re
 import tarfile
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -328,10 +330,47 @@ def is_mirror_url(source: str) -> bool:
     return source.startswith(("https://", "http://"))
 
 
-def _recipe_input(derive: Derive, inputs: dict[str, bytes]) -> bytes:
+class _Unreachable(Exception):
+    """A download not made, or failed, because its host cannot be reached (not an answer such as a 404)."""
+
+
+@dataclass
+class _Reach:
+    """Downloads in one fill, each host tried until it cannot be reached, then no more: offline, or behind a proxy
+    that refuses, a fill says so once instead of once per file (and does not wait out a timeout per file)."""
+
+    unreachable: dict[str, str] = field(default_factory=dict)
+    """host -> why it could not be reached."""
+    files: list[str] = field(default_factory=list)
+    """The files not brought because their host could not be reached."""
+
+    def get(self, url: str) -> bytes:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.netloc or parts.scheme
+        if host in self.unreachable:
+            raise _Unreachable(host)
+        try:
+            return _download(url)
+        except urllib.error.HTTPError:
+            raise  # the host answered
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+            self.unreachable[host] = str(getattr(error, "reason", None) or error)
+            raise _Unreachable(host) from None
+
+    def problem(self) -> str | None:
+        """The one line for every file not brought because a host could not be reached, or None."""
+        if not self.files:
+            return None
+        first = self.files[0] + (f" and {len(self.files) - 1} more" if len(self.files) > 1 else "")
+        hosts = "; ".join(f"{host}: {why}" for host, why in self.unreachable.items())
+        return (f"{first}: not brought, upstream cannot be reached ({hosts}); fill where it can be, or bring them "
+                f"with {FILL_FROM_MIRROR}")
+
+
+def _recipe_input(derive: Derive, inputs: dict[str, bytes], get: Callable[[str], bytes]) -> bytes:
     """A recipe's input, downloaded once per fill and held to its pinned sha256 where one is pinned."""
     if derive.source not in inputs:
-        data = _download(derive.source)
+        data = get(derive.source)
         digest = hashlib.sha256(data).hexdigest()
         if derive.sha256 is not None and digest != derive.sha256:
             raise ValueError(f"its input has sha256 {digest}, but sources.yaml pins {derive.sha256}")
@@ -366,6 +405,7 @@ def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: Non
     need_mirror: list[str] = []
     left_out: list[str] = []
     inputs: dict[str, bytes] = {}  # a recipe input shared by several files (an sdist) is downloaded once
+    reach = _Reach()
     for rel, entry in load_sources().items():
         target = root / rel
         if target.is_file() and _digest(target) == entry.sha256:
@@ -374,7 +414,10 @@ def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: Non
         if mirror is not None:
             origin = f"{mirror}/{rel}"
             try:
-                data = _download(origin)
+                data = reach.get(origin)
+            except _Unreachable:
+                reach.files.append(rel)
+                continue
             except (OSError, ValueError) as error:
                 problems.append(f"{rel}: download of {origin} failed: {error}")
                 continue
@@ -387,7 +430,10 @@ def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: Non
         elif entry.derive is not None:
             origin = f"{entry.derive.recipe} of {entry.derive.source}"
             try:
-                data = entry.derive.apply(_recipe_input(entry.derive, inputs))
+                data = entry.derive.apply(_recipe_input(entry.derive, inputs, reach.get))
+            except _Unreachable:
+                reach.files.append(rel)
+                continue
             except (OSError, ValueError, SyntaxError) as error:
                 problems.append(f"{rel}: {origin} failed: {error}")
                 continue
@@ -404,8 +450,11 @@ def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: Non
         else:
             origin = entry.source
             try:
-                data = _download(entry.source)
-            except (OSError, ValueError) as error:  # URLError and timeouts are OSErrors
+                data = reach.get(entry.source)
+            except _Unreachable:
+                reach.files.append(rel)
+                continue
+            except (OSError, ValueError) as error:  # a refused URL (404) and other failures are OSErrors
                 problems.append(f"{rel}: download of {entry.source} failed: {error}")
                 continue
         digest = hashlib.sha256(data).hexdigest()
@@ -419,5 +468,7 @@ def fill(from_dir: Path | str | None, log: Callable[[str], None] = lambda _: Non
         partial.replace(target)  # a reader never sees half a file
         _verified.add((target, entry.sha256))
         log(f"{rel}: cached from {origin}")
+    if (unreached := reach.problem()) is not None:
+        problems.append(unreached)
     _record_needs_mirror(left_out)
     return Filled(problems, need_mirror)

@@ -244,6 +244,11 @@ def cpu_command(container: dict[str, Any], model: TinyModel, python: Path, work:
                             "the plan keeps it on the model cache volume, which a pod's restarts share; here one per "
                             "CPU engine environment, shared by its engines: what vLLM cached of an architecture and "
                             "its compiled graphs are not worked out again at each start"))
+    env["TMPDIR"] = str(dataplane.engine_tmp(python))
+    done.append(Replacement("env TMPDIR", variables.get("TMPDIR"), env["TMPDIR"],
+                            "a pod's /tmp is its own; this host's is every user's (torch's compile cache, "
+                            "/tmp/torchinductor_$USER, would be another user's): the user's own, shared by the "
+                            "environment's engines"))
     for name, (value, reason) in CPU_ENV.items():
         env[name] = value
         done.append(Replacement(f"env {name}", variables.get(name), value, reason))

@@ -114,6 +114,16 @@ def vllm_cache(python: Path) -> Path:
     return python.parent.parent.parent / "vllm-cache"
 
 
+def engine_tmp(python: Path) -> Path:
+    """The TMPDIR every engine of the environment whose Python is `python` shares, in the user's own cache. A pod's
+    /tmp is its own; this host's is every user's, and PyTorch keeps its compile cache in /tmp/torchinductor_$USER
+    with USER the planned `ray` (planners/pods.py): an engine another user started first would own it, and this
+    user's engines fail on it (PermissionError, seen as a non-root user on 2026-12-07)."""
+    path = python.parent.parent.parent / "tmp"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def missing(cache: Path | None = None) -> list[Environment]:
     return [e for e in load_environments().values() if installed(e, cache) is None]
 
