@@ -91,6 +91,22 @@ def test_check_prints_where_each_pod_template_runs(capsys: pytest.CaptureFixture
     assert report["placement"] and report["violations"] == []
 
 
+def test_on_an_adopted_cluster_what_no_pool_takes_is_said_to_run_on_its_other_nodes(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """fresh adopts its cluster: the operator, the picker and Ray's head ask no GPU and tolerate no GPU taint, so they
+    run on the cluster's own nodes outside the stack's pools; the check says so, not a bare NOT PLACED."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(["check", "--stack", "fresh"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("Placement (where each pod template runs, and the room it has)")
+    rows = [x.strip() for x in lines[start + 1:] if x.startswith("  ")]
+    elsewhere = ("on the cluster's other nodes (it asks no GPU and no pool of the stack takes it; the adopted "
+                 "cluster's nodes outside its pools are not in the plan)")
+    assert f"RayService llm head: {elsewhere}" in rows, rows
+    assert f"Helm release kuberay-operator (operator): {elsewhere}" in rows
+    assert not [r for r in rows if "NOT PLACED" in r]
+
+
 def test_a_pool_short_of_nodes_is_named_with_the_numbers(shipped: dict[str, StackPlan]) -> None:
     """The policy pack sees what a hand-edited stack would: here the L4 NodePool's limit cut to five nodes."""
     edited = []

@@ -326,9 +326,9 @@ def test_the_comment_says_which_release_each_pulled_image_is(tmp_path: Path, pro
     vllm["pulled"] = pulled
     (root / "head" / "prod" / "mirror.json").write_text(json.dumps(listed), encoding="utf-8")
     text = review_markdown(root)
-    assert f"- `vllm`: `{pulled}` is `vllm/vllm-openai:v0.33.0`" in text
-    assert "- `kuberayOperator` (kuberay-operator): `quay.io/kuberay/operator:v1.7.0` is " \
-           "`quay.io/kuberay/operator:v1.7.0`" in text
+    assert f"- `vllm`: `{pulled}`, a mirror's copy of `vllm/vllm-openai:v0.33.0`" in text
+    assert ("- `kuberayOperator` (kuberay-operator): `quay.io/kuberay/operator:v1.7.0`, from its upstream registry"
+            in text)  # not "`X` is `X`"
 
 
 def test_the_comment_says_an_image_change_rolls_the_pods(tmp_path: Path, prod_plan: Path,

@@ -202,9 +202,16 @@ def _stack_section(directory: Path, stack: str) -> list[str]:
     mirrored = _load(directory / "head" / stack / "mirror.json")
     if mirrored and mirrored.get("images"):
         lines += ["", "<details><summary>Images: what the nodes pull, and the release each one is</summary>", "",
-                  *(f"- `{i['key']}`" + (f" ({i['chart']})" if i.get("chart") else "") + f": `{i['pulled']}` is "
-                    f"`{i['upstream']}`" for i in mirrored["images"]), "", "</details>"]
+                  *(_image_line(i) for i in mirrored["images"]), "", "</details>"]
     return lines
+
+
+def _image_line(image: dict[str, str]) -> str:
+    """One pulled image: straight from its upstream registry, or a mirror's copy and the release it is."""
+    where = f"- `{image['key']}`" + (f" ({image['chart']})" if image.get("chart") else "")
+    if image["pulled"] == image["upstream"]:
+        return f"{where}: `{image['pulled']}`, from its upstream registry"
+    return f"{where}: `{image['pulled']}`, a mirror's copy of `{image['upstream']}`"
 
 
 def _ref(ref: str) -> str:

@@ -40,6 +40,9 @@ class Placement:
     per_node: int | None = None
     nodes_needed: int | None = None
     pool: Pool | None = None
+    elsewhere: bool = False
+    """On the adopted cluster's other nodes: it asks no GPU, no pool of the stack takes it, and those nodes are the
+    cluster's own, not in the plan (so not a finding)."""
 
 
 @dataclass
@@ -118,7 +121,7 @@ def prove(resources: list[Any]) -> Proof:
             proof.placements.append(Placement(w, [p.name for p in candidates]))
             continue
         if not candidates and not every_node_known and not w.requests.gpus:
-            proof.placements.append(Placement(w, []))  # on nodes the plan does not see
+            proof.placements.append(Placement(w, [], elsewhere=True))  # on nodes the plan does not see
             continue
         if not candidates:
             proof.findings.append(Finding("pod-placement", w.resource_type, w.resource_name, w.urn,
@@ -272,8 +275,12 @@ def headroom(proof: Proof) -> list[str]:
         if w.daemon:
             lines.append(f"{w.where}: on {', '.join(placement.pools) or 'no pool'}")
             continue
+        if placement.elsewhere:
+            lines.append(f"{w.where}: on the cluster's other nodes (it asks no GPU and no pool of the stack takes "
+                         "it; the adopted cluster's nodes outside its pools are not in the plan)")
+            continue
         if not placement.pools:
-            lines.append(f"{w.where}: NOT PLACED")
+            lines.append(f"{w.where}: NOT PLACED (see the pod-placement finding)")
             continue
         pool = placement.pool
         if pool is None or pool.free is None:
