@@ -165,6 +165,23 @@ def test_summary_prices_each_pool_idle_at_min_and_max(plans: dict[str, Planned])
     assert "GPUs held (per replica x replicas): embed 1 x 2 on l4, chat 2 x 1-4 on a100, qwen 1 x 1-3 on l4" in section
 
 
+def test_a_spot_pool_says_its_price_is_the_on_demand_one(tmp_path: Path) -> None:
+    """Spot prices move and are not recorded: a SPOT pool is priced at on-demand, an upper bound, and its row says
+    so; an on-demand pool's row says nothing of it."""
+    document = yaml.safe_load((ROOT / "stacks" / "Pulumi.dev.yaml").read_text(encoding="utf-8"))
+    document["config"]["triarch:nodeGroups"][0]["capacityType"] = "SPOT"
+    path = tmp_path / "Pulumi.spot.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")]) == 0
+    section = out.getvalue().split("\nCapacity and cost per month", 1)[1].split("\n\n", 1)[0]
+    [row] = [line for line in section.splitlines() if line.strip().startswith("l4")]
+    assert row.split()[:8] == ["l4", "(spot,", "priced", "on-demand:", "an", "upper", "bound)", "g6.xlarge"], row
+    [system] = [line for line in section.splitlines() if line.strip().startswith("system nodes")]
+    assert "spot" not in system
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_summary_counts_resources_per_layer(plans: dict[str, Planned], stack: str) -> None:
     lines = plans[stack].stdout.splitlines()

@@ -260,7 +260,8 @@ def capacity_lines(capacity: dict[str, Any]) -> list[str]:
         lines.append(f"  {gap}")
     rows = [["pool", "instance", "nodes", "GPUs", "idle", "at min", "at max"]]
     for pool in capacity["pools"]:
-        rows.append([pool["name"], pool["instanceType"] or "existing", f"{pool['minNodes']}-{pool['maxNodes']}",
+        spot = " (spot, priced on-demand: an upper bound)" if pool.get("capacityType") == "SPOT" else ""
+        rows.append([pool["name"] + spot, pool["instanceType"] or "existing", f"{pool['minNodes']}-{pool['maxNodes']}",
                      f"{pool['gpusAtMin']}-{pool['gpusAtMax']}",
                      f"{pool['nodesIdle']} node(s) {usd(pool['monthlyUsdIdle'])}", usd(pool["monthlyUsdAtMin"]),
                      usd(pool["monthlyUsdAtMax"])])
