@@ -147,8 +147,9 @@ def test_a_gated_model_with_a_token_or_s3_weights_is_not_warned_of(tmp_path: Pat
 def test_tune_suggests_the_nearest_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["tune", "--model", "Qwen/Qwen3-8B", "--gpu", "a10"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --gpu: 'a10' is not a known GPU (did you mean 'a10g'?); to add one, add it to "
-                          "templates/compat/gpus.yaml"), err
+    assert err.startswith("error: --gpu: 'a10' is not a known GPU or GPU instance type (did you mean 'a10g'?); to "
+                          "add one, add it to templates/compat/gpus.yaml"), err
     assert cli.main(["tune", "--model", "Qwen/Qwen3-8B", "--gpu", "h100"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --gpu: 'h100' is not a known GPU (did you mean 'h100-80gb'?)"), err
+    assert err.startswith("error: --gpu: 'h100' is not a known GPU or GPU instance type (did you mean "
+                          "'h100-80gb'?)"), err
