@@ -117,7 +117,8 @@ def test_the_mode_is_forced_from_the_environment(monkeypatch: pytest.MonkeyPatch
     assert choose(None, 0, lambda: None, _never, _never).mode == "root"
 
 
-ENV = {"PATH": "/engines:/usr/bin", "HOME": "/home/tri", "KUBECONFIG": "/p/kubeconfig", "PYTHONPATH": "/bench"}
+ENV = {"PATH": "/engines:/usr/bin", "HOME": "/home/tri", "KUBECONFIG": "/p/kubeconfig", "PYTHONPATH": "/bench",
+       "TMPDIR": "/home/tri/tmp"}
 
 
 def test_root_mode_runs_commands_under_ip_netns_exec() -> None:
@@ -137,8 +138,10 @@ def test_sudo_mode_enters_through_sudo_and_runs_as_the_user_with_what_sudo_drops
     assert command == [
         "sudo", "-n", "--preserve-env", "ip", "netns", "exec", "triarch-lab",
         "setpriv", "--reuid=1001", "--regid=1002", "--init-groups", "--",
-        "env", "--", "PATH=/engines:/usr/bin", "HOME=/home/tri", "PYTHONPATH=/bench", "kubectl", "get", "nodes"]
+        "env", "--", "PATH=/engines:/usr/bin", "HOME=/home/tri", "PYTHONPATH=/bench", "TMPDIR=/home/tri/tmp",
+        "kubectl", "get", "nodes"]
     assert "KUBECONFIG=/p/kubeconfig" not in command  # kept by --preserve-env, not spelled out
+    # TMPDIR: the C library drops it for any setuid program (sudo); the engines' compile cache would go to /tmp
 
 
 def test_the_state_file_records_the_namespace_so_another_process_enters_the_same_one(tmp_path: Path) -> None:

@@ -35,9 +35,11 @@ FORCE = "TRIARCH_NETNS"
 PROBE_TIMEOUT = 10.0
 SUDO = ("sudo", "-n", "--preserve-env")
 """Never a password prompt; the caller's environment (KUBECONFIG, PULUMI_*) reaches the command."""
-SUDO_DROPS = ("PATH", "HOME", "USER", "LOGNAME", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH")
+SUDO_DROPS = ("PATH", "HOME", "USER", "LOGNAME", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "TMPDIR")
 """What sudo resets or removes even with --preserve-env (secure_path, its own HOME/USER, its list of unsafe
-variables); in sudo mode a command gets them back on its command line, after dropping to the user."""
+variables, and TMPDIR, which the C library drops for any setuid program); in sudo mode a command gets them back on
+its command line, after dropping to the user. (TMPDIR was found missing by the real tier run as a non-root user,
+2026-12-07: the engines' compile cache went to another user's directory in /tmp.)"""
 USER_FIX = ("allow unprivileged user namespaces (Ubuntu >= 23.10: sysctl "
             "kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile granting unshare `userns`)")
 SUDO_FIX = "give passwordless sudo for ip netns (sudo -n must not prompt, and may keep the environment: -E)"
