@@ -38,9 +38,8 @@ from dataplane import (  # noqa: E402
     RayHead,
     counter,
     data_plane_in,
+    ray_head,
     require_dataplane,
-    start_ray,
-    stop_ray,
 )
 from engine_tier import eventually  # noqa: E402
 from triarch.local.cpu_serving import cpu_serve_config  # noqa: E402
@@ -168,20 +167,16 @@ def main() -> None:
     except BaseException as skipped:  # pytest's skip outside pytest
         raise SystemExit(str(skipped)) from None
     prompts = workload(args.prefixes, args.requests)
-    with data_plane_in(Path(tempfile.mkdtemp(prefix="prefix-bench-")), "dpbench") as plane:
-        # Triarch's router on the node's PYTHONPATH, as the pods mount its ConfigMap (planners/ray.py)
-        head = start_ray(plane, Path(tempfile.mkdtemp(prefix="ray", dir="/tmp")), ROUTER_SOURCE.parent)
-        try:
-            started = time.monotonic()
-            triarch = measure(head, plane, True, prompts, args.concurrency)
-            default = measure(head, plane, False, prompts, args.concurrency)
-            if not args.no_risk:
-                tree_actor_risk(head, plane)
-            print(f"({time.monotonic() - started:.0f}s)")
-            print(f"hit rate: triarch {triarch[0]:.3f} default {default[0]:.3f}")
-        finally:
-            stop_ray(head)
-
+    # Triarch's router on the node's PYTHONPATH, as the pods mount its ConfigMap (planners/ray.py)
+    with tempfile.TemporaryDirectory(prefix="prefix-bench-") as work, data_plane_in(Path(work), "dpbench") as plane, \
+            ray_head(plane, ROUTER_SOURCE.parent) as head:
+        started = time.monotonic()
+        triarch = measure(head, plane, True, prompts, args.concurrency)
+        default = measure(head, plane, False, prompts, args.concurrency)
+        if not args.no_risk:
+            tree_actor_risk(head, plane)
+        print(f"({time.monotonic() - started:.0f}s)")
+        print(f"hit rate: triarch {triarch[0]:.3f} default {default[0]:.3f}")
 
 if __name__ == "__main__":
     main()

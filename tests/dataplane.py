@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -26,7 +27,7 @@ from triarch.datafiles import read_yaml
 from triarch.local import dataplane, netns
 from triarch.local.cpu_serving import CPU_ENV, CpuCommand, Server, cpu_command
 from triarch.local.inside import Answer, Client
-from triarch.local.tiny_models import TinyModel, make
+from triarch.local.tiny_models import TinyModel, shared
 from triarch.paths import COMPAT_DIR
 
 START_TIMEOUT = 300
@@ -77,7 +78,7 @@ class DataPlane:
         return lambda argv: self.namespace.command(argv, env)
 
     def tiny_model(self, model: str) -> TinyModel:
-        return make(model, self.work / "models" / model.replace("/", "--"))
+        return shared(model, dataplane.tiny_models())
 
     def command(self, container: dict[str, Any], model: str, name: str,
                 pod_env: Mapping[str, str] | None = None, host: str | None = None,
@@ -248,6 +249,21 @@ def start_ray(plane: DataPlane, temp: Path, python_path: Path | None = None) -> 
         stop_ray(head)
         raise AssertionError(f"ray start exited {done.returncode}: {(done.stderr or done.stdout)[-2000:]}")
     return head
+
+
+@contextlib.contextmanager
+def ray_head(plane: DataPlane, python_path: Path | None = None) -> Iterator[RayHead]:
+    """A Ray head (`start_ray`) in a session directory of its own under /tmp (Ray's socket paths must stay short),
+    every Ray process ended and the directory removed on exit."""
+    temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+    try:
+        head = start_ray(plane, temp, python_path)
+        try:
+            yield head
+        finally:
+            stop_ray(head)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def stop_ray(head: RayHead) -> None:

@@ -14,7 +14,7 @@ from conftest import StackPlan, compat_data
 from triarch import cli
 from triarch.local import dataplane
 from triarch.local.cpu_serving import EngineFailed, cpu_command, engine_error, expand
-from triarch.local.tiny_models import VOCABULARY, make, prompt, tiny_config
+from triarch.local.tiny_models import VOCABULARY, make, prompt, shared, tiny_config
 
 PYTHON = Path("/venv/bin/python")
 
@@ -61,6 +61,23 @@ def test_a_tiny_model_directory_has_a_tokenizer_whose_prompts_are_as_long_as_ask
     assert model.mla is False and json.loads((tmp_path / "config.json").read_text())["num_key_value_heads"] == 1
 
 
+def test_a_shared_tiny_model_keeps_its_path_from_run_to_run(tmp_path: Path) -> None:
+    """vLLM keys its compile cache by the model's path: the same model must land in the same directory each time
+    (and another model elsewhere), written once, with what `make` writes."""
+    first = shared("Qwen/Qwen3-8B", tmp_path)
+    (first.directory / "config.json").touch()
+    before = (first.directory / "config.json").stat().st_mtime_ns
+    again = shared("Qwen/Qwen3-8B", tmp_path)
+    other = shared("Qwen/Qwen3-Embedding-0.6B", tmp_path)
+    assert again.directory == first.directory and other.directory != first.directory
+    assert (first.directory / "config.json").stat().st_mtime_ns == before  # not written again
+    made = make("Qwen/Qwen3-8B", tmp_path / "made")
+    assert {f.name: f.read_text() for f in first.directory.iterdir()} == {
+        f.name: f.read_text() for f in made.directory.iterdir()}
+    assert (first.source, first.left_out, first.mla) == (made.source, made.left_out, made.mla)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left
+
+
 def test_the_cpu_command_replaces_only_what_cannot_run_here(tmp_path: Path) -> None:
     model = make("Qwen/Qwen3-8B", tmp_path / "m")
     planned = ["Qwen/Qwen3-8B", "--revision", "abc123", "--served-model-name", "chat", "--host", "0.0.0.0",
@@ -76,8 +93,9 @@ def test_the_cpu_command_replaces_only_what_cannot_run_here(tmp_path: Path) -> N
         "command", "model", "--revision", "--load-format", "--enforce-eager", "--block-size",
         "--num-gpu-blocks-override", "env HOME",
         "env HF_HOME", "env VLLM_CACHE_ROOT", "env HF_HUB_OFFLINE", "env VLLM_CPU_KVCACHE_SPACE",
-        "env VLLM_CPU_OMP_THREADS_BIND", "env OMP_NUM_THREADS", "env TMPDIR"}
+        "env VLLM_CPU_OMP_THREADS_BIND", "env OMP_NUM_THREADS", "env TMPDIR", "env VLLM_ENABLE_V1_MULTIPROCESSING"}
     assert command.env["HF_HOME"] != "/models/huggingface" and command.env["HF_HUB_OFFLINE"] == "1"
+    assert command.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert (command.host, command.port) == ("127.0.0.1", 8000)
 
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from conftest import StackPlan
-from dataplane import RAY_METRICS_PORT, SERVE_URL, TREE_ACTOR, DataPlane, RayHead, counter, start_ray, stop_ray
+from dataplane import RAY_METRICS_PORT, SERVE_URL, TREE_ACTOR, DataPlane, RayHead, counter, ray_head
 from engine_tier import eventually
 from prometheus_harness import Prometheus
 from triarch.guardrails.workloads import application_llm_configs
@@ -99,20 +99,16 @@ class Served:
 @pytest.fixture(scope="module")
 def served(data_plane: DataPlane, shipped: dict[str, StackPlan], tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[Served]:
-    import tempfile
-
     planned = {"applications": [app for name in STACKS for app in planned_serve_config(shipped[name])["applications"]]}
     models = {c["model_loading_config"]["model_source"] for a in planned["applications"] for _, c in llm_configs(a)}
     assert len(models) == 3, models  # DeepSeek-V2-Lite, Qwen3-8B, Qwen3-Embedding-0.6B
     deployed, replacements = cpu_serve_config(planned, data_plane.tiny_model)
-    temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # Ray's socket paths must stay short
     mounted = data_plane.work / "python-path"  # the ConfigMap's files, where the pods have them mounted
     mounted.mkdir()
     for name in STACKS:
         for file, text in python_path_files(shipped[name]).items():
             (mounted / file).write_text(text)
-    head = start_ray(data_plane, temp, mounted)
-    try:
+    with ray_head(data_plane, mounted) as head:
         head.deploy(deployed, data_plane.work / "serve.yaml")
         names = {a["name"] for a in planned["applications"]}
 
@@ -154,8 +150,6 @@ def served(data_plane: DataPlane, shipped: dict[str, StackPlan], tmp_path_factor
         seen.series, seen.exposition_under_load, seen.split_answers = scraped_series(
             data_plane, shipped["prod"], data_plane.work / "prometheus", split_queries(shipped["fresh"]))
         yield seen
-    finally:
-        stop_ray(head)
 
 
 def ray_queries(plan: StackPlan) -> list[tuple[str, str]]:

@@ -774,3 +774,14 @@ def test_down_and_exec_without_a_name_take_the_users_one_plane(tmp_path: Path, m
     assert main(["local", "down"]) == 1
     assert capsys.readouterr().err == ("error: 2 local planes of ana@gpubox are up (lab, lab-ana-gpubox); name one "
                                        "with --name\n")
+
+
+def test_commands_on_a_plane_keep_their_temporary_files_in_the_planes_directory(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Kubernetes provider writes a kubeconfig file into TMPDIR at each Helm release and leaves it: in the plane's
+    directory, it goes with the plane instead of piling up in /tmp."""
+    from triarch.local.plane import Plane
+
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    env = Plane("p", tmp_path / "p").env()
+    assert Path(env["TMPDIR"]) == tmp_path / "p" / "tmp" and Path(env["TMPDIR"]).is_dir()

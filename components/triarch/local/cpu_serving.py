@@ -192,6 +192,10 @@ CPU_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND": ("nobind", "several engines share two cores: none pins its threads to one (the "
                                             "default binds every engine's to core 0)"),
     "OMP_NUM_THREADS": ("1", "one compute thread per engine process on a two-core machine"),
+    "VLLM_ENABLE_V1_MULTIPROCESSING": ("0", "a one-rank engine runs its worker inside the engine core, as vLLM does "
+                                               "on a GPU (config/parallel.py: `uni` at world size 1); the CPU build "
+                                               "otherwise makes it a third process (platforms/cpu.py), which imports "
+                                               "vLLM again: about nine CPU-seconds and a gigabyte per start"),
 }
 """What every CPU engine's environment gets, with why."""
 

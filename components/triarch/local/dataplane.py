@@ -124,6 +124,12 @@ def engine_tmp(python: Path) -> Path:
     return path
 
 
+def tiny_models(cache: Path | None = None) -> Path:
+    """Where the engines' tiny models live, each in a directory named by its content (tiny_models.shared): a path
+    that stays from run to run, which vLLM's compile cache is keyed by."""
+    return (cache or cache_root()) / "tiny-models"
+
+
 def missing(cache: Path | None = None) -> list[Environment]:
     return [e for e in load_environments().values() if installed(e, cache) is None]
 

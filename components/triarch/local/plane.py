@@ -124,7 +124,11 @@ class Plane:
 
     def env(self) -> dict[str, str]:
         """The environment of a command run on the plane: its kubeconfig, the built kubectl and pulumi first on the
-        PATH, Pulumi's file backend and plugins in the plane's directory, no plugin downloads, no update checks."""
+        PATH, Pulumi's file backend and plugins in the plane's directory, no plugin downloads, no update checks, and a
+        TMPDIR of the plane's own: the Kubernetes provider leaves a kubeconfig file in it at each Helm release
+        (about 36 a suite), which /tmp would keep after the plane is gone."""
+        temporary = self.directory / "tmp"
+        temporary.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update({
             "KUBECONFIG": str(self.kubeconfig),
@@ -134,6 +138,7 @@ class Plane:
             "PULUMI_SKIP_UPDATE_CHECK": "true",
             "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
             "UV_OFFLINE": "1",
+            "TMPDIR": str(temporary),
         })
         env.setdefault("PULUMI_CONFIG_PASSPHRASE", PASSPHRASE)
         if self.trust_bundle.is_file():

@@ -10,7 +10,10 @@ decides how much memory and compute it takes is shrunk (SHRUNK). What the CPU bu
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,17 +112,48 @@ def tokenizer_json() -> dict[str, Any]:
             "model": {"type": "WordLevel", "vocab": {w: i for i, w in enumerate(VOCABULARY)}, "unk_token": "<unk>"}}
 
 
-def make(model: str, directory: Path) -> TinyModel:
-    """Write the tiny model of a catalog model into `directory` (config, tokenizer, its config for transformers)."""
+def files(model: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The tiny model's files (config, tokenizer, its config for transformers) by name, and the real config."""
     real = catalog_config(model)
-    config, left_out = tiny_config(real)
+    config, _ = tiny_config(real)
+    return {"config.json": json.dumps(config, indent=1),
+            "tokenizer.json": json.dumps(tokenizer_json()),
+            "tokenizer_config.json": json.dumps({
+                "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": EOS,
+                "unk_token": "<unk>", "model_max_length": real["max_position_embeddings"],
+                "chat_template": CHAT_TEMPLATE})}, real
+
+
+def _model(model: str, directory: Path, real: dict[str, Any]) -> TinyModel:
+    return TinyModel(directory, str(real.get("_source", model)), tiny_config(real)[1], "kv_lora_rank" in real)
+
+
+def make(model: str, directory: Path) -> TinyModel:
+    """Write the tiny model of a catalog model into `directory`."""
+    written, real = files(model)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config, indent=1))
-    (directory / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": EOS, "unk_token": "<unk>",
-        "model_max_length": real["max_position_embeddings"], "chat_template": CHAT_TEMPLATE}))
-    return TinyModel(directory, str(real.get("_source", model)), left_out, "kv_lora_rank" in real)
+    for name, text in written.items():
+        (directory / name).write_text(text)
+    return _model(model, directory, real)
+
+
+def shared(model: str, root: Path) -> TinyModel:
+    """The tiny model of a catalog model in a directory under `root` named by its content, written once (atomically:
+    another process may be writing the same). vLLM's compile cache is keyed by the model's path among its config, so
+    a path that changes with every run compiles again, and its cache grows, at every start of a compiled engine."""
+    written, real = files(model)
+    digest = hashlib.sha256(json.dumps(written, sort_keys=True).encode()).hexdigest()[:12]
+    directory = root / f"{model.replace('/', '--')}-{digest}"
+    if not directory.is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=root))
+        for name, text in written.items():
+            (staging / name).write_text(text)
+        try:
+            staging.rename(directory)
+        except OSError:  # written meanwhile by another process: the same bytes
+            shutil.rmtree(staging)
+    return _model(model, directory, real)
 
 
 def prompt(words: int, seed: int = 0) -> str:
