@@ -100,8 +100,9 @@ def test_a_pool_too_small_for_its_own_replicas_says_so_first(tmp_path: Path,
     code, _, err = plan(tmp_path, config, capsys)
     assert code == 2
     assert err.strip() == ("error: triarch:nodeGroups[0].max: 2 holds 2 GPU(s), but its models need 3 at their "
-                           "largest on pool 'l4' (replicas x GPUs per replica: 'chat' 3); allowed: >= 3 nodes; 6 to "
-                           "leave room for a RayService upgrade, or fewer replicas on this pool"), err
+                           "largest on pool 'l4' (replicas x GPUs per replica: 'chat' 3); allowed: >= 6 nodes (3 for "
+                           "the models at their largest, the rest for a RayService upgrade), or fewer replicas at the "
+                           "largest (triarch:models[0].replicas)"), err
 
 
 def test_a_pool_that_fits_the_models_but_not_an_upgrade_names_the_upgrade(tmp_path: Path,

@@ -292,3 +292,17 @@ def test_two_plans_of_a_stack_are_byte_identical(tmp_path: Path) -> None:
     assert names == sorted(p.name for p in (second / "manifests").iterdir())
     for name in names:
         assert (first / "manifests" / name).read_bytes() == (second / "manifests" / name).read_bytes(), name
+
+
+def test_a_plan_run_from_a_subfolder_writes_under_the_projects_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --out, out/<stack> of the project's root (which git ignores), wherever the command runs; the line that
+    says where names it from there."""
+    root = tmp_path / "project"
+    (root / "stacks").mkdir(parents=True)
+    monkeypatch.setattr("triarch.cli.plan.PROJECT_ROOT", root)
+    monkeypatch.chdir(root / "stacks")
+    assert cli.main(["plan", "--stack", "lab"]) == 0
+    assert (root / "out" / "lab" / "plan.json").is_file()
+    assert list((root / "stacks").iterdir()) == []
+    assert f"wrote {root / 'out' / 'lab' / 'plan.json'} " in capsys.readouterr().out

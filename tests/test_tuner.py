@@ -546,6 +546,20 @@ def test_a_length_that_fits_only_nominally_gets_a_shorter_one_and_fp8_proposed()
     assert tune(load_arch("Qwen/Qwen3-8B"), gpu("l4"), gpus_available=1, max_model_len=17937).sized_for == "nominal"
 
 
+def test_a_length_cut_for_concurrency_says_so_and_names_the_length_that_keeps_more() -> None:
+    """Qwen3-8B on one L4: 26,368 tokens of KV cache (1,648 blocks of 16) hold its 40,960-token context not even
+    once, 17,936 at the pessimistic end (the test above), and 8,192 3.2 times: the tuner's rule (4 full-length
+    requests, never below 8,192) cuts to 8,192, and the note says that rule, not the cache's size, is the reason,
+    with the length a stack asks for to keep more."""
+    sizing = tune(load_arch("Qwen/Qwen3-8B"), gpu("l4"), gpus_available=1)
+    assert sizing.max_model_len == 8192 and sizing.kv_cache_tokens == 26368
+    assert ("max_model_len 40960 capped to 8192 so several full-length requests fit the KV cache at once: 3.2 at "
+            "this length (the tuner aims at 4 and goes no lower than 8192; 26368 tokens at tensor_parallel_size=1); "
+            "max_model_len=17936 keeps the longest context that fits, at 1.5") in sizing.notes
+    kept = tune(load_arch("Qwen/Qwen3-8B"), gpu("l4"), gpus_available=1, max_model_len=17936)
+    assert kept.max_model_len == 17936 and kept.sized_for == "pessimistic"
+
+
 def test_a_derived_length_is_cut_to_the_pessimistic_end_not_kept_nominal() -> None:
     """Qwen3-8B on one 20,600 MiB GPU: the KV cache holds 13,424 tokens nominally and 5,008 (313 blocks, one of
     them the null block) at the pessimistic end. The derived max_model_len is what one request may take there,

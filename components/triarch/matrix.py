@@ -39,6 +39,9 @@ class Node:
     driver: str
     driver_origin: str
     """How the driver is known, for the message: "pins AMI release v20260512" or "declares"."""
+    releases: tuple[tuple[str, str], ...] = ()
+    """Where the node group pins an AMI release: the known releases it could pin instead (of its AMI type, for the
+    cluster's Kubernetes version), oldest first, with their drivers: a mismatch names the one to pin."""
 
 
 def check_image_on_node(image: Image, node: Node, facts: Catalog) -> Verdict:
@@ -58,7 +61,8 @@ def check_image_on_node(image: Image, node: Node, facts: Catalog) -> Verdict:
         fits = f"{image.ref} needs CUDA {image.cuda} -> NVIDIA driver >= {needed}; {have}"
         if not image.verified:
             return verdict("warning", f"{fits}; but the tag was not seen upstream and its CUDA is inferred from the "
-                           "tag scheme (templates/compat/images.yaml): confirm it before deploying")
+                           "tag scheme (templates/compat/images.yaml): confirm it before deploying"
+                           f"{_seen_instead(image, node, facts)}")
         return verdict("ok", fits)
     major = image.cuda.split(".")[0]
     floor = facts.minor_version_compatibility.get(major)
@@ -69,7 +73,37 @@ def check_image_on_node(image: Image, node: Node, facts: Catalog) -> Verdict:
     forward = (" (CUDA forward compatibility could bridge this on a data-center GPU, but Triarch does not "
                "assume it)") if node.gpu.data_center else ""
     return verdict("error", f"{image.ref} needs CUDA {image.cuda} -> NVIDIA driver >= {needed}; {have}{forward}; "
-                   f"pin a driver >= {needed} or an image built for an older CUDA")
+                   f"{_newer_driver(node, needed)} or an image built for an older CUDA")
+
+
+def _seen_instead(image: Image, node: Node, facts: Catalog) -> str:
+    """The newest tag of the image's repository that was seen upstream and whose CUDA the node's driver runs: what
+    to pin where the tag cannot be confirmed."""
+    def runs(other: Image) -> bool:
+        needed = facts.cuda_minimum_driver.get(other.cuda)
+        return needed is not None and version_tuple(node.driver) >= version_tuple(needed)
+
+    seen = [other for other in facts.images.values()
+            if other.repository == image.repository and other.verified and runs(other)]
+    if not seen:
+        return ""
+    newest = max(seen, key=lambda other: version_tuple(other.ray or other.vllm or "0"))
+    bundles = ", ".join(f"{name} {version}" for name, version in (("Ray", newest.ray), ("vLLM", newest.vllm))
+                        if version)
+    return f", or pin the newest tag seen upstream, {newest.ref} ({bundles})"
+
+
+def _newer_driver(node: Node, needed: str) -> str:
+    """How the node group gets a driver of at least `needed`: the oldest known AMI release that ships one, where it
+    pins a release (on EKS the AMI brings the driver), else the driver itself."""
+    if not node.releases:
+        return f"pin a driver >= {needed}"
+    fits = [(release, driver) for release, driver in node.releases if version_tuple(driver) >= version_tuple(needed)]
+    if not fits:
+        return (f"no AMI release of templates/compat/amis.yaml for this Kubernetes version ships a driver >= "
+                f"{needed}")
+    release, driver = fits[0]
+    return f"pin amiRelease: {release} on node group '{node.name}' (driver {driver})"
 
 
 def nodes_of(stack: StackConfig, facts: Catalog) -> dict[str, Node]:
@@ -77,7 +111,11 @@ def nodes_of(stack: StackConfig, facts: Catalog) -> dict[str, Node]:
     for group in stack.node_groups:
         origin = (f"pins AMI release {group.ami_release}" if group.ami_release is not None
                   else "declares existing nodes")
-        nodes[group.name] = Node(group.name, facts.gpus[gpu_of(group, facts)], driver_of(group, facts), origin)
+        releases = () if group.ami_release is None else tuple(
+            (name, release.nvidia_driver) for name, release in sorted(facts.amis[group.ami_type].items())
+            if stack.cluster.kubernetes_version in release.release_versions)
+        nodes[group.name] = Node(group.name, facts.gpus[gpu_of(group, facts)], driver_of(group, facts), origin,
+                                 releases)
     return nodes
 
 

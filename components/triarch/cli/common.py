@@ -18,6 +18,15 @@ Handler = Callable[[argparse.Namespace], int]
 """A command: its parsed arguments in, its exit code out."""
 
 
+def shown(path: Path) -> Path:
+    """A default output path as the user should read it: relative to where the command runs when it lies below,
+    absolute otherwise (a command run from a subfolder still writes under the project's root)."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
 @contextmanager
 def progress(message: str, stream: TextIO | None = None, after: float = 1.5) -> Iterator[None]:
     """A spinner on a terminal once the work takes longer than `after` seconds; one line otherwise."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from triarch.cli.common import Commands, add_stack_source, progress, stack_source
+from triarch.cli.common import Commands, add_stack_source, progress, shown, stack_source
+from triarch.paths import PROJECT_ROOT
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -15,7 +16,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from triarch.report.validation import validate_stack_file
 
     name, path = stack_source(args)
-    out = Path(args.out) if args.out else Path("out") / name
+    out = Path(args.out) if args.out else shown(PROJECT_ROOT / "out" / name)
     if args.at:
         from triarch.baseline import plan_at
 
@@ -37,7 +38,8 @@ def add_parser(commands: Commands) -> None:
     plan = commands.add_parser("plan", help="plan a stack offline under Pulumi's mock engine: write plan.json, the "
                                             "manifests and capacity.json, and print a summary")
     add_stack_source(plan)
-    plan.add_argument("--out", help="output directory (default: out/<stack>)")
+    plan.add_argument("--out", help="output directory (default: out/<stack> in the project's root, which git "
+                                    "ignores, wherever the command runs)")
     plan.add_argument("--at", metavar="REF", help="plan the stack as of a git ref (its code and stack file, in a "
                                                   "temporary worktree), e.g. a pull request's base")
     plan.set_defaults(handler=cmd_plan)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from triarch.cli.check import cmd_check
 from triarch.cli.comment import cmd_comment
-from triarch.cli.common import Commands, Handler, run
+from triarch.cli.common import Commands, Handler, run, shown
 from triarch.cli.diff import cmd_diff
 from triarch.cli.plan import cmd_plan
 from triarch.errors import TriarchError
@@ -119,7 +119,7 @@ def cmd_review(args: argparse.Namespace) -> int:
     refs = resolve_refs(args.base)
     if args.head_ref:
         refs = Refs(refs.base, args.head_ref)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else shown(PROJECT_ROOT / "review")
     comment = review(out, refs, args.stack)
     print(f"wrote {comment} (and head/, base/, check/, diff/ beside it; logs/ holds what each step printed)")
     if args.strict:
@@ -138,7 +138,7 @@ def add_parser(commands: Commands) -> None:
                                              "directory, to read the comment before pushing")
     rev.add_argument("--base", default="main", help="the branch or commit the change goes into (default: main); "
                                                      "its merge base with HEAD is planned")
-    rev.add_argument("--out", default="review", help="where to write it (default: review/, which git ignores)")
+    rev.add_argument("--out", help="where to write it (default: review/ in the project's root, which git ignores)")
     rev.add_argument("--stack", action="append", help="only this stack (repeatable; default: every stack)")
     rev.add_argument("--head-ref", help="the head's name in the comment's heading (default: HEAD's commit, marked "
                                         "'+ working tree' where files changed)")

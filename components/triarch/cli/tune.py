@@ -12,17 +12,6 @@ from triarch.errors import TriarchError
 if TYPE_CHECKING:
     from triarch.tuner import Sizing
 
-TUNE_FLAGS = (
-    ("try more GPUs (gpus_available), a quantized checkpoint, kv_cache_dtype='fp8' or a smaller max_model_len",
-     "try more GPUs (--gpus, or more nodes with --nodes), a quantized checkpoint, --kv-cache-dtype fp8 or a smaller "
-     "--max-model-len"),
-    ("fp8 KV or more GPUs", "--kv-cache-dtype fp8 or more GPUs (--gpus)"),
-    ("more memory per replica (a larger gpu_memory_utilization or GPU) keeps the defaults",
-     "more memory per replica (a larger --gpu-memory-utilization or --gpu) keeps the defaults; --no-enforce-eager "
-     "and --max-num-batched-tokens set them yourself"),
-)
-"""The tuner's refusal and note hints as `triarch tune`'s flags (a stack says them in stack keys)."""
-
 
 FITS_FLAGS = {"tensor_parallel_size": "--tensor-parallel-size {}", "max_model_len": "--max-model-len {}",
               "kv_cache_dtype": "--kv-cache-dtype {}"}
@@ -41,8 +30,26 @@ def sized_for(sizing: Sizing) -> str:
     return f"sized for the nominal end only: {sizing.shortfall()}; triarch plan refuses it; what fits there: {said}"
 
 
+def tune_flags() -> tuple[tuple[str, str], ...]:
+    """The tuner's refusal and note hints as `triarch tune`'s flags (a stack says them in stack keys); the tuner
+    imported only when a command tunes."""
+    from triarch.tuner.search import LENGTH_GPUS_HINT, LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT, WEIGHTS_HINT
+
+    return (
+        (REFUSAL_HINT, "try more GPUs (--gpus, or more nodes with --nodes), a quantized checkpoint, "
+                       "--kv-cache-dtype fp8 or a smaller --max-model-len"),
+        (LENGTH_HINT, "--kv-cache-dtype fp8 or more GPUs (--gpus)"),
+        (LENGTH_GPUS_HINT, "more GPUs (--gpus; --kv-cache-dtype fp8 would not hold it either)"),
+        ("max_model_len=", "--max-model-len "),
+        (WEIGHTS_HINT, "try more GPUs (--gpus, or more nodes with --nodes), a --gpu with more memory or a quantized "
+                       "checkpoint"),
+        (REMEDY_HINT, "more memory per replica (a larger --gpu-memory-utilization or --gpu) keeps the defaults; "
+                      "--no-enforce-eager and --max-num-batched-tokens set them yourself"),
+    )
+
+
 def in_flags(message: str) -> str:
-    for tuner, flags in TUNE_FLAGS:
+    for tuner, flags in tune_flags():
         message = message.replace(tuner, flags)
     return message
 

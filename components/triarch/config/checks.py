@@ -155,7 +155,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                 raise ConfigError(f"{path}.autoscaling", model.autoscaling.model_dump(by_alias=True),
                                   "scales a vllm model with KEDA on vLLM's own metrics, which needs KEDA and a "
                                   "Prometheus in the cluster (a CPU HPA on a GPU server scales at the wrong time)",
-                                  "observability: {prometheus: existing, keda: install}, or engine: ray-serve")
+                                  _keda_remedy(stack))
             if model.engine == "vllm" and model.autoscaling.min < 1:
                 raise ConfigError(f"{path}.autoscaling.min", model.autoscaling.min,
                                   "leaves no vLLM server to queue the request that should wake one (KEDA's "
@@ -165,6 +165,16 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                 raise ConfigError(f"{path}.autoscaling.min", model.autoscaling.min,
                                   f"is greater than autoscaling.max ({model.autoscaling.max})",
                                   f"0..{model.autoscaling.max}")
+
+
+def _keda_remedy(stack: StackConfig) -> str:
+    """What a vllm model's autoscaling lacks, and only that: `keda: install` beside the Prometheus a created cluster
+    installs by default (naming `prometheus` there would turn that one off), a Prometheus where there is none."""
+    missing = ([] if stack.prometheus != "none" else ["prometheus: install"]) + (
+        [] if stack.observability.keda != "none" else ["keda: install"])
+    existing = (" (prometheus: existing where the cluster runs a Prometheus Operator)"
+                if stack.prometheus == "none" else "")
+    return f"observability: {{{', '.join(missing)}}}{existing}, or engine: ray-serve"
 
 
 def _check_prefix_routing(model: ModelConfig, path: str) -> None:

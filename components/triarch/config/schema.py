@@ -424,6 +424,10 @@ class StackConfig(_Model):
     def node_group(self, name: str) -> NodeGroupConfig:
         return next(group for group in self.node_groups if group.name == name)
 
+    def node_group_key(self, name: str) -> str:
+        """The key path of a node group, for a message: `triarch:nodeGroups[<its index>]`."""
+        return f"triarch:nodeGroups[{next(i for i, g in enumerate(self.node_groups) if g.name == name)}]"
+
     @property
     def cache_access_mode(self) -> Literal["ReadWriteMany", "ReadWriteOnce"]:
         """serving.accessMode with its default resolved: ReadWriteMany on a created cluster (EFS), ReadWriteOnce on an

@@ -5,13 +5,11 @@ within a spot node's notice.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from triarch.catalog import Catalog
 from triarch.config import StackConfig
 from triarch.errors import ConfigError
 from triarch.planners.model_plan import ModelPlan
-from triarch.planners.models import largest_gpu_use, replica_bounds
+from triarch.planners.models import largest_gpu_use, peak_gpus, replica_bounds
 from triarch.planners.ray import HEAD_CPUS, HEAD_MEMORY_GIB, worker_grace_seconds
 from triarch.planners.vllm import grace_period_seconds
 
@@ -67,24 +65,13 @@ def check_ray_head(stack: StackConfig, models: list[ModelPlan], facts: Catalog) 
                           ", ".join(name for *_, name in larger))
 
 
-def _group_index(stack: StackConfig, name: str) -> int:
-    return next(i for i, group in enumerate(stack.node_groups) if group.name == name)
-
-
-def peak_gpus(models: list[ModelPlan]) -> dict[str, tuple[int, int, int]]:
-    """Per pool: GPUs of (the vLLM models at their largest, the ray-serve models at their largest, the new Ray
-    cluster a RayService `NewCluster` upgrade starts beside the old one at its smallest)."""
-    vllm: dict[str, int] = defaultdict(int)
-    ray: dict[str, int] = defaultdict(int)
-    upgrade: dict[str, int] = defaultdict(int)
-    for plan in models:
-        if plan.config.engine == "ray-serve":
-            low, high = replica_bounds(plan)
-            ray[plan.pool.name] += high * plan.gpus_per_replica
-            upgrade[plan.pool.name] += low * plan.gpus_per_replica
-        else:
-            vllm[plan.pool.name] += largest_gpu_use(plan) * plan.gpus_per_replica
-    return {pool: (vllm[pool], ray[pool], upgrade[pool]) for pool in sorted({p.pool.name for p in models})}
+def _replicas_key(stack: StackConfig, plan: ModelPlan) -> str:
+    """The key that sets a model's (or a split model's role's) replicas at the largest: where it scales, its
+    autoscaling.max, else its replicas."""
+    index = next(i for i, model in enumerate(stack.models) if model.name == plan.config.name)
+    role = f".disaggregation.{plan.role}" if plan.role is not None else ""
+    count = "autoscaling.max" if plan.config.autoscaling is not None else "replicas"
+    return f"triarch:models[{index}]{role}.{count}"
 
 
 def _largest_gpus(plan: ModelPlan) -> int:
@@ -106,7 +93,6 @@ def check_pool_capacity(stack: StackConfig, models: list[ModelPlan]) -> None:
         need = vllm + ray + upgrade
         if need <= capacity:
             continue
-        index = _group_index(stack, pool_name)
         per_node = pool.schedulable_gpus_per_node
         nodes = -(-need // per_node)
         own = vllm + ray
@@ -115,15 +101,19 @@ def check_pool_capacity(stack: StackConfig, models: list[ModelPlan]) -> None:
             # The root cause first: the models themselves do not fit, upgrade or not.
             each = ", ".join(f"'{plan.name}' {_largest_gpus(plan)}" for plan in mine)
             what = f"its models need {own} at their largest on pool '{pool_name}' (replicas x GPUs per replica: {each})"
-            also = f"; {nodes} to leave room for a RayService upgrade" if upgrade else ""
-            fix = f">= {-(-own // per_node)} nodes{also}, or fewer replicas on this pool"
+            held = -(-own // per_node)
+            counted = (f" ({held} for the models at their largest, the rest for a RayService upgrade)"
+                       if nodes > held else "")
+            keys = ", ".join(_replicas_key(stack, plan) for plan in mine)
+            fix = f">= {nodes} nodes{counted}, or fewer replicas at the largest ({keys})"
         else:
             served = ", ".join(f"'{plan.name}'" for plan in mine if plan.config.engine == "ray-serve")
             what = (f"a RayService upgrade on pool '{pool_name}' needs {need}: the models fit ({own}), but an "
                     f"upgrade of {served} starts a new Ray cluster ({upgrade}) beside the running one at its largest "
                     f"({ray})" + (f", plus {vllm} for the vLLM models there" if vllm else ""))
-            fix = f">= {nodes} nodes, or lower the ray-serve models' autoscaling.max on this pool"
-        raise ConfigError(f"triarch:nodeGroups[{index}].max", pool.max_nodes,
+            keys = ", ".join(_replicas_key(stack, plan) for plan in mine if plan.config.engine == "ray-serve")
+            fix = f">= {nodes} nodes, or fewer replicas at the largest ({keys})"
+        raise ConfigError(f"{stack.node_group_key(pool_name)}.max", pool.max_nodes,
                           f"holds {capacity} GPU(s), but {what}", fix)
 
 
@@ -138,10 +128,9 @@ def check_warm_capacity(stack: StackConfig, models: list[ModelPlan]) -> None:
         fewest = sum(replica_bounds(p)[0] * p.gpus_per_replica for p in on_pool)
         warm = sum(p.config.warm_replicas * p.gpus_per_replica for p in on_pool)
         if fewest + warm > capacity:
-            index = _group_index(stack, pool_name)
             warmed = ", ".join(f"'{p.name}' {p.config.warm_replicas} x {p.gpus_per_replica}" for p in on_pool
                                if p.config.warm_replicas)
-            raise ConfigError(f"triarch:nodeGroups[{index}].max", pool.max_nodes,
+            raise ConfigError(f"{stack.node_group_key(pool_name)}.max", pool.max_nodes,
                               f"holds {capacity} GPU(s), too few to keep {warm} warm ({warmed}) beside the {fewest} "
                               "its models hold at their fewest replicas",
                               f">= {-(-(fewest + warm) // pool.schedulable_gpus_per_node)} nodes, or fewer "
@@ -162,11 +151,10 @@ def check_spot_drain(stack: StackConfig, models: list[ModelPlan]) -> None:
     """Every GPU pod on a spot pool finishes its drain (preStop, the server's own drain, the margin) before the
     instance is reclaimed; otherwise in-flight requests are cut at every interruption."""
     for plan in models:
-        index = _group_index(stack, plan.pool.name)
-        if stack.node_groups[index].capacity_type != "SPOT":
+        if stack.node_group(plan.pool.name).capacity_type != "SPOT":
             continue
         grace = grace_period_seconds() if plan.config.engine == "vllm" else worker_grace_seconds()
         problem = spot_drain_problem(grace)
         if problem:
-            raise ConfigError(f"triarch:nodeGroups[{index}].capacityType", "SPOT",
+            raise ConfigError(f"{stack.node_group_key(plan.pool.name)}.capacityType", "SPOT",
                               f"cannot hold model '{plan.name}', which {problem}", "ON_DEMAND")

@@ -6,6 +6,7 @@ The tuner runs here once per model; workloads, the plan summary and policies rea
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -25,7 +26,7 @@ from triarch.planners.router_memory import eviction_bounds, routing_facts
 from triarch.scheduling import EFA_RESOURCE
 from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, find_arch, load_arch, tune
 from triarch.tuner.nodes import NodesRefused, tune_nodes
-from triarch.tuner.search import LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT
+from triarch.tuner.search import LENGTH_GPUS_HINT, LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT, WEIGHTS_HINT
 
 MIN_CACHE_GIB = 20
 
@@ -36,13 +37,18 @@ def replica_bounds(plan: ModelPlan) -> tuple[int, int]:
     return (scaling.min, scaling.max) if scaling else (plan.config.replicas, plan.config.replicas)
 
 
+WEIGHTS_STACK_WORDS = ("try a pool with more GPUs per node (or more nodes, with pipelineParallelSize), a pool of "
+                       "larger GPUs or a quantized checkpoint")
 STACK_WORDS = (
     (REFUSAL_HINT, "try a pool with more GPUs per node (or more nodes, with pipelineParallelSize), a quantized "
                    "checkpoint, kvCacheDtype: fp8 or a smaller maxModelLen"),
     (LENGTH_HINT, "kvCacheDtype: fp8 or a pool with more GPUs per node"),
+    (LENGTH_GPUS_HINT, "a pool with more GPUs per node (kvCacheDtype: fp8 would not hold it either)"),
+    (WEIGHTS_HINT, WEIGHTS_STACK_WORDS),
     (REMEDY_HINT, "more memory per replica (a larger gpuMemoryUtilization, fewer timeSlicing replicas per GPU or a "
                   "pool of larger GPUs) keeps the defaults"),
     ("tensor_parallel_size=", "tensorParallelSize "), ("tensor_parallel_size ", "tensorParallelSize "),
+    ("max_model_len=", "maxModelLen: "),
     ("pipeline_parallel_size=", "pipelineParallelSize "), ("pipeline_parallel_size ", "pipelineParallelSize "),
 )
 """The tuner's argument names in a refusal, as the stack file says them (the tuner also answers `triarch tune`,
@@ -50,7 +56,9 @@ whose flags are its arguments'). What vLLM itself would be given or say stays in
 gpu_memory_utilization a slice gets, a derived max_model_len)."""
 SLICE_HINT = ("try fewer timeSlicing replicas per GPU (a bigger slice), a pool of larger GPUs, a quantized checkpoint, "
               "kvCacheDtype: fp8 or a smaller maxModelLen")
-"""A refusal's hint on a time-sliced pool, where a replica never spans GPUs."""
+SLICE_WEIGHTS_HINT = ("try fewer timeSlicing replicas per GPU (a bigger slice), a pool of larger GPUs or a quantized "
+                      "checkpoint")
+"""A refusal's hint on a time-sliced pool, where a replica never spans GPUs (the second where no KV setting helps)."""
 
 
 def in_stack_words(message: str) -> str:
@@ -108,9 +116,19 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog, token: str | None
                                 gpus_per_node=gpus_per_node(group, facts), max_nodes=pool.max_nodes, **options)
     except NodesRefused as error:
         on = f"node group '{group.name}' ({pool.gpu.product})"
-        index_of = next(i for i, g in enumerate(stack.node_groups) if g.name == group.name)
-        larger = "a pool of larger GPUs, a quantized checkpoint or kvCacheDtype: fp8"
-        allowed = (f"triarch:nodeGroups[{index_of}].max >= {error.nodes_needed}, or {larger}"
+        def fp8_fits() -> bool:  # within the pool's max nodes, at the pessimistic end: fp8 is worth naming
+            try:
+                return tune_nodes(arch, pool.gpu, tensor_parallel_size=model.tensor_parallel_size,
+                                  pipeline_parallel_size=model.pipeline_parallel_size,
+                                  gpus_per_node=gpus_per_node(group, facts), max_nodes=pool.max_nodes,
+                                  **{**options, "kv_cache_dtype": "fp8"}).sized_for == "pessimistic"
+            except TuneError:
+                return False
+
+        larger = "a pool of larger GPUs or a quantized checkpoint"
+        if model.kv_cache_dtype != "fp8" and fp8_fits():
+            larger = "a pool of larger GPUs, a quantized checkpoint or kvCacheDtype: fp8"
+        allowed = (f"{stack.node_group_key(group.name)}.max >= {error.nodes_needed}, or {larger}"
                    if error.nodes_needed else larger)
         raise ConfigError(_model_path(index), model.model,
                           in_stack_words(f"cannot be served on {on}: one node: {error.one_node}; {error}"),
@@ -123,7 +141,7 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog, token: str | None
         on = f"node group '{group.name}' ({pool.gpu.product}" + (f", 1/{share} of each GPU)" if share > 1 else ")")
         said = in_stack_words(f"cannot be served on {on}: {error}")
         if share > 1:  # more GPUs per node do not help a slice: a bigger slice does
-            said = said.replace(STACK_WORDS[0][1], SLICE_HINT)
+            said = said.replace(STACK_WORDS[0][1], SLICE_HINT).replace(WEIGHTS_STACK_WORDS, SLICE_WEIGHTS_HINT)
         raise ConfigError(_model_path(index), model.model, said) from None
     if sizing.sized_for != "pessimistic":
         raise _may_not_start(index, model.model, f"node group '{group.name}' ({pool.gpu.product})", sizing,
@@ -174,6 +192,22 @@ def _may_not_start(index: int, model: str, on: str, sizing: Sizing, *, sliced: b
 
 def largest_gpu_use(plan: ModelPlan) -> int:
     return plan.config.replicas if plan.config.autoscaling is None else plan.config.autoscaling.max
+
+
+def peak_gpus(models: list[ModelPlan]) -> dict[str, tuple[int, int, int]]:
+    """Per pool: GPUs of (the vLLM models at their largest, the ray-serve models at their largest, the new Ray
+    cluster a RayService `NewCluster` upgrade starts beside the old one at its smallest)."""
+    vllm: dict[str, int] = defaultdict(int)
+    ray: dict[str, int] = defaultdict(int)
+    upgrade: dict[str, int] = defaultdict(int)
+    for plan in models:
+        if plan.config.engine == "ray-serve":
+            low, high = replica_bounds(plan)
+            ray[plan.pool.name] += high * plan.gpus_per_replica
+            upgrade[plan.pool.name] += low * plan.gpus_per_replica
+        else:
+            vllm[plan.pool.name] += largest_gpu_use(plan) * plan.gpus_per_replica
+    return {pool: (vllm[pool], ray[pool], upgrade[pool]) for pool in sorted({p.pool.name for p in models})}
 
 
 def prefill_step(split: DisaggregationConfig) -> int:
@@ -347,8 +381,11 @@ def check_roles_fit(stack: StackConfig, plans: list[ModelPlan]) -> None:
             raise ConfigError(f"{_model_path(model_index(stack, plan))}.disaggregation", plan.config.name,
                               f"needs {need} GPUs on node group '{pool_name}' ({each} GPUs per replica), which holds "
                               f"{capacity} at most (max {group.max} x {pool.schedulable_gpus_per_node})",
-                              "fewer replicas of a role, or a role on another node group (prefill.nodeGroup, "
-                              "decode.nodeGroup), or a larger max")
+                              f"{stack.node_group_key(pool_name)}.max >= "
+                              f"{-(-sum(peak_gpus(plans)[pool_name]) // pool.schedulable_gpus_per_node)} (the pool's "
+                              "other models and a RayService upgrade counted), fewer replicas of a role "
+                              "(disaggregation.prefill.replicas, disaggregation.decode.replicas), or a role on another "
+                              "node group (disaggregation.prefill.nodeGroup, disaggregation.decode.nodeGroup)")
 
 
 def plan_models(stack: StackConfig, facts: Catalog, token: str | None = None) -> list[ModelPlan]:

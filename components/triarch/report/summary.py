@@ -18,6 +18,7 @@ from triarch.planners.nodegroups import plan_eks_pool, plan_pool
 from triarch.report.planning import PlanResult
 from triarch.scheduling import POOL_LABEL
 from triarch.tuner import Sizing
+from triarch.tuner.units import GIB
 
 LAYERS = {"where": "Kubernetes: where (scheduling)", "how": "Kubernetes: how (Ray)", "when": "Kubernetes: when (vLLM)"}
 
@@ -92,7 +93,7 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
         gpus = str(pool.gpus_per_node) + (f" (x{pool.time_slicing_replicas} sliced)"
                                           if pool.time_slicing_replicas else "")
         taint = ",".join(f"{t['key']}={t['value']}:{t['effect']}" for t in pool.taints) or "none"
-        memory = f"{pool.gpu.memory_mib / 1024:.1f} GiB"
+        memory = f"{pool.gpu.torch_total_bytes / GIB:.1f} GiB"  # as vLLM sees it: the figure its refusals give
         capacity = group.capacity_type.lower().replace("_", "-") if cluster.create else "-"
         rows.append([group.name, group.instance_type or "existing", f"{pool.gpu.product} {memory}", gpus,
                      f"{group.min}-{group.max}", capacity, PROVISIONER_LABELS[pool_provisioner(cluster, group)],

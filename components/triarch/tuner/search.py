@@ -35,6 +35,10 @@ REMEDY_HINT = "more memory per replica (a larger gpu_memory_utilization or GPU) 
 REFUSAL_HINT = "try more GPUs (gpus_available), a quantized checkpoint, kv_cache_dtype='fp8' or a smaller max_model_len"
 """What a refusal proposes, in the tuner's argument names (a stack's refusal says it in stack keys)."""
 LENGTH_HINT = "fp8 KV or more GPUs"
+LENGTH_GPUS_HINT = "more GPUs (fp8 KV would not hold it either)"
+"""A length refusal's remedies: fp8 KV only where it holds one request of that length at the pessimistic end too."""
+WEIGHTS_HINT = "try more GPUs (gpus_available), a GPU with more memory or a quantized checkpoint"
+"""What a refusal proposes where the weights leave no room for any KV cache: KV settings cannot help there."""
 
 
 def _tp_candidates(arch: ModelArch, gpus: int) -> list[int]:
@@ -95,13 +99,15 @@ def _refusal(arch: ModelArch, gpu: Gpu, plan: Plan, *, util: float, gpus: int, p
             f"{_tried(plan, remedied, kv_given=True)}; {hint}"
         )
     room = b.requested - b.overhead
+    if b.available_kv <= 0:
+        hint = WEIGHTS_HINT
     return TuneError(
         f"{arch.label} needs {_gib(b.weights)} of weights per GPU ({where}, the most {gpus} GPU(s) allow; "
         f"{_gib(weight_bytes(arch, task=task))} in all); {label} at gpu_memory_utilization {util} leaves "
         f"{_gib(room)} after {_gib(b.non_torch)} non-torch memory, {_gib(b.activation_peak)} activation peak "
         f"and {_gib(b.cuda_graphs)} CUDA graphs, so the KV cache gets {b.available_kv / GIB:.2f} GiB "
         f"(one block of {block_size} tokens needs {block_size * plan.kv_per_token / MIB:.1f} MiB)"
-        f"{_tried(plan, remedied, kv_given=False)}; {hint}"
+        f"{_tried(plan, remedied, kv_given=False)}; {hint}", weights_alone=hint == WEIGHTS_HINT
     )
 
 
@@ -333,10 +339,10 @@ def tune(
                        task=task, block_size=block_size, kv_given=kv_cache_memory_bytes is not None)
     chosen = picked
 
-    def length_for(plan: Plan) -> int | None:
+    def length_for(plan: Plan, spread: bool = True) -> int | None:
         """max_model_len for a plan: the ceiling, capped to what one request may hold (and, when no length was
-        asked for, to room for MIN_CONCURRENCY full-length requests, and to what one request may hold at the
-        pessimistic end, so vLLM's start-up check passes there too)."""
+        asked for, to what one request may hold at the pessimistic end, so vLLM's start-up check passes there
+        too, and with `spread` to room for MIN_CONCURRENCY full-length requests)."""
         if ceiling is None:
             return None
         length = plan.longest(ceiling)
@@ -347,7 +353,7 @@ def tune(
             safe = low(plan).longest(ceiling)
             if aim is None or safe >= min(aim, length):
                 length = min(length, safe)
-        if requested_len is None and target is not None and plan.concurrency(length) < MIN_CONCURRENCY:
+        if spread and requested_len is None and target is not None and plan.concurrency(length) < MIN_CONCURRENCY:
             room = _pow2_floor(length)
             while room > target and plan.concurrency(room) < MIN_CONCURRENCY:
                 room //= 2
@@ -374,11 +380,17 @@ def tune(
         notes.append(_remedy_note(without, chosen, batched, task=task))
     if ceiling is not None and final_len is not None and final_len < ceiling:
         if requested_len is not None:
-            # vLLM refuses to start when one request of max_model_len does not fit the KV cache.
+            # vLLM refuses to start when one request of max_model_len does not fit the KV cache. The length
+            # suggested fits at the pessimistic end too, which `triarch plan` holds a length to: followed, it plans.
+            safe = low(chosen).longest(ceiling)
+            fp8_holds = kv_cache_dtype != "fp8" and low(chosen, "fp8").fits(requested_len)
+            most = (f"ask for at most {safe} ({final_len} fits at the nominal end of the memory estimate only)"
+                    if block_size <= safe < final_len else f"ask for at most {final_len}")
             raise LengthRefused(f"max_model_len {requested_len} does not fit: the KV cache holds "
                                 f"{chosen.reported_tokens(None)} tokens ({chosen.blocks} blocks) at "
                                 f"tensor_parallel_size={chosen.tp} on {gpu.product}, and vLLM refuses to start "
-                                f"below one full request; ask for at most {final_len}, {LENGTH_HINT}")
+                                f"below one full request; {most}, "
+                                f"{LENGTH_HINT if fp8_holds else LENGTH_GPUS_HINT}")
         held = (f"a pooling request is taken in one step of max_num_batched_tokens {batched} (the KV cache holds "
                 f"{chosen.reported_tokens(final_len)} tokens)"
                 if without is not None and task == "embed" and final_len == batched < chosen.longest(ceiling)
@@ -386,7 +398,16 @@ def tune(
                      f"the memory estimate ({chosen.reported_tokens(final_len)} nominally)"
                 if final_len == low(chosen).longest(ceiling) < chosen.longest(final_len + 1)
                 else f"the KV cache holds {chosen.reported_tokens(final_len)} tokens")
-        notes.append(f"max_model_len {ceiling} capped to {final_len}: {held} at tensor_parallel_size={chosen.tp}")
+        single, ruled = length_for(chosen, spread=False), length_for(chosen)
+        if single is not None and ruled is not None and final_len == ruled < single:  # the rule cut it
+            floor = f" and goes no lower than {target}" if target is not None and final_len == target else ""
+            notes.append(f"max_model_len {ceiling} capped to {final_len} so several full-length requests fit the KV "
+                         f"cache at once: {chosen.concurrency(final_len):.1f} at this length (the tuner aims at "
+                         f"{MIN_CONCURRENCY}{floor}; {chosen.reported_tokens(final_len)} tokens at "
+                         f"tensor_parallel_size={chosen.tp}); max_model_len={single} keeps the longest context "
+                         f"that fits, at {chosen.concurrency(single):.1f}")
+        else:
+            notes.append(f"max_model_len {ceiling} capped to {final_len}: {held} at tensor_parallel_size={chosen.tp}")
     concurrency = chosen.concurrency(final_len) if final_len else None
     pessimistic = low(chosen)
     one_request = final_len or block_size
