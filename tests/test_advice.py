@@ -196,3 +196,50 @@ def test_the_ray_image_warning_names_a_tag_seen_upstream_that_plans(tmp_path: Pa
     path = write_stack_file(tmp_path / "Pulumi.advice.yaml", config)
     assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")]) == 0
     assert "not seen upstream" not in capsys.readouterr().out
+
+
+def test_the_summary_shows_what_an_endpoint_picker_costs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two pickers and two proxies (1.5 CPU, 2.5 GiB requested, planners/picker.py) on m7i.large system nodes
+    ($0.1008 an hour in us-east-1, templates/compat/prices.yaml): 0.1008 x 730 h x 1.5 / 2 vCPU = $55 a month of
+    them, said in the summary, not only in capacity.json."""
+    path = write_stack_file(tmp_path / "Pulumi.advice.yaml",
+                            minimal(engine="vllm", replicas=2, prefixRouting={"enabled": True}))
+    assert cli.main(["plan", "--stack-file", str(path), "--out", str(tmp_path / "out")]) == 0
+    assert ("  Endpoint pickers (on the system nodes, in their row's cost): chat 4 pods requesting 1.5 CPU and 2.5 "
+            "GiB, $55 of m7i.large (2 vCPU) by CPU\n") in capsys.readouterr().out
+
+
+def _dropped(stack: str, drop: Callable[[Config], object]) -> Config:
+    config = stack_document(stack)
+    drop(config)
+    return config
+
+
+REQUIRED_CASES: dict[str, Config] = {
+    "aws:region": _dropped("dev", lambda c: c.pop("aws:region")),
+    "triarch:cluster.adminRoleArns": _dropped("dev", lambda c: c["triarch:cluster"].pop("adminRoleArns")),
+    "triarch:cluster.systemNodeGroup.amiRelease": _dropped(
+        "dev", lambda c: c["triarch:cluster"]["systemNodeGroup"].pop("amiRelease")),
+    "triarch:nodeGroups[].instanceType": _dropped("dev", lambda c: c["triarch:nodeGroups"][0].pop("instanceType")),
+    "triarch:nodeGroups[].amiRelease": _dropped("dev", lambda c: c["triarch:nodeGroups"][0].pop("amiRelease")),
+    "triarch:cluster.context": _dropped("local", lambda c: c["triarch:cluster"].pop("context")),
+    "triarch:nodeGroups[].gpu": _dropped("local", lambda c: c["triarch:nodeGroups"][0].pop("gpu")),
+    "triarch:nodeGroups[].driverVersion": _dropped("local", lambda c: c["triarch:nodeGroups"][0].pop("driverVersion")),
+}
+"""dev (a created cluster) or local (an adopted one) without the key."""
+
+
+@pytest.mark.parametrize("key", sorted(REQUIRED_CASES))
+def test_a_key_the_reference_calls_required_for_a_cluster_is_refused_without_it(
+        key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/stack-keys.md says "required when the cluster is created/adopted" of exactly the keys whose check refuses
+    a stack of that kind without them (config/base.py REQUIRED_WHEN gives both the words)."""
+    from triarch.config.base import REQUIRED_WHEN
+
+    assert set(REQUIRED_CASES) == set(REQUIRED_WHEN)
+    reference = (Path(__file__).resolve().parents[1] / "docs" / "stack-keys.md").read_text()
+    section = reference.split(f"`{key}`\n\n", 1)[1].split("\n", 1)[0]
+    assert section.startswith(f"**required {REQUIRED_WHEN[key]}**"), section
+    code, line = plan(tmp_path, REQUIRED_CASES[key], capsys)
+    path = key.replace("[]", "[0]")
+    assert code == 2 and line.startswith(f"error: {path}: ") and f"is required {REQUIRED_WHEN[key]}" in line, line

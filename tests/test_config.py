@@ -220,7 +220,7 @@ def test_fewer_than_two_zones_when_creating(mutated_config: MutatedConfig) -> No
 
 def test_adopt_without_context(mutated_config: MutatedConfig) -> None:
     config = mutated_config("local", lambda c: c["triarch:cluster"].pop("context"))
-    message = config_error(config, "triarch:cluster.context", "must name the kubeconfig context", ["context"])
+    message = config_error(config, "triarch:cluster.context", "is required when the cluster is adopted", ["context"])
     assert "None" not in message
 
 

@@ -319,6 +319,13 @@ def test_a_ray_router_key_on_a_vllm_model_is_refused(tmp_path: Path, capsys: pyt
     assert line.endswith("allowed: only prefixRouting.enabled on engine vllm"), line
 
 
+def test_the_picker_for_one_replica_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/serving.md: routing by prefix buys nothing with one replica (there is no choice to make)."""
+    line = refused(tmp_path, capsys, 1, prefixRouting={"enabled": True})
+    assert line.startswith("error: triarch:models[1].prefixRouting.enabled: True picks among a model's replicas"), line
+    assert line.endswith("allowed: replicas >= 2 or autoscaling.max >= 2, or remove prefixRouting"), line
+
+
 def test_the_picker_with_caching_off_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     line = refused(tmp_path, capsys, 0, prefixCaching=False)
     assert line.startswith("error: triarch:models[0].prefixRouting.enabled: True puts the endpoint picker"), line
@@ -327,7 +334,10 @@ def test_the_picker_with_caching_off_is_refused(tmp_path: Path, capsys: pytest.C
 
 def test_the_picker_for_a_replica_across_nodes_is_refused(tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    line = refused(tmp_path, capsys, 1, prefixRouting={"enabled": True})
+    config = stack_document("fresh")
+    config["triarch:models"][1].update(prefixRouting={"enabled": True}, replicas=2)  # two replicas to choose from
+    config["triarch:nodeGroups"][1]["max"] = 8  # room for both
+    line = plan_refusal(tmp_path, capsys, config)
     assert line.startswith("error: triarch:models[1].prefixRouting.enabled: True puts an endpoint picker"), line
     assert "spans 2 nodes" in line, line
 

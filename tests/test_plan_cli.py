@@ -306,3 +306,12 @@ def test_a_plan_run_from_a_subfolder_writes_under_the_projects_root(tmp_path: Pa
     assert (root / "out" / "lab" / "plan.json").is_file()
     assert list((root / "stacks").iterdir()) == []
     assert f"wrote {root / 'out' / 'lab' / 'plan.json'} " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_summary_names_parallelism_by_its_stack_keys(plans: dict[str, Planned], stack: str) -> None:
+    """A plan speaks the stack file's keys (tensorParallelSize), not the tuner's arguments, in every note."""
+    for tuner_word in ("tensor_parallel_size", "pipeline_parallel_size", "gpus_available", "kv_cache_dtype"):
+        assert tuner_word not in plans[stack].stdout, stack
+    if stack == "local":  # the laptop's embedding model, cut for concurrency
+        assert "at tensorParallelSize 1); maxModelLen: 32768 keeps the longest" in plans[stack].stdout

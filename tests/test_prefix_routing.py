@@ -23,6 +23,7 @@ from ray.serve.schema import ServeDeploySchema
 from conftest import MutatedConfig, plan_refusal, reference_file, stack_document, stack_path
 from test_engine_args import llm_configs, planned, vllm_container, with_model
 from triarch.config.schema import RAY_EVICTION_THRESHOLD_CHARS
+from triarch.errors import ConfigError
 from triarch.offline import read_stack_config
 from triarch.planners.ray import ROUTER_SOURCE, imbalance_threshold
 
@@ -218,7 +219,8 @@ def test_caching_off_reaches_vllm_serve_as_its_no_flag(mutated_config: MutatedCo
     assert "enable_prefix_caching" in engine_args("vllm-0.33.0")  # a bool EngineArgs field: --no- is its negation
 
 
-def test_one_replica_gets_no_router_unless_asked(mutated_config: MutatedConfig) -> None:
+def test_one_replica_gets_no_router_and_asking_for_one_is_refused(mutated_config: MutatedConfig) -> None:
+    """docs/serving.md: routing by prefix buys nothing with one replica (there is no choice to make)."""
     def fixed(config: dict[str, Any]) -> None:
         config["triarch:models"][1].pop("autoscaling")
         config["triarch:models"][1]["replicas"] = 1
@@ -228,8 +230,10 @@ def test_one_replica_gets_no_router_unless_asked(mutated_config: MutatedConfig) 
     def asked(config: dict[str, Any]) -> None:
         fixed(config)
         config["triarch:models"][1]["prefixRouting"] = {"enabled": True}
-    assert "request_router_config" in llm_configs(planned(mutated_config("prod", asked)))["chat"][
-        "deployment_config"]
+    with pytest.raises(ConfigError) as refused:
+        planned(mutated_config("prod", asked))
+    assert refused.value.path == "triarch:models[1].prefixRouting.enabled" and "never has more than one" in str(
+        refused.value)
 
 
 def test_two_fixed_replicas_are_routed(mutated_config: MutatedConfig) -> None:

@@ -82,7 +82,8 @@ def test_every_key_has_a_type_a_description_and_an_example() -> None:
         if heading == "Stack keys":
             continue
         facts = text.split("\n")[0]
-        assert facts.startswith(("**required** · ", "**optional** · ")), (heading, facts)
+        assert facts.startswith(("**required** · ", "**optional** · ", "**required when the cluster is ")), (
+            heading, facts)
         body = text.split("\n\n")
         assert len(body) >= 2 and body[1].strip(), f"{heading} says nothing of what it decides"
         holds_keys = "a mapping with the keys" in facts or ", each a mapping" in facts or "secret" in facts

@@ -77,7 +77,8 @@ def test_admins_are_named_by_role_so_reordering_replaces_nothing(tmp_path: Path)
 
 
 @pytest.mark.parametrize(("admins", "expected"), [
-    ([], "triarch:cluster.adminRoleArns: [] names no administrator"),
+    ([], "triarch:cluster.adminRoleArns: [] is required when the cluster is created (triarch:cluster.create: "
+         "true), and names no administrator"),
     (["arn:aws:iam::123456789012:role/a/ops", "arn:aws:iam::210987654321:role/ops"],
      "triarch:cluster.adminRoleArns[1]: 'arn:aws:iam::210987654321:role/ops' has the name 'ops' of entry [0]"),
     (["arn:aws:iam::123456789012:group/ops"], "triarch:cluster.adminRoleArns[0]: "),

@@ -3,6 +3,7 @@ key refused), the key types and how a key path is written in messages."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,6 +27,28 @@ def key_path(*parts: str | int) -> str:
     for part in parts:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
     return text
+
+
+CREATED = "when the cluster is created (triarch:cluster.create: true)"
+ADOPTED = "when the cluster is adopted (triarch:cluster.create: false)"
+REQUIRED_WHEN = {
+    "aws:region": CREATED,
+    "triarch:cluster.adminRoleArns": CREATED,
+    "triarch:cluster.systemNodeGroup.amiRelease": CREATED,
+    "triarch:nodeGroups[].instanceType": CREATED,
+    "triarch:nodeGroups[].amiRelease": CREATED,
+    "triarch:cluster.context": ADOPTED,
+    "triarch:nodeGroups[].gpu": ADOPTED,
+    "triarch:nodeGroups[].driverVersion": ADOPTED,
+}
+"""Keys the schema leaves optional that a check requires of one kind of cluster: the refusal says `is required
+<when>` (`required_when`), and the stack-key reference says the same, from this one table."""
+
+
+def required_when(path: str) -> str:
+    """`is required <when>` for a key of REQUIRED_WHEN, given by its path in a message (`triarch:nodeGroups[2].gpu`
+    is `triarch:nodeGroups[].gpu`)."""
+    return "is required " + REQUIRED_WHEN[re.sub(r"\[\d+\]", "[]", path)]
 
 
 SECRET_KEYS = {

@@ -7,7 +7,7 @@ import re
 
 from triarch.addressing import plan_subnets
 from triarch.catalog import Catalog, charts
-from triarch.config.base import NAMESPACE, key_path
+from triarch.config.base import NAMESPACE, key_path, required_when
 from triarch.config.platform import ImagePin
 from triarch.config.pools import (
     SYSTEM_RELEASE_TABLE,
@@ -46,8 +46,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                           "is not a supported Kubernetes version", ", ".join(SUPPORTED_KUBERNETES))
     if cluster.create:
         if stack.aws_region is None:
-            raise ConfigError("aws:region", None, "must be set when triarch:cluster.create is true",
-                              "an AWS region such as us-east-1")
+            raise ConfigError("aws:region", None, required_when("aws:region"), "an AWS region such as us-east-1")
         if len(cluster.zones) < 2:
             raise ConfigError(_cluster_path("zones"), cluster.zones,
                               "must list at least two zones (EKS places the control plane in two or more)",
@@ -65,8 +64,9 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                                   "only applies to an adopted cluster", "remove it, or set create: false")
         if not cluster.admin_role_arns:
             raise ConfigError(_cluster_path("adminRoleArns"), [],
-                              "names no administrator: the cluster's creator gets no implicit access, so nobody "
-                              "(`pulumi up` included) could reach the Kubernetes API",
+                              f"{required_when(_cluster_path('adminRoleArns'))}, and names no administrator: the "
+                              "cluster's creator gets no implicit access, so nobody (`pulumi up` included) could "
+                              "reach the Kubernetes API",
                               "the IAM role ARNs that administer the cluster, the one `pulumi up` runs as among them")
         seen: dict[str, int] = {}
         for i, arn in enumerate(cluster.admin_role_arns):
@@ -98,7 +98,8 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                                   "nothing runs there that Triarch does not install",
                                   "install (or create: false to adopt a cluster that runs it)")
     elif cluster.context is None:
-        raise ConfigError(_cluster_path("context"), None, "must name the kubeconfig context of the adopted cluster",
+        raise ConfigError(_cluster_path("context"), None,
+                          f"{required_when(_cluster_path('context'))}: the kubeconfig context of the adopted cluster",
                           "a context from `kubectl config get-contexts` (the ambient context is never used)")
     elif cluster.admin_role_arns:
         raise ConfigError(_cluster_path("adminRoleArns"), cluster.admin_role_arns,
@@ -194,6 +195,7 @@ def _check_prefix_routing(model: ModelConfig, path: str) -> None:
                               "would be ignored: prefixRouting.enabled is false",
                               "remove it, or prefixRouting.enabled: true")
         return
+    _check_routing_has_a_choice(model, key)
     if not model.prefix_caching:
         raise ConfigError(f"{key}.enabled", True,
                           "sends each request to the replica that served its prompt's start before, but "
@@ -304,6 +306,21 @@ def _check_disaggregation(stack: StackConfig, model: ModelConfig, path: str, fac
                           DEFAULT_KV_CONNECTOR)
 
 
+def _check_routing_has_a_choice(model: ModelConfig, key: str) -> None:
+    """Routing by prefix picks among replicas: a model that never has more than one gets nothing from it (a split
+    model's roles have replicas of their own)."""
+    if model.disaggregation is not None and model.disaggregation.enabled:
+        return
+    most = model.autoscaling.max if model.autoscaling is not None else model.replicas
+    if most < 2:
+        raise ConfigError(f"{key}.enabled", True,
+                          f"picks among a model's replicas by prompt prefix, and '{model.name}' never has more than "
+                          "one (replicas: 1, no autoscaling): there is no choice to make",
+                          "replicas >= 2 or autoscaling.max >= 2, or " + (
+                              "remove prefixRouting (on by default once a generate model can have several replicas)"
+                              if model.engine == "ray-serve" else "remove prefixRouting"))
+
+
 def _check_picker_routing(model: ModelConfig, routing: PrefixRoutingConfig, key: str) -> None:
     """Engine vllm: the endpoint picker (an InferencePool) takes only `enabled`; the other keys tune Ray Serve's
     router, and the picker pays only where vLLM keeps prefixes."""
@@ -315,6 +332,7 @@ def _check_picker_routing(model: ModelConfig, routing: PrefixRoutingConfig, key:
                           "chart's own plugins", "only prefixRouting.enabled on engine vllm")
     if not routing.enabled:
         return
+    _check_routing_has_a_choice(model, key)
     if not model.prefix_caching:
         raise ConfigError(f"{key}.enabled", True,
                           "puts the endpoint picker in front of the pods to send each request where its prompt's "

@@ -11,6 +11,7 @@ from pydantic.alias_generators import to_camel
 
 from triarch.catalog import Catalog, version_tuple
 from triarch.coldfacts import cold_start_facts
+from triarch.config.base import required_when
 from triarch.config.schema import ClusterConfig, NodeGroupConfig, PoolProvisioner, StackConfig
 from triarch.errors import ConfigError
 
@@ -37,7 +38,7 @@ def check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fact
             raise ConfigError(f"{path}.nodes", group.nodes, "only applies to existing nodes", "remove it")
         gpu_types = sorted(n for n, i in facts.instances.items() if i.gpu)
         if group.instance_type is None:
-            raise ConfigError(f"{path}.instanceType", None, "is required when the cluster is created: the GPU "
+            raise ConfigError(f"{path}.instanceType", None, f"{required_when(f'{path}.instanceType')}: the GPU "
                               "instance type of the pool's nodes", ", ".join(gpu_types))
         refusal = facts.refusal(group.instance_type)
         if refusal is not None:
@@ -100,13 +101,14 @@ def check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fact
                                   "only applies when triarch:cluster.create is true",
                                   "for existing nodes set gpu, gpusPerNode and driverVersion")
         if group.gpu is None:
-            raise ConfigError(f"{path}.gpu", None, "is required for existing nodes: their GPU decides the memory "
-                              "the tuner sizes vLLM for", ", ".join(sorted(facts.gpus)))
+            raise ConfigError(f"{path}.gpu", None, f"{required_when(f'{path}.gpu')}: the nodes' GPU decides the "
+                              "memory the tuner sizes vLLM for", ", ".join(sorted(facts.gpus)))
         if group.gpu not in facts.gpus:
             raise unknown(f"{path}.gpu", group.gpu, "GPU", sorted(facts.gpus), "templates/compat/gpus.yaml")
         if group.driver_version is None:
             raise ConfigError(f"{path}.driverVersion", None,
-                              "must be declared for existing nodes (nvidia-smi prints it)", "e.g. 580.95.05")
+                              f"{required_when(f'{path}.driverVersion')}: the nodes' NVIDIA driver (nvidia-smi "
+                              "prints it)", "e.g. 580.95.05")
         if version_tuple(group.driver_version) < (400,):
             raise ConfigError(f"{path}.driverVersion", group.driver_version, "is not an NVIDIA driver version",
                               "e.g. 580.95.05")
@@ -166,8 +168,8 @@ def check_ami_release(stack: StackConfig, ami_type: str, release_name: str | Non
     kubernetes = stack.cluster.kubernetes_version
     releases = facts.amis.get(ami_type, {})
     if release_name is None:
-        raise ConfigError(path, None, "is required when the cluster is created: the AMI release pins the NVIDIA "
-                          "driver the nodes boot, which the driver/CUDA matrix checks", ", ".join(sorted(releases)))
+        raise ConfigError(path, None, f"{required_when(path)}: the AMI release pins the NVIDIA driver the nodes "
+                          "boot, which the driver/CUDA matrix checks", ", ".join(sorted(releases)))
     if release_name not in releases:
         raise ConfigError(path, release_name,
                           f"is not a known {shown or ami_type} release in templates/compat/amis.yaml "

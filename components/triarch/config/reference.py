@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel
 
 from triarch.catalog import charts
-from triarch.config.base import NAMESPACE, SECRET_KEYS
+from triarch.config.base import NAMESPACE, REQUIRED_WHEN, SECRET_KEYS
 from triarch.config.schema import StackConfig
 from triarch.config.words import Schema, allowed, resolve, shown
 from triarch.paths import PROJECT_ROOT, STACKS_DIR
@@ -210,7 +210,9 @@ def markdown() -> str:
         title = f"`{key.path}`" if len(siblings) == 1 else f"`{parent}.<key>`: {', '.join(siblings)}"
         lines.append(f"{'#' * min(2 + depth, 6)} {title}")
         lines.append("")
-        facts = [f"**{'required' if key.required else 'optional'}**", allowed(key.schema, defs)]
+        needed = "required" if key.required else (
+            f"required {REQUIRED_WHEN[key.path]}" if key.path in REQUIRED_WHEN else "optional")
+        facts = [f"**{needed}**", allowed(key.schema, defs)]
         if "default" in key.schema:
             facts.append(f"default `{shown(key.schema['default'])}`")
         if key.path.removeprefix(f"{NAMESPACE}:") in SECRET_KEYS:

@@ -238,7 +238,7 @@ def widen_prefill_step(prefill: ModelPlan, step: int, plan_with: Callable[[int],
         return prefill
     note = (f"prefill steps of {default} tokens (max_num_batched_tokens), not {step}: a larger step's activations "
             f"would leave {prefill.pool.gpu.product} too little KV cache for one {prefill.sizing.max_model_len}-token "
-            "request at this tensor_parallel_size; a pool of larger GPUs for the prefill role "
+            "request at this tensorParallelSize; a pool of larger GPUs for the prefill role "
             "(disaggregation.prefill.nodeGroup) takes it")
     return replace(prefill, sizing=replace(prefill.sizing, notes=(*prefill.sizing.notes, note)))
 

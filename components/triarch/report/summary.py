@@ -284,4 +284,16 @@ def capacity_lines(capacity: dict[str, Any]) -> list[str]:
                 f"{usd(m['warm']['monthlyUsd'])}" for m in capacity["models"] if m.get("warm")]
         if warm:
             lines.append(f"  Warm capacity (kept running empty, in the pools' idle cost): {'; '.join(warm)}")
+        pickers = [picker_line(m["name"], m["picker"]) for m in capacity["models"] if m.get("picker")]
+        if pickers:
+            lines.append(f"  Endpoint pickers (on the system nodes, in their row's cost): {'; '.join(pickers)}")
     return lines
+
+
+def picker_line(model: str, picker: dict[str, Any]) -> str:
+    """A model's endpoint picker as the summary says it: its pods, what they request, and on a created cluster
+    their share of the system nodes' cost by CPU (never added to a total: the system nodes' row counts them)."""
+    share = (f", {usd(picker['monthlyUsdShare'])} of {picker['of']} by CPU" if picker.get("monthlyUsdShare")
+             is not None else "")
+    return (f"{model} {picker['pods']} pods requesting {picker['cpuMillicores'] / 1000:g} CPU and "
+            f"{picker['memoryMiB'] / 1024:g} GiB{share}")
