@@ -381,7 +381,7 @@ def _install_aws_standin(plane: Plane, directory: Path) -> None:
 
 
 def _inputs(value: Any) -> Any:
-    from triarch.guardrails.workloads import UNKNOWN
+    from triarch.known import KNOWN_AFTER_APPLY as UNKNOWN
 
     if isinstance(value, dict):
         if value.get(SECRET_SIG[0]) == SECRET_SIG[1]:

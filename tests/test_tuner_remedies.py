@@ -20,7 +20,7 @@ import yaml
 
 from triarch import cli
 from triarch.catalog import catalog
-from triarch.diff import engine_args
+from triarch.engine_changes import engine_args
 from triarch.tuner import GIB, MIB, TuneError, load_arch, tune
 from triarch.tuner.nodes import tune_nodes
 

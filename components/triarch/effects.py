@@ -15,7 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from triarch.diff import Diff, Difference, serve_applications
+from triarch.diff import Diff, Difference
+from triarch.engine_changes import serve_applications
 from triarch.service_rules import claim_growth_notes
 
 RAY_SERVICE = "kubernetes:ray.io/v1:RayService"

@@ -26,13 +26,13 @@ from pulumi.runtime.sync_await import _sync_await
 
 from triarch.config import NAMESPACE, SECRET_KEYS
 from triarch.errors import ConfigError
+from triarch.known import KNOWN_AFTER_APPLY
 from triarch.paths import PROGRAM, STACKS_DIR
 
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 """libyaml's dumper where PyYAML was built with it: a plan writes a few dozen manifests."""
 
 PROJECT = "triarch"
-KNOWN_AFTER_APPLY = "<known after apply>"
 SECRET = "[secret]"
 SECRET_INPUTS = {"kubernetes:core/v1:Secret": ("data", "stringData")}
 PLAIN_TEXT_REFUSED = tuple(f"{NAMESPACE}:{key}" for key in SECRET_KEYS)

@@ -33,7 +33,7 @@ def sized_for(sizing: Sizing) -> str:
 def tune_flags() -> tuple[tuple[str, str], ...]:
     """The tuner's refusal and note hints as `triarch tune`'s flags (a stack says them in stack keys); the tuner
     imported only when a command tunes."""
-    from triarch.tuner.search import LENGTH_GPUS_HINT, LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT, WEIGHTS_HINT
+    from triarch.tuner.remedies import LENGTH_GPUS_HINT, LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT, WEIGHTS_HINT
 
     return (
         (REFUSAL_HINT, "try more GPUs (--gpus, or more nodes with --nodes), a quantized checkpoint, "

@@ -9,7 +9,6 @@ from typing import Any, TypeGuard
 from triarch.guardrails.base import Resource
 from triarch.guardrails.workloads import (
     LWS_KIND,
-    UNKNOWN,
     PodTemplate,
     command_line,
     flag,
@@ -21,6 +20,7 @@ from triarch.guardrails.workloads import (
     pod_templates,
     requests_gpus,
 )
+from triarch.known import KNOWN_AFTER_APPLY as UNKNOWN
 
 NODE_POOL = "karpenter.sh/v1:NodePool"
 NODE_CLASS = "karpenter.k8s.aws/v1:EC2NodeClass"

@@ -13,7 +13,6 @@ from triarch.datafiles import read_yaml
 from triarch.guardrails.base import Config, Resource, rule, stack_rule
 from triarch.guardrails.common import NODE_CLASS, gpu_templates, known
 from triarch.guardrails.workloads import (
-    UNKNOWN,
     command_line,
     containers,
     hook_commands,
@@ -24,6 +23,7 @@ from triarch.guardrails.workloads import (
 )
 from triarch.images import FLOATING_TAGS, ImageError
 from triarch.images import parse as parse_image
+from triarch.known import KNOWN_AFTER_APPLY as UNKNOWN
 from triarch.paths import COMPAT_DIR
 
 EXEMPTION = {"type": "object", "required": ["name", "reason"],

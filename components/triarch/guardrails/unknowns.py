@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from triarch.guardrails.base import Config, Resource, Rule
-from triarch.guardrails.workloads import UNKNOWN
+from triarch.known import KNOWN_AFTER_APPLY as UNKNOWN
 
 
 @dataclass

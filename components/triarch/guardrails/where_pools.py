@@ -12,8 +12,9 @@ from triarch.catalog import catalog
 from triarch.guardrails.base import Config, Resource, StackCheck, rule, stack_rule
 from triarch.guardrails.common import NODE_CLASS, NODE_POOL, gpu_templates
 from triarch.guardrails.placement import prove
-from triarch.guardrails.workloads import UNKNOWN, PodTemplate, kind_of, name_of, required_node_terms
+from triarch.guardrails.workloads import PodTemplate, kind_of, name_of, required_node_terms
 from triarch.images import IMAGE_RELEASE
+from triarch.known import KNOWN_AFTER_APPLY as UNKNOWN
 from triarch.matrix import Node, check_image_on_node
 from triarch.scheduling import GPU_LABEL, GPU_PRESENT_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, POOL_LABEL
 

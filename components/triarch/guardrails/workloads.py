@@ -10,10 +10,8 @@ from typing import Any
 
 import yaml
 
+from triarch.known import KNOWN_AFTER_APPLY as UNKNOWN
 from triarch.scheduling import GPU_RESOURCE
-
-UNKNOWN = "<known after apply>"
-"""How an offline plan marks a value only the cloud knows; policies skip what they cannot see."""
 
 POD_TEMPLATE_KINDS = ("apps/v1:Deployment", "apps/v1:StatefulSet", "apps/v1:DaemonSet", "batch/v1:Job")
 RAY_KINDS = tuple(f"ray.io/{version}:{kind}" for version in ("v1", "v1alpha1")

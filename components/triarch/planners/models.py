@@ -26,7 +26,7 @@ from triarch.planners.router_memory import eviction_bounds, routing_facts
 from triarch.scheduling import EFA_RESOURCE
 from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, find_arch, load_arch, tune
 from triarch.tuner.nodes import NodesRefused, tune_nodes
-from triarch.tuner.search import LENGTH_GPUS_HINT, LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT, WEIGHTS_HINT
+from triarch.tuner.remedies import LENGTH_GPUS_HINT, LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT, WEIGHTS_HINT
 
 MIN_CACHE_GIB = 20
 

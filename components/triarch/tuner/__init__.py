@@ -47,13 +47,9 @@ from triarch.tuner.memory import (
 )
 from triarch.tuner.model_files import MODELS_DIR, catalog_models, find_arch, load_arch, load_model_config
 from triarch.tuner.plan import DEFAULT_CONTEXT_TARGET, EMBED_MAX_NUM_SEQS, GENERATE_MAX_NUM_SEQS, LARGE_GPU_BYTES
+from triarch.tuner.remedies import TYPICAL_CHAT_TOKENS
 from triarch.tuner.report import Sizing
-from triarch.tuner.search import (
-    MIN_CONCURRENCY,
-    TYPICAL_CHAT_TOKENS,
-    TYPICAL_EMBED_TOKENS,
-    tune,
-)
+from triarch.tuner.search import MIN_CONCURRENCY, TYPICAL_EMBED_TOKENS, tune
 from triarch.tuner.units import GIB, MIB
 from triarch.tuner.weights import ParameterCount, count_parameters, parameter_breakdown, weight_bytes
 
