@@ -23,8 +23,8 @@ from triarch.config import from_pulumi_config
 from triarch.errors import ConfigError
 from triarch.existing import check_cluster, required_crds, trusted_note
 from triarch.local import engines
+from triarch.local.components import kwok_stages, storage_class
 from triarch.local.crds import crd_files, existing_crd_sets, load_crd_sets
-from triarch.local.lifecycle import kwok_stages, storage_class
 from triarch.local.stack import GFD_DRIVER, GFD_PRODUCT, KWOK_ANNOTATION, ZONE_LABEL, plane_nodes
 from triarch.planners.models import plan_models
 from triarch.planners.objects import plan_kubernetes
@@ -459,7 +459,7 @@ def test_kwok_provisions_claims_of_the_stacks_storage_classes(tmp_path: Path,
     stages.mkdir(parents=True)
     (stages / "pvc-provision.yaml").write_text("expression: self.spec.storageClassName == 'kwok-volume'\n")
     (stages / "pod-ready.yaml").write_text("kind: Stage\n")
-    monkeypatch.setattr("triarch.local.lifecycle.binary", lambda name: tmp_path / "bin" / name)
+    monkeypatch.setattr("triarch.local.components.binary", lambda name: tmp_path / "bin" / name)
     text = kwok_stages(["kwok-volume", "efs"])
     assert "self.spec.storageClassName in ['kwok-volume', 'efs']" in text
     assert text.count("---") == 1
@@ -638,7 +638,7 @@ def test_a_failed_build_names_the_command_and_what_go_said(tmp_path: Path) -> No
     ("Development Mode defaults(stacktraceLevel=Error)\nlast words\n", "last words"),
 ])
 def test_a_failed_engine_is_told_by_its_own_error_line(tmp_path: Path, log: str, cause: str) -> None:
-    from triarch.local.lifecycle import failure_cause
+    from triarch.local.processes import failure_cause
 
     path = tmp_path / "component.log"
     path.write_text(log)

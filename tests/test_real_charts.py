@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import functools
 import gzip
 import io
 import json
@@ -42,7 +41,7 @@ from triarch.cli import main
 from triarch.guardrails.check import evaluate, load_policy_config
 from triarch.guardrails.manifests import KubernetesYaml, read_manifests
 from triarch.local import engines
-from triarch.local.kubelet import json_documents
+from triarch.local.kubelet import watched
 from triarch.local.lifecycle import down, start_operator, up
 from triarch.local.mirror import read_archive
 from triarch.local.plane import MIRROR_ADDRESS, MIRROR_PATH, Plane
@@ -536,9 +535,8 @@ def ended_at_once(fresh: Fresh, watch: subprocess.Popen[bytes]) -> None:
     """Each pod being deleted, ended as soon as the watch shows it: kwok ends one at a random moment within its grace
     period (a vLLM pod's is its drain, minutes), which the namespace's deletion would wait out; these servers hold no
     request, and what the destroy shows is its order, not the drain. Returns when the watch ends."""
-    assert watch.stdout is not None
     ended: set[str] = set()
-    for pod in json_documents(iter(functools.partial(os.read, watch.stdout.fileno(), 65536), b"")):
+    for pod in watched(watch):
         meta = pod["metadata"]
         if meta.get("deletionTimestamp") and meta["uid"] not in ended:
             ended.add(meta["uid"])

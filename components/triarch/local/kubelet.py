@@ -60,9 +60,7 @@ def mount_secret(name: str, namespace: str, directory: Path) -> int:
                                   f"metadata.name={name}", "--watch", "-o", "json"],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         running[:] = [watch]
-        assert watch.stdout is not None
-        arriving = iter(functools.partial(os.read, watch.stdout.fileno(), 65536), b"")  # b"": the watch ended
-        for secret in json_documents(arriving):
+        for secret in watched(watch):
             for key, value in (secret.get("data") or {}).items():
                 if seen.get(key) != value:
                     staged = directory / f".{key}.new"
@@ -72,6 +70,13 @@ def mount_secret(name: str, namespace: str, directory: Path) -> int:
                     print(f"secret {namespace}/{name}: wrote {key}", flush=True)
         watch.wait()
         time.sleep(POLL_SECONDS)
+
+
+def watched(watch: subprocess.Popen[bytes]) -> Iterator[dict[str, Any]]:
+    """What a `kubectl get --watch -o json` process prints, one object per change as soon as it is whole; ends
+    when the watch does."""
+    assert watch.stdout is not None
+    return json_documents(iter(functools.partial(os.read, watch.stdout.fileno(), 65536), b""))
 
 
 def json_documents(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:
