@@ -173,3 +173,53 @@ def test_the_first_customisation_plans_as_the_readme_shows(tmp_path: Path,
     third = {**config["triarch:models"][1], "name": "chat-2"}
     line = plan_refusal(tmp_path, capsys, {**config, "triarch:models": [*config["triarch:models"], third]})
     assert "triarch:nodeGroups[0].max" in line, line
+
+
+OFFLINE_COMMANDS = {"plan", "tune", "check", "diff", "comment"}
+"""The commands a reader can run as a docs page shows them, with no cluster, network or git history: run here."""
+EXIT = re.compile(r"#\s*exit (\d+):")
+"""A command's comment that says it exits non-zero on purpose (`# exit 1: the sample has mandatory findings`)."""
+
+
+def shown_commands() -> list[tuple[str, list[str], int]]:
+    """Each page's `uv run triarch ...` lines of its shell blocks that run offline, in the page's order: (page, argv,
+    the exit code the page gives, else 0). Those that read a git ref (`--base main`, `--at`) need history a test
+    has not, and so has what reads their output."""
+    import shlex
+
+    found = []
+    unmade: set[str] = set()  # what a command not run here would have written
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        for block in re.findall(r"```(?:sh|bash|shell)\n(.*?)```", text, re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                if not line.startswith("uv run triarch "):
+                    continue
+                command, _, comment = line.partition("#")
+                argv = shlex.split(command)[3:]
+                if argv[0] not in OFFLINE_COMMANDS:
+                    continue
+                if ("--at" in argv or ("--base" in argv and not argv[argv.index("--base") + 1].startswith("out/"))
+                        or unmade.intersection(argv)):
+                    unmade.update(argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--out")
+                    continue
+                said = EXIT.search("#" + comment) if comment else None
+                found.append((page.name, argv, int(said[1]) if said else 0))
+    return found
+
+
+def test_the_docs_show_offline_commands_that_run_as_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Every offline command a page shows, run in order from a project-like folder (the repository's tests/ and
+    bench/ beside it, as paths in the pages name them), exits as the page says."""
+    from triarch import cli
+
+    commands = shown_commands()
+    assert {argv[0] for _, argv, _ in commands} >= {"plan", "tune", "check", "diff"}, commands
+    for name in ("tests", "bench"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    for page, argv, expected in commands:
+        code = cli.main(argv)
+        said = capsys.readouterr()
+        assert code == expected, f"{page}: `triarch {' '.join(argv)}` exited {code}, not {expected}: {said.err[-500:]}"
