@@ -59,9 +59,10 @@ CHART_OF = {**{name: name for name in RELEASES}, "chat-pool": "llm-d-router-stan
             "draft-pool": "llm-d-router-standalone"}
 """Each release's chart: its own name, but the endpoint picker's, one release per routed model (`<model>-pool`)."""
 SECOND_ROUTED = {"name": "draft", "model": "Qwen/Qwen3-8B", "engine": "vllm", "nodeGroup": "l4", "maxModelLen": 8192,
-                 "prefixRouting": {"enabled": True}}
-"""A second model behind an endpoint picker in the same namespace (chat's autoscaling max lowered to 2 to make
-room on the l4 pool): two releases of the picker's chart must install side by side (issue 47)."""
+                 "replicas": 2, "prefixRouting": {"enabled": True}}
+"""A second model behind an endpoint picker in the same namespace, with two replicas to route between (one is
+refused: there is no choice to make), room made on the l4 pool with a fourth node and chat's autoscaling max lowered
+to 2: two releases of the picker's chart must install side by side (issue 47)."""
 LWS_MUTATING = "lws-mutating-webhook-configuration"
 KEDA_API = "v1beta1.external.metrics.k8s.io"
 GATE = f"mutatingwebhookconfiguration-{LWS_MUTATING}-ready"
@@ -151,6 +152,8 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fresh]:
     config["triarch:cluster"]["kubeconfig"] = str(project / "kubeconfig")
     config["triarch:models"][0]["autoscaling"]["max"] = 2
     config["triarch:models"].insert(1, SECOND_ROUTED)
+    [l4] = [g for g in config["triarch:nodeGroups"] if g["name"] == "l4"]
+    l4.update(nodes=[*l4["nodes"], "fresh-l4-3"], min=4, max=4)
     (project / f"Pulumi.{STACK}.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
     validated = validate_stack_file(STACK, project / f"Pulumi.{STACK}.yaml")
     spec = spec_for_stack(name, validated.stack, [])
@@ -238,7 +241,7 @@ def test_every_workload_the_charts_run_is_ready(fresh: Fresh) -> None:
     daemonsets = {d["metadata"]["name"]: d for d in fresh.get("daemonsets", "-A")["items"]}
     for name, daemonset in daemonsets.items():
         assert daemonset["status"].get("numberReady", 0) == daemonset["status"]["desiredNumberScheduled"], name
-    gpu_nodes = 11  # the stack's three l4, four a10g and four l40s nodes
+    gpu_nodes = 12  # four l4 (the stack's three and the one SECOND_ROUTED needs), four a10g and four l40s nodes
     assert daemonsets["nvidia-device-plugin"]["status"]["numberReady"] == gpu_nodes
     assert daemonsets["dcgm-exporter"]["status"]["numberReady"] == gpu_nodes
 
