@@ -25,9 +25,11 @@ from triarch.planners.observability import (
     DCGM_NAMESPACE_LABEL,
     DCGM_POD_LABEL,
     POOL_METRIC_LABEL,
+    engine_quantile,
     first_token_p90,
     model_selector,
     of_role,
+    quantile_of,
     queued,
     vllm_metric,
 )
@@ -84,10 +86,6 @@ def _when(plan: ModelPlan, namespace: str) -> list[Panel]:
     def metric(name: str) -> str:
         return vllm_metric(plan, name)
 
-    def quantile(q: float, name: str) -> str:
-        buckets = of_role(plan, namespace, f"rate({metric(name)}_bucket{sel}[5m])")
-        return f"histogram_quantile({q}, sum by (le) ({buckets}))"
-
     def total(name: str) -> str:
         return f"sum({of_role(plan, namespace, f'rate({metric(name)}_total{sel}[5m])')})"
 
@@ -100,9 +98,9 @@ def _when(plan: ModelPlan, namespace: str) -> list[Panel]:
         _panel(f"{title}: KV cache use", "percentunit",
                (f"max by (pod) ({of_role(plan, namespace, metric('kv_cache_usage_perc') + sel)})", "{{pod}}")),
         _panel(f"{title}: time to first token and between tokens", "s",
-               (quantile(0.5, "time_to_first_token_seconds"), "TTFT p50"),
-               (quantile(0.9, "time_to_first_token_seconds"), "TTFT p90"),
-               (quantile(0.9, "inter_token_latency_seconds"), "ITL p90")),
+               (engine_quantile(plan, namespace, 0.5, "time_to_first_token_seconds"), "TTFT p50"),
+               (first_token_p90(plan, namespace), "TTFT p90"),
+               (engine_quantile(plan, namespace, 0.9, "inter_token_latency_seconds"), "ITL p90")),
         _panel(f"{title}: tokens per second and preemptions", "short",
                (total("generation_tokens"), "generated tokens/s"),
                (total("num_preemptions"), "preemptions/s")),
@@ -118,7 +116,7 @@ def _transfer(decode: ModelPlan, prefill: ModelPlan, namespace: str) -> list[Pan
         return vllm_metric(decode, name)
 
     def quantile(q: float, name: str) -> str:
-        return f"histogram_quantile({q}, sum by (le) (rate({metric(name)}_bucket{sel}[5m])))"
+        return quantile_of(q, f"rate({metric(name)}_bucket{sel}[5m])")
 
     model = decode.config.name
     return [
@@ -152,7 +150,7 @@ def _routing(plan: ModelPlan, namespace: str) -> list[Panel]:
     pool = pool_selector(plan, namespace)
 
     def quantile(q: float, name: str) -> str:
-        return f"histogram_quantile({q}, sum by (le) (rate({name}_bucket{sel}[5m])))"
+        return quantile_of(q, f"rate({name}_bucket{sel}[5m])")
 
     return [
         _panel(f"{plan.name}: requests through the endpoint picker", "reqps",

@@ -86,10 +86,21 @@ def of_role(plan: ModelPlan, namespace: str, vector: str) -> str:
     return f"({vector} and on(ReplicaId) {role_replicas(plan, namespace)})"
 
 
+def quantile_of(q: float, buckets: str) -> str:
+    """The q-quantile of a histogram over its series' bucket rates, summed across them."""
+    return f"histogram_quantile({q}, sum by (le) ({buckets}))"
+
+
+def engine_quantile(plan: ModelPlan, namespace: str, q: float, name: str) -> str:
+    """The q-quantile over five minutes of one of vLLM's histograms (`time_to_first_token_seconds`, ...) for a
+    model's engines, or a split model's role's."""
+    buckets = f"rate({vllm_metric(plan, name)}_bucket{model_selector(plan, namespace)}[5m])"
+    return quantile_of(q, of_role(plan, namespace, buckets))
+
+
 def first_token_p90(plan: ModelPlan, namespace: str) -> str:
     """The p90 time to first token of a model's (or a split model's role's) engines over five minutes."""
-    buckets = f"rate({vllm_metric(plan, 'time_to_first_token_seconds')}_bucket{model_selector(plan, namespace)}[5m])"
-    return f"histogram_quantile(0.9, sum by (le) ({of_role(plan, namespace, buckets)}))"
+    return engine_quantile(plan, namespace, 0.9, "time_to_first_token_seconds")
 
 
 def gpu_pods(plan: ModelPlan, namespace: str) -> str:
