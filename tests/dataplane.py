@@ -148,10 +148,10 @@ def data_plane_in(work: Path, name: str) -> Iterator[DataPlane]:
 @contextlib.contextmanager
 def one_module_of_engines_at_a_time() -> Iterator[None]:
     """Held by each module that runs data-plane engines, for as long as they run (a lock on a file every pytest
-    worker of this user on this host sees): one such module at a time. Each engine is three processes of about a
-    gigabyte (its server, engine core and worker); Ray's five apps alone reach 11 GB. Side by side with the KEDA
-    scenario's engines, the vLLM module's and the planes, the host ran out: Ray's memory monitor killed the replicas
-    (measured 2026-12-06, 24 GiB)."""
+    worker of this user on this host sees): one such module at a time. Each engine is two or three processes of
+    about a gigabyte (its server, its engine core, a worker per rank where it has several); Ray's five apps alone
+    reach 11 GB. Side by side with the KEDA scenario's engines, the vLLM module's and the planes, the host ran out:
+    Ray's memory monitor killed the replicas (measured 2026-12-06, 24 GiB)."""
     path = Path(tempfile.gettempdir()) / f"triarch-dataplane-{os.getuid()}.lock"
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # waits for the module that holds it to end
