@@ -15,22 +15,15 @@ from typing import Any
 import pytest
 
 from conftest import stack_document, write_stack_file
+from test_first_hour import MINIMAL as FIRST_STACK
 from triarch import cli
 
 Config = dict[str, Any]
 Suggestion = tuple[str, Callable[[Config], None]]
 """What a refusal suggests, as a user would say it, and the edit that applies it to the stack."""
 
-MINIMAL: Config = {
-    "aws:region": "us-east-1",
-    "triarch:cluster": {"create": True, "name": "llm", "kubernetesVersion": "1.35",
-                        "zones": ["us-east-1a", "us-east-1b"],
-                        "adminRoleArns": ["arn:aws:iam::123456789012:role/admin"],
-                        "systemNodeGroup": {"amiRelease": "v20260714"}},
-    "triarch:nodeGroups": [{"name": "l4", "instanceType": "g6.xlarge", "amiRelease": "v20260714", "max": 2}],
-    "triarch:models": [{"name": "chat", "model": "Qwen/Qwen3-8B", "engine": "ray-serve", "nodeGroup": "l4"}],
-}
-"""A created cluster with one L4 pool and one model: the smallest stack a newcomer writes."""
+MINIMAL: Config = FIRST_STACK
+"""A created cluster with one L4 pool and one model: the smallest stack a newcomer writes (test_first_hour's)."""
 
 
 def minimal(**model: Any) -> Config:

@@ -21,6 +21,8 @@ MINIMAL = {
     "triarch:nodeGroups": [{"name": "l4", "instanceType": "g6.xlarge", "amiRelease": "v20260714", "max": 2}],
     "triarch:models": [{"name": "chat", "model": "Qwen/Qwen3-8B", "engine": "ray-serve", "nodeGroup": "l4"}],
 }
+"""A created cluster with one L4 pool and one model: the smallest stack a newcomer writes (test_advice refuses
+edits of it too)."""
 
 
 def write(tmp_path: Path, config: dict[str, object]) -> Path:
