@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+import yaml
 
 from triarch.planners.observability import RUNBOOK
 
@@ -223,3 +224,91 @@ def test_the_docs_show_offline_commands_that_run_as_shown(tmp_path: Path, monkey
         code = cli.main(argv)
         said = capsys.readouterr()
         assert code == expected, f"{page}: `triarch {' '.join(argv)}` exited {code}, not {expected}: {said.err[-500:]}"
+
+
+REAL_OR_STANDING_IN = "## What runs for real, and what stands in"
+STAND_INS: dict[str, tuple[str, str]] = {
+    "`triarch.local.kubelet`": ("components/triarch/local/operators.py", '"-m", "triarch.local.kubelet"'),
+    "`tools/engines/pulumi-language-python`": ("tools/engines/engines.yaml", "sources: pulumi-language-python"),
+    "`pulumi.runtime.set_mocks`": ("components/triarch/offline.py", "pulumi.runtime.set_mocks("),
+    "`tests/aws_standin.py`": ("tests/test_real_policy.py", "aws_standin.py"),
+    "`tests/ray_standin.py`": ("tests/test_real_ray.py", "ray_standin.py"),
+    "`scrape_targets` in `tests/prometheus_harness.py`": ("tests/test_real_keda.py", "scrape_targets("),
+    "`triarch.local.tiny_models`": ("tests/dataplane.py", "tiny_models"),
+    "`triarch.local.cpu_serving`": ("tests/test_dataplane_ray.py", "cpu_serve_config("),
+    "`tests/hub_server.py`": ("tests/conftest.py", "hub_server"),
+}
+"""Each stand-in the code uses, as the table names it, with a file and a line of it that use the stand-in: where the
+code stops using one, this list and the table must say so."""
+NOT_STAND_INS = {
+    "conftest.py": "pytest's fixtures and the stacks' plans",
+    "engine_tier.py": "starts and waits on the real engines of the tier",
+    "dataplane.py": "starts the real vLLM and Ray Serve of the data plane",
+    "ray_balance_probe.py": "a driver of Ray Serve's real router, with no engine behind it by design",
+}
+"""The tests' helper modules that stand in for nothing, with what they are."""
+
+
+def real_table() -> list[tuple[str, str, str]]:
+    """The rows of real-engines.md's table: (component, what runs for real, what stands in)."""
+    text = (DOCS / "real-engines.md").read_text(encoding="utf-8")
+    assert REAL_OR_STANDING_IN in text, "real-engines.md lost its table of what runs for real"
+    section = text.split(REAL_OR_STANDING_IN, 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| Component")]
+    assert rows and all(len(row) == 3 for row in rows), rows
+    return [(row[0], row[1], row[2]) for row in rows]
+
+
+def test_every_engine_built_is_named_as_what_runs_for_real() -> None:
+    """Each binary `triarch local build` makes is named in the table's real column; an engine built at another
+    version than its pin says which pin it stands in for, and an engine served by a main of ours names it."""
+    engines = yaml.safe_load((ROOT / "tools/engines/engines.yaml").read_text(encoding="utf-8"))["engines"]
+    rows = real_table()
+    for name, engine in engines.items():
+        for binary in engine["packages"]:
+            if binary == engine.get("sources"):  # a main of ours: named as ours, wherever the row says it
+                assert any(f"`tools/engines/{binary}`" in row[1] + row[2] for row in rows), (name, binary)
+                continue
+            holding = [row for row in rows if f"`{binary}`" in row[1]]
+            assert holding, f"real-engines.md's table does not name `{binary}` (engine {name}) as what runs"
+            [(_, real, standing_in)] = holding
+            if "standsInFor" in engine:
+                assert f"stands in for the pinned {engine['standsInFor'].lstrip('v')}" in standing_in, (name, binary)
+            if engine.get("sources"):
+                assert f"`tools/engines/{engine['sources']}`" in real + standing_in, (name, engine["sources"])
+
+
+def test_every_stand_in_the_code_uses_is_named_with_its_reason() -> None:
+    """Each stand-in is still in the code and named in the table's last column; a new helper module in tests/ must be
+    placed as a stand-in or not, and a new user of Pulumi's mocks named."""
+    stood_in = " ".join(row[2] for row in real_table())
+    for named, (path, evidence) in STAND_INS.items():
+        assert evidence in (ROOT / path).read_text(encoding="utf-8"), f"{path} no longer has {evidence!r}: {named}"
+        assert named in stood_in, f"real-engines.md's table does not name {named} among the stand-ins"
+    helpers = {p.name for p in (ROOT / "tests").glob("*.py") if not p.name.startswith("test_")}
+    known = {m for named in STAND_INS for m in re.findall(r"`tests/(\w+\.py)`", named)} | set(NOT_STAND_INS)
+    assert helpers == known, f"tests/ helpers not placed: {sorted(helpers - known)}; gone: {sorted(known - helpers)}"
+    mocking = {str(p.relative_to(ROOT)) for base in ("components", "tests", "policies") for p in
+               (ROOT / base).rglob("*.py") if p != Path(__file__) and "set_mocks(" in p.read_text(encoding="utf-8")}
+    assert mocking == {STAND_INS["`pulumi.runtime.set_mocks`"][0]}, mocking
+
+
+def test_every_pinned_chart_is_installed_by_the_whole_up_or_said_not_to_be() -> None:
+    """The charts of templates/compat/charts.yaml: those the whole up installs (test_real_charts' releases) are named
+    in the charts row's real column, each other one after "not installed" in its last column."""
+    from test_real_charts import CHART_OF
+
+    pinned = set(yaml.safe_load((ROOT / "templates/compat/charts.yaml").read_text(encoding="utf-8"))["charts"])
+    installed = set(CHART_OF.values())
+    assert installed <= pinned, installed - pinned
+    [(_, real, standing_in)] = [row for row in real_table() if row[0] == "Charts"]
+    not_installed = standing_in.split("not installed:", 1)[1]
+    assert installed <= words(real), installed - words(real)
+    assert pinned - installed <= words(not_installed), (pinned - installed) - words(not_installed)
+    assert not installed & words(not_installed), installed & words(not_installed)
+
+
+def words(cell: str) -> set[str]:
+    """The lower-case words of a table cell, hyphens kept (chart names)."""
+    return set(re.findall(r"[a-z][a-z0-9-]+", cell))
