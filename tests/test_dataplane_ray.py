@@ -12,6 +12,7 @@ serves both."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,14 +38,21 @@ DEPLOY_TIMEOUT = 900
 for the five engines on this machine's two idle cores, eight with the suite's planes beside them (measured
 2026-12-06)."""
 PROMETHEUS_PORT = 9090
-EXPORTED_AFTER_REQUESTS: tuple[tuple[str, dict[str, str]], ...] = (
-    ("ray_vllm_request_success_total", {"model_name": "split"}),
-    ("ray_vllm_prompt_tokens_by_source_total", {"model_name": "split", "source": "external_kv_transfer"}),
-    ("ray_vllm_nixl_bytes_transferred_count", {"model_name": "split"}),
+EXPORTED_AFTER_REQUESTS: tuple[tuple[str, dict[str, str], int], ...] = (
+    ("ray_vllm_request_success_total", {"model_name": "split"}, 2),
+    ("ray_vllm_prompt_tokens_by_source_total", {"model_name": "split", "source": "external_kv_transfer"}, 1),
+    ("ray_vllm_nixl_bytes_transferred_count", {"model_name": "split"}, 1),
 )
-"""The agent's counters the tests read once the requests were answered (the split's decode engine records the last
-two), waited for up to EXPORT_TIMEOUT seconds."""
+"""The agent's counters the tests read once the requests were answered, each with the number of replicas that must
+show it: both of the split's roles count their requests (each replica exports on its own cycle, so one can show them
+a minute before the other), its decode engine records the last two. Waited for up to EXPORT_TIMEOUT seconds."""
 EXPORT_TIMEOUT = 120
+
+
+def counting_replicas(exposition: str, name: str, **labels: str) -> set[str]:
+    """The Ray Serve replicas (ReplicaId) whose samples of a counter in the agent's exposition are above zero."""
+    found = {match.group(1) for line in exposition.splitlines() if (match := re.search(r'ReplicaId="([^"]+)"', line))}
+    return {replica for replica in found if counter(exposition, name, ReplicaId=replica, **labels) > 0}
 
 
 def llm_configs(app: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -141,7 +149,8 @@ def served(data_plane: DataPlane, shipped: dict[str, StackPlan], tmp_path_factor
             own cycle: the split's prefill engine can show its requests before the decode engine shows its
             transfers, so wait for every counter the tests read."""
             seen.agent_metrics = data_plane.client.get(f"http://127.0.0.1:{RAY_METRICS_PORT}/metrics").body
-            return all(counter(seen.agent_metrics, name, **labels) > 0 for name, labels in EXPORTED_AFTER_REQUESTS)
+            return all(len(counting_replicas(seen.agent_metrics, name, **labels)) >= replicas
+                       for name, labels, replicas in EXPORTED_AFTER_REQUESTS)
 
         eventually(exported, EXPORT_TIMEOUT, 2)
         listed = head.run("ray", "list", "actors", "--format", "json", "--detail", "--limit", "1000",
