@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import subprocess
 import tomllib
@@ -676,6 +677,92 @@ def test_a_container_that_exits_is_started_again_until_its_kubelet_is_stopped(tm
     seen = runs.read_text()
     time.sleep(1.5)  # longer than the restart pause: no run after the stop
     assert runs.read_text() == seen
+
+
+def test_an_operator_started_as_a_pod_runs_as_the_chart_rendered_the_pod(tmp_path: Path) -> None:
+    """`start-when --as-pod deployment/NAME`: the command starts once the object exists and a pod the Deployment's
+    selector picks has an address (a pod being deleted, one without an address, and a pod the selector does not
+    pick are passed over), which replaces `{pod_ip}` in the command. With `--container`, the container's arguments
+    and environment are the command's: a listener on every address at the pod's, a mount path at its volume's
+    directory here (a ConfigMap's written out, with the edits asked for), the pod's namespace where a variable
+    reads it; a variable the kubelet cannot fill is left out, said; a feature gate the binary does not know (a
+    stand-in release older than the chart) dropped, said. With `--service-account-kubeconfig`, a
+    kubeconfig for the same cluster holding a token issued for the pod's ServiceAccount, readable by its owner
+    alone, and named by KUBECONFIG."""
+    import sys
+
+    kubectl = tmp_path / "kubectl"
+    container = {
+        "name": "adapter",
+        "args": ["--secure-port=6443", "--metrics-bind-address=:8080", "--cert-dir=/certs",
+                 "--tls-cert-file=/certs/tls.crt", "--config=/controller_config.yaml", "--name=/certsandmore",
+                 "--feature-gates=Known=true,Newer=false"],
+        "env": [{"name": "WATCH_NAMESPACE"},  # `value: ""` as the API server stores it
+                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+        "volumeMounts": [{"name": "certificates", "mountPath": "/certs"},
+                         {"name": "config", "mountPath": "/controller_config.yaml", "subPath": "config.yaml"}]}
+    volumes = [{"name": "certificates", "secret": {"secretName": "certs"}},
+               {"name": "config", "configMap": {"name": "adapter-config"}}]
+    deployment = {"spec": {"selector": {"matchLabels": {"app": "adapter", "tier": "api"}},
+                           "template": {"spec": {"serviceAccountName": "keda-metrics-server",
+                                                 "containers": [{"name": "other"}, container], "volumes": volumes}}}}
+    config_map = {"data": {"config.yaml": "webhook:\n  port: 9443\nhealth: {}\n"}}
+    cluster = {"name": "plane", "cluster": {"server": "https://127.0.0.1:16443", "certificate-authority-data": "Q0E="}}
+    pods = {"items": [
+        {"metadata": {"deletionTimestamp": "2026-12-07T00:00:00Z"}, "status": {"podIP": "198.18.128.7"}},
+        {"metadata": {}, "status": {}},
+        {"metadata": {"name": "adapter-7d9f-x2", "namespace": "keda"}, "spec": {"nodeName": "cpu-0"},
+         "status": {"podIP": "198.18.128.9"}}]}
+    calls = tmp_path / "calls"
+    kubectl.write_text(f"""#!/bin/sh
+echo "$@" >> {calls}
+case "$1 $2" in
+  "wait --for=create") exit 0 ;;
+  "get deployment/adapter") printf '%s\\n' '{json.dumps(deployment)}' ;;
+  "get pods") case "$*" in
+    *"-l app=adapter,tier=api"*) printf '%s\\n' '{json.dumps(pods)}' ;;
+    *) echo '{{"items": []}}' ;;
+  esac ;;
+  "get configmap") [ "$3 $4 $5" = "adapter-config -n keda" ] && printf '%s\\n' '{json.dumps(config_map)}' ;;
+  "create token") [ "$3 $4 $5" = "keda-metrics-server -n keda" ] && echo issued-token ;;
+  "config view") printf '%s\\n' '{json.dumps({"clusters": [cluster]})}' ;;
+esac
+""")
+    kubectl.chmod(0o755)
+    certs, config_maps = tmp_path / "certs", tmp_path / "volumes"
+    written = tmp_path / "adapter.kubeconfig"
+    show = ('for a in "$@"; do echo "arg $a"; done; '
+            'echo "env KUBECONFIG=$KUBECONFIG NS=$POD_NAMESPACE POD=$POD_NAME W=[${WATCH_NAMESPACE-unset}]"')
+    out = subprocess.run(
+        [sys.executable, "-m", "triarch.local.kubelet", "start-when", "secret/certs", "-n", "keda", "--as-pod",
+         "deployment/adapter", "--service-account-kubeconfig", str(written), "--container", "adapter",
+         "--mount", f"certificates={certs}", "--volumes", str(config_maps), "--edit", "config:webhook.host={pod_ip}",
+         "--known-gates", "Known,Other",
+         "--", "sh", "-c", show, "sh", "{container_args}", "--bind-address={pod_ip}"],
+        capture_output=True, text=True, env={**os.environ, "TRIARCH_KUBECTL": str(kubectl), "TOKEN": "unset"},
+        timeout=60, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert [line.removeprefix("arg ") for line in lines if line.startswith("arg ")] == [
+        "--secure-port=6443", "--metrics-bind-address=198.18.128.9:8080", f"--cert-dir={certs}",
+        f"--tls-cert-file={certs}/tls.crt", f"--config={config_maps}/config/config.yaml", "--name=/certsandmore",
+        "--feature-gates=Known=true", "--bind-address=198.18.128.9"]
+    assert "dropped feature gates this release does not have: Newer=false" in lines
+    assert f"env KUBECONFIG={written} NS=keda POD=adapter-7d9f-x2 W=[]" in lines
+    assert any(line.startswith("left out TOKEN") for line in lines), lines
+    assert yaml.safe_load((config_maps / "config" / "config.yaml").read_text()) == {
+        "webhook": {"port": 9443, "host": "198.18.128.9"}, "health": {}}
+    account = json.loads(written.read_text())
+    assert account["clusters"] == [cluster]
+    assert account["users"] == [{"name": "system:serviceaccount:keda:keda-metrics-server",
+                                 "user": {"token": "issued-token"}}]
+    [context] = account["contexts"]
+    assert account["current-context"] == context["name"] and context["context"]["user"] == account["users"][0]["name"]
+    assert written.stat().st_mode & 0o077 == 0
+    asked = calls.read_text().splitlines()
+    assert asked[0].startswith("wait --for=create secret/certs -n keda")
 
 
 def test_a_watchs_documents_come_whole_whatever_the_chunks() -> None:

@@ -1,7 +1,8 @@
 """A whole `pulumi up` on a local plane: the fresh stack, in which Triarch installs every chart an adopted cluster can
 take from it, each pulled by the provider's own Helm from an OCI mirror on the plane's loopback (the pinned archives
 of the reference data), with the real KubeRay, KEDA and LeaderWorkerSet operators in place of the charts'
-controller pods.
+controller pods, each run as its pod would be: with a token of the pod's ServiceAccount, the container's arguments
+and environment as rendered into the Deployment, and listening at the pod's address alone.
 
 What it shows, in order: an up whose LeaderWorkerSet manager never starts waits on the LWS webhooks (a
 `failurePolicy: Fail` webhook with no server refuses every LeaderWorkerSet), then fails naming them, every release
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import tarfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from triarch.local import engines
 from triarch.local.kubelet import watched
 from triarch.local.lifecycle import down, start_operator, up
 from triarch.local.mirror import read_archive
+from triarch.local.operators import KUBERAY_BUILT_GATES
 from triarch.local.plane import MIRROR_ADDRESS, MIRROR_PATH, Plane
 from triarch.local.stack import spec_for_stack
 from triarch.paths import COMPAT_DIR
@@ -351,6 +353,89 @@ def test_kedas_metrics_api_and_webhook_are_the_charts_served_by_the_real_operato
     wanted = {f"keda-hpa-{each['metadata']['name']}" for each in scaled}
     assert eventually(lambda: wanted <= {h["metadata"]["name"] for h in fresh.get("hpa", "-n", "llm")["items"]},
                       60, 1.0), wanted
+
+
+CHART_PODS = {"kuberay-operator": ("kuberay-system", "kuberay-operator", "kuberay-operator"),
+              "keda-operator": ("keda", "keda-operator", "keda-operator"),
+              "keda-operator-metrics-apiserver": ("keda", "keda-operator-metrics-apiserver", "keda-adapter"),
+              "lws-controller-manager": ("lws-system", "manager", "lws-manager")}
+"""Each chart Deployment whose pod a real operator stands in for: its namespace, container, and the binary."""
+
+
+def running_commands(binary: str) -> list[list[str]]:
+    """The command lines of the running processes of a binary (by its file name)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:  # not a process, or it ended
+            continue
+        if argv and Path(argv[0].decode()).name == binary:
+            found.append([a.decode() for a in argv])
+    return found
+
+
+@pytest.mark.parametrize("deployment", sorted(CHART_PODS))
+def test_each_operator_runs_as_its_charts_pod_runs_it(fresh: Fresh, deployment: str) -> None:
+    """The operator in the place of each chart pod authenticates as that pod's ServiceAccount (a token the API server
+    issued for it: `kubectl auth whoami` with its kubeconfig), so the chart's RBAC is what admits or refuses it,
+    and runs the container's arguments as the chart rendered them into the Deployment, in order: each the same,
+    but for a listener on every address of the pod (at the pod's address here) and a path under a volume's mount
+    path (under the volume's directory here), and the chart's feature gates the KubeRay built (1.6.2, standing in for
+    1.7.0) does not have; the plane's own additions come after them."""
+    namespace, container_name, binary = CHART_PODS[deployment]
+    template = fresh.get("deployment", deployment, "-n", namespace)["spec"]["template"]
+    account = template["spec"].get("serviceAccountName", "default")
+    kubeconfig = fresh.plane.directory / f"serviceaccount-{deployment}.kubeconfig"
+    who = json.loads(fresh.plane.kubectl("auth", "whoami", "--kubeconfig", str(kubeconfig), "-o", "json").stdout)
+    assert who["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:{account}"
+    [container] = [c for c in template["spec"]["containers"] if c["name"] == container_name]
+    rendered = container.get("args", [])
+    assert rendered, f"{deployment}: the chart renders no arguments"
+    commands = [argv for argv in running_commands(binary) if f"--kubeconfig={kubeconfig}" in argv
+                or f"--lister-kubeconfig={kubeconfig}" in argv]
+    assert len(commands) == 1, (deployment, running_commands(binary))
+    given = commands[0][1:1 + len(rendered)]
+    mounts = [m["mountPath"] for m in container.get("volumeMounts", [])]
+    for chart, running in zip(rendered, given, strict=True):
+        flag, _, value = chart.partition("=")
+        if flag == "--feature-gates" and binary == "kuberay-operator":  # the gates KubeRay 1.6.2 has, of 1.7.0's
+            kept = [gate for gate in value.split(",") if gate.split("=")[0] in KUBERAY_BUILT_GATES]
+            assert running == f"{flag}={','.join(kept)}" and "RayClusterStatusConditions=true" in kept, running
+        elif value.startswith(":"):
+            assert running.startswith(f"{flag}=198.18.") and running.endswith(value), (chart, running)
+        elif any(mount in value for mount in mounts):
+            assert running.startswith(f"{flag}={fresh.plane.directory}"), (chart, running)
+        else:
+            assert running == chart
+
+
+def test_kedas_metrics_api_answers_only_through_a_service_that_selects_the_adapters_pod(fresh: Fresh) -> None:
+    """The adapter serves at its chart pod's address alone, as in a cluster: the APIService's Service pointed at
+    another pod of the release (the operator's, which serves no metrics API) makes the API unavailable, and put back
+    it is available again. A chart whose Service selected the wrong pod would fail here, not pass on a listener that
+    answers at every address."""
+    service = ("service", "keda-operator-metrics-apiserver", "-n", "keda")
+    selector = fresh.get(*service)["spec"]["selector"]
+    assert selector == {"app": "keda-operator-metrics-apiserver"}, selector
+
+    def available(wanted: str) -> Callable[[], bool]:
+        def condition() -> bool:
+            conditions = fresh.get("apiservice", KEDA_API)["status"].get("conditions", [])
+            return any(c["type"] == "Available" and c["status"] == wanted for c in conditions)
+        return condition
+
+    def select(labels: dict[str, str]) -> None:
+        patch = json.dumps({"spec": {"selector": labels}})
+        fresh.plane.kubectl("patch", *service, "--type=merge", "-p", patch)
+
+    assert eventually(available("True"), 120, 1.0)
+    select({"app": "keda-operator"})
+    try:
+        assert eventually(available("False"), 120, 1.0), fresh.get("apiservice", KEDA_API)["status"]
+    finally:
+        select(selector)
+    assert eventually(available("True"), 120, 1.0), fresh.get("apiservice", KEDA_API)["status"]
 
 
 def test_the_dcgm_exporter_runs_with_no_capability(fresh: Fresh) -> None:

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from triarch.local.engines import binary
+from triarch.local.kubelet import CONTAINER_ARGS, POD_IP, AsPod
 from triarch.local.pki import Pki, issue
 from triarch.local.plane import Plane, PlaneSpec
+from triarch.planners.serving import KUBERAY_NAMESPACE
 
 AGGREGATED_IP = "198.18.0.1"
 """The plane's address for aggregated APIs (an operator's metrics API), on its `lo` (triarch.local.plane
@@ -121,6 +123,8 @@ def kuberay(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
 
 
 LWS_WEBHOOK_PORT = 9443
+LWS_CHART_MANAGER = "lws-controller-manager"
+"""The lws chart's manager Deployment (release `lws`), whose pod the manager stands in for."""
 LWS_WEBHOOKS = {
     "mutate": [("mleaderworkerset.kb.io", "/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset", "leaderworkersets"),
                ("mpod.kb.io", "/mutate--v1-pod", "pods")],
@@ -176,11 +180,25 @@ def lws(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
         crds=sorted(crds.glob("*.yaml")), ready="http://127.0.0.1:18101/healthz")
 
 
-def _when(kind_name: str, namespace: str | None, argv: list[str]) -> list[str]:
+def _when(kind_name: str, namespace: str | None, argv: list[str], pod: AsPod | None = None) -> list[str]:
     """argv, started once the object exists (triarch.local.kubelet), as a kubelet starts a chart's pod once Helm
-    installed it."""
+    installed it; with `pod`, as the stand-in of a pod of the chart's Deployment (AsPod), once it has an address."""
+    placing: list[str] = []
+    if pod is not None:
+        placing = ["--as-pod", pod.deployment,
+                   *(["--service-account-kubeconfig", str(pod.kubeconfig)] if pod.kubeconfig else []),
+                   *(["--container", pod.container] if pod.container else []),
+                   *(part for volume, directory in pod.mounts for part in ("--mount", f"{volume}={directory}")),
+                   *(["--volumes", str(pod.volumes)] if pod.volumes else []),
+                   *(part for volume, key, value in pod.edits for part in ("--edit", f"{volume}:{key}={value}")),
+                   *(["--known-gates", ",".join(pod.known_gates)] if pod.known_gates is not None else [])]
     return [sys.executable, "-m", "triarch.local.kubelet", "start-when", kind_name,
-            *(["-n", namespace] if namespace else []), "--", *argv]
+            *(["-n", namespace] if namespace else []), *placing, "--", *argv]
+
+
+def _account_kubeconfig(plane: Plane, deployment: str) -> Path:
+    """Where the kubeconfig of a chart Deployment's ServiceAccount is written for the process in its pod's place."""
+    return plane.directory / f"serviceaccount-{deployment}.kubeconfig"
 
 
 def _secret_volume(name: str, namespace: str, directory: Path) -> list[str]:
@@ -189,23 +207,25 @@ def _secret_volume(name: str, namespace: str, directory: Path) -> list[str]:
 
 
 def lws_chart(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
-    """The LeaderWorkerSet manager in place of the pod Triarch's lws release runs, configured as the chart's
-    ConfigMap configures it (internal certificate management: it fills the chart's Secret and injects its CA into
-    the chart's webhook configurations and the CRD's conversion webhook), serving its webhooks on every address of
-    the plane, so the pod's address the Service resolves to reaches it. Starts once the chart's Secret exists."""
+    """The LeaderWorkerSet manager in place of the pod Triarch's lws release runs, as that pod runs: with its
+    ServiceAccount's rights, the container's arguments and the chart's ConfigMap as its configuration (internal
+    certificate management: it fills the chart's Secret and injects its CA into the chart's webhook configurations
+    and the CRD's conversion webhook). What the plane changes, each because the process is not in a pod: its
+    listeners at the pod's address (the chart leaves them at every address: the webhooks in the configuration,
+    health and metrics by their defaults), and its certificate directory at the Secret volume's directory here
+    (a pod mounts it at the configuration's default path). Starts once the chart's Secret exists and its pod has an
+    address."""
     certs = plane.directory / "lws-chart-certs"
     certs.mkdir(exist_ok=True)
-    config = plane.directory / "lws-chart-config.yaml"
-    config.write_text(json.dumps({
-        "apiVersion": "config.lws.x-k8s.io/v1alpha1", "kind": "Configuration",
-        "leaderElection": {"leaderElect": False}, "internalCertManagement": {"enable": True},
-        "health": {"healthProbeBindAddress": "127.0.0.1:18101"}, "metrics": {"bindAddress": "127.0.0.1:18100"},
-        "webhook": {"port": LWS_WEBHOOK_PORT, "certDir": str(certs)}}, indent=1))
-    manager = [str(binary("lws-manager")), f"--kubeconfig={plane.kubeconfig}", f"--config={config}",
-               "--zap-log-level=info"]
+    account = _account_kubeconfig(plane, LWS_CHART_MANAGER)
+    manager = [str(binary("lws-manager")), CONTAINER_ARGS, f"--kubeconfig={account}",
+               f"--health-probe-bind-address={POD_IP}:8081", f"--metrics-bind-address={POD_IP}:8443"]
+    pod = AsPod(f"deployment/{LWS_CHART_MANAGER}", account, "manager", (("cert", certs),),
+                plane.directory / "lws-chart-volumes",
+                (("manager-config", "webhook.host", POD_IP), ("manager-config", "webhook.certDir", str(certs))))
     return Operator("lws-chart", {
         "lws-cert-volume": _secret_volume("lws-webhook-server-cert", "lws-system", certs),
-        "lws-manager": _when("secret/lws-webhook-server-cert", "lws-system", manager)},
+        "lws-manager": _when("secret/lws-webhook-server-cert", "lws-system", manager, pod)},
         env={"TRIARCH_KUBECTL": str(binary("kubectl"))})
 
 
@@ -215,48 +235,74 @@ def _restarting(argv: list[str]) -> list[str]:
 
 
 KEDA_CHART_SECRET = "kedaorg-certs"
+KEDA_CHART_OPERATOR = "keda-operator"
+KEDA_CHART_ADAPTER = "keda-operator-metrics-apiserver"
+"""The chart's operator and metrics adapter Deployments, whose pods the two processes stand in for."""
 KEDA_CHART_ADAPTER_PORT = 6443
 """The chart's `service.portHttpsTarget`: where its APIService's Service sends the API server."""
 
 
 def keda_chart(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
-    """KEDA's operator and metrics adapter in place of the pods of Triarch's keda release, as the chart configures
-    them: the operator makes the chart's certificate Secret, generates its CA and certificate into it, injects the CA
-    into the chart's APIService and validating webhook, and exits once to start again with it (as its pod would);
-    the adapter serves external.metrics.k8s.io on the chart's target port on every address of the plane, so the
-    Service's endpoint (its pod's address) reaches it. Both start once the chart's Deployment exists. Addresses a
-    pod finds through cluster DNS are loopback here (the gRPC metrics service, named by its Service for TLS). The
-    chart's admission webhook server is not run: its webhook fails open (`failurePolicy: Ignore`)."""
+    """KEDA's operator and metrics adapter in place of the pods of Triarch's keda release, as those pods run: with
+    their ServiceAccounts' rights and their containers' arguments and environment as the chart rendered them. The
+    operator makes the chart's certificate Secret, generates its CA and certificate into it, injects the CA into the
+    chart's APIService and validating webhook, and exits once to start again with it (as its pod would); the
+    adapter serves external.metrics.k8s.io on the chart's target port at its pod's address alone, so the
+    APIService's Service reaches it only if its selector picks that pod. What the plane changes, each because the
+    processes are not in pods: the namespace a pod reads from its token volume (KEDA_CLUSTER_OBJECT_NAMESPACE), the
+    listeners the chart leaves at their defaults (every address) at the pod's address, the adapter's metrics port
+    (`--port`, every address whatever is given) off the pods' ports, and the operator's gRPC metrics service on
+    loopback, where the adapter reaches it (no cluster DNS here; the TLS name stays the Service's); the adapter's
+    delegated authentication and listers read its account's kubeconfig (a pod's in-cluster configuration). Both
+    start once the chart's Deployment exists and their pods have addresses. The chart's admission webhook server is
+    not run: its webhook fails open (`failurePolicy: Ignore`)."""
     certs = plane.directory / "keda-chart-certs"
     certs.mkdir(exist_ok=True)
-    kube = str(plane.kubeconfig)
-    operator = [str(binary("keda-operator")), f"--kubeconfig={kube}", "--leader-elect=false",
-                "--metrics-bind-address=127.0.0.1:18080", "--health-probe-bind-address=127.0.0.1:18081",
-                f"--metrics-service-bind-address={KEDA_GRPC}", f"--cert-dir={certs}", "--enable-cert-rotation=true",
-                f"--cert-secret-name={KEDA_CHART_SECRET}", "--operator-service-name=keda-operator",
-                "--metrics-server-service-name=keda-operator-metrics-apiserver",
-                "--webhooks-service-name=keda-admission-webhooks", "--enable-webhook-patching=true",
-                "--enable-apiservice-patching=true", "--k8s-cluster-domain=cluster.local", "--zap-log-level=info"]
-    adapter = [str(binary("keda-adapter")), f"--lister-kubeconfig={kube}", f"--authentication-kubeconfig={kube}",
-               f"--authorization-kubeconfig={kube}", f"--secure-port={KEDA_CHART_ADAPTER_PORT}",
-               f"--cert-dir={certs}", f"--tls-cert-file={certs / 'tls.crt'}",
-               f"--tls-private-key-file={certs / 'tls.key'}", f"--metrics-service-address={KEDA_GRPC}",
-               f"--metrics-service-grpc-authority=keda-operator.{KEDA_NAMESPACE}.svc.cluster.local",
-               "--port=18082", "--v=1"]
+    kube, adapter_kube = (_account_kubeconfig(plane, d) for d in (KEDA_CHART_OPERATOR, KEDA_CHART_ADAPTER))
+    operator = [str(binary("keda-operator")), CONTAINER_ARGS, f"--kubeconfig={kube}",
+                f"--health-probe-bind-address={POD_IP}:8081", f"--metrics-service-bind-address={KEDA_GRPC}"]
+    adapter = [str(binary("keda-adapter")), CONTAINER_ARGS, f"--lister-kubeconfig={adapter_kube}",
+               f"--authentication-kubeconfig={adapter_kube}", f"--authorization-kubeconfig={adapter_kube}",
+               f"--bind-address={POD_IP}", "--port=18082", f"--metrics-service-address={KEDA_GRPC}",
+               f"--metrics-service-grpc-authority=keda-operator.{KEDA_NAMESPACE}.svc.cluster.local"]
     return Operator("keda-chart", {
         "keda-cert-volume": _secret_volume(KEDA_CHART_SECRET, KEDA_NAMESPACE, certs),
-        "keda-operator": _when("deployment/keda-operator", KEDA_NAMESPACE, _restarting(operator)),
-        "keda-adapter": _when(f"secret/{KEDA_CHART_SECRET}", KEDA_NAMESPACE, _restarting(adapter))},
-        env={"TRIARCH_KUBECTL": str(binary("kubectl")), "WATCH_NAMESPACE": "",
-             "KEDA_CLUSTER_OBJECT_NAMESPACE": KEDA_NAMESPACE, "POD_NAMESPACE": KEDA_NAMESPACE})
+        "keda-operator": _when(f"deployment/{KEDA_CHART_OPERATOR}", KEDA_NAMESPACE, _restarting(operator),
+                               AsPod(f"deployment/{KEDA_CHART_OPERATOR}", kube, KEDA_CHART_OPERATOR,
+                                     (("certificates", certs),))),
+        "keda-adapter": _when(f"secret/{KEDA_CHART_SECRET}", KEDA_NAMESPACE, _restarting(adapter),
+                              AsPod(f"deployment/{KEDA_CHART_ADAPTER}", adapter_kube, KEDA_CHART_ADAPTER,
+                                    (("certificates", certs),)))},
+        # A pod reads its namespace from its token volume (/var/run/secrets/kubernetes.io/serviceaccount), which a
+        # process here has not; KEDA takes it from this variable first.
+        env={"TRIARCH_KUBECTL": str(binary("kubectl")), "KEDA_CLUSTER_OBJECT_NAMESPACE": KEDA_NAMESPACE})
+
+
+KUBERAY_CHART_OPERATOR = "kuberay-operator"
+KUBERAY_BUILT_GATES = ("RayClusterStatusConditions", "RayJobDeletionPolicy", "RayMultiHostIndexing",
+                       "RayServiceIncrementalUpgrade", "RayCronJob", "AsyncJobInfoQuery")
+"""The feature gates of the KubeRay built (1.6.2, ray-operator/pkg/features/features.go): the pinned chart (1.7.0)
+also names RayClusterMTLS, RayClusterNetworkPolicy and RayClusterHistoryServer (all off by default), which 1.6.2
+refuses to start on; the plane drops what 1.6.2 lacks, and says so."""
 
 
 def kuberay_chart(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
-    """The KubeRay operator in place of the pod Triarch's kuberay-operator release runs; starts once the RayService
-    CRD Triarch applies beside the chart is there."""
-    operator = kuberay(plane, pki, spec)
-    [argv] = operator.processes.values()
-    return Operator("kuberay-chart", {"kuberay-operator": _when("crd/rayservices.ray.io", None, argv)},
+    """The KubeRay operator in place of the pod Triarch's kuberay-operator release runs, as that pod runs: with its
+    ServiceAccount's rights and the container's arguments and environment as the chart rendered them. What the
+    plane changes, each because the process is not in a pod: its listeners at the pod's address (the chart leaves
+    them at their defaults, every address), the leader election's namespace (a pod reads it from its token volume),
+    the dashboards and Serve proxies reached through the API server (to the pods' addresses, which are the plane's
+    own), not through cluster DNS, which the plane does not run; and the chart's feature gates the KubeRay built does
+    not have (KUBERAY_BUILT_GATES) dropped. Starts once the RayService CRD Triarch applies beside the chart is there
+    and the chart's pod has an address."""
+    account = _account_kubeconfig(plane, KUBERAY_CHART_OPERATOR)
+    argv = [str(binary("kuberay-operator")), CONTAINER_ARGS, f"--kubeconfig={account}",
+            f"--metrics-addr={POD_IP}:8080", f"--health-probe-bind-address={POD_IP}:8082",
+            f"--leader-election-namespace={KUBERAY_NAMESPACE}", "--use-kubernetes-proxy"]
+    as_pod = _when(f"deployment/{KUBERAY_CHART_OPERATOR}", KUBERAY_NAMESPACE, argv,
+                   AsPod(f"deployment/{KUBERAY_CHART_OPERATOR}", account, KUBERAY_CHART_OPERATOR,
+                         known_gates=KUBERAY_BUILT_GATES))
+    return Operator("kuberay-chart", {"kuberay-operator": _when("crd/rayservices.ray.io", None, as_pod)},
                     env={"TRIARCH_KUBECTL": str(binary("kubectl"))})
 
 

@@ -29,8 +29,8 @@ gives pods, so a connection to a pod's address (the API server's proxy to a Serv
 listens on that port inside the namespace. RFC 2544's benchmarking range: neither private nor public, and never
 routed out of the namespace, which has no route anywhere else."""
 API_PORT = 16443
-"""The API server's port, on loopback: not 6443, which a chart's pod may serve on (KEDA's metrics adapter), on every
-address of the plane (operators.keda_chart)."""
+"""The API server's port, on loopback: not 6443, which a chart's pod serves on (KEDA's metrics adapter, at its pod's
+address: operators.keda_chart)."""
 ETCD_PORT = 2379
 STORAGE_CLASS = "kwok-volume"
 """The default storage class: kwok's volume stages give each claim of it a PersistentVolume and bind it."""
