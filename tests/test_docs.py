@@ -312,3 +312,62 @@ def test_every_pinned_chart_is_installed_by_the_whole_up_or_said_not_to_be() -> 
 def words(cell: str) -> set[str]:
     """The lower-case words of a table cell, hyphens kept (chart names)."""
     return set(re.findall(r"[a-z][a-z0-9-]+", cell))
+
+
+TEST_MAP = "## Where each module's tests are"
+CLI_CALL = re.compile(r'main\(\[\s*"([a-z-]+)"')
+
+
+def package_modules() -> list[str]:
+    """Every module of the triarch package, dotted (a package by its own name)."""
+    found = []
+    for path in (ROOT / "components" / "triarch").rglob("*.py"):
+        parts = list(path.relative_to(ROOT / "components").with_suffix("").parts)
+        found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return sorted(found)
+
+
+def naming_tests(modules: list[str]) -> dict[str, list[str]]:
+    """For each module, the test modules that name it: import it or anything of it, spell its dotted name, or run
+    its `triarch` command through `cli.main([...])` (the module of that command under triarch.cli)."""
+    known = set(modules)
+    named: dict[str, set[str]] = {module: set() for module in modules}
+    for test in sorted((ROOT / "tests").glob("test_*.py")):
+        text = test.read_text(encoding="utf-8")
+        found: set[str] = set()
+        for match in re.finditer(r"from (triarch(?:\.\w+)*) import \(?([\w, \n]+)", text):
+            found.add(match[1])
+            found.update(f"{match[1]}.{name}" for name in re.split(r"[,\s]+", match[2]) if name)
+        for match in re.finditer(r"\b(triarch(?:\.\w+)+)", text):
+            dotted = match[1]
+            while dotted not in known and "." in dotted:
+                dotted = dotted.rsplit(".", 1)[0]
+            found.add(dotted)
+        found.update(f"triarch.cli.{command}" for command in CLI_CALL.findall(text))
+        for module in found & known:
+            named[module].add(test.stem)
+    return {module: sorted(tests) for module, tests in named.items()}
+
+
+def map_section() -> str:
+    """The section of docs/development.md that says where each module's tests are, as the tests stand."""
+    named = naming_tests(package_modules())
+    lines = [TEST_MAP, "",
+             "Which test modules name each module of `components/triarch` (import it or something of it, spell its",
+             "dotted name, or run its command through `cli.main`), so a change in one shows where its tests are. A",
+             "module no test names is a gap: its behaviour is held, if at all, through the modules that use it.",
+             "`tests/test_docs.py` keeps this list as the tests stand; it prints the list to paste when they move.", ""]
+    for module, tests in named.items():
+        lines.append(f"- `{module}`: " + (", ".join(tests) if tests else "**gap**: no test names it"))
+    gaps = [module for module, tests in named.items() if not tests]
+    lines += ["", f"{len(gaps)} of {len(named)} modules are gaps."]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_test_map_is_the_tests_as_they_stand() -> None:
+    """docs/development.md's map of which tests name which module is what the tests name today."""
+    text = (DOCS / "development.md").read_text(encoding="utf-8")
+    assert TEST_MAP in text, "development.md lost its test map"
+    shown = TEST_MAP + text.split(TEST_MAP, 1)[1].split("\n## ", 1)[0].rstrip("\n") + "\n"
+    expected = map_section()
+    assert shown == expected, f"development.md's test map is stale; paste this section:\n\n{expected}"

@@ -145,7 +145,7 @@ def read_offer(path: Path) -> Any:
 def _row(name: str, prices: RegionPrices) -> str:
     date = prices.published[:10]
     if name in prices.hourly_usd:
-        return (f"      {name + ':':17} {{hourlyUsd: {prices.hourly_usd[name]:g}, source: {prices.source}, "
+        return (f"      {name + ':':17} {{hourlyUsd: {prices.hourly_usd[name]!r}, source: {prices.source}, "
                 f"sourceDate: {date}}}")
     return (f"      {name + ':':17} {{hourlyUsd: null, notOffered: \"no On-Demand Linux SKU in the offer file\", "
             f"source: {prices.source}, sourceDate: {date}}}")

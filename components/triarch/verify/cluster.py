@@ -59,7 +59,7 @@ class Cluster:
             return None
 
     @contextmanager
-    def forward(self, namespace: str, service: str, port: int = PORT) -> Iterator[str]:
+    def forward(self, namespace: str, service: str, port: int = PORT, scheme: str = "http") -> Iterator[str]:
         """A local address for a service's port (the OpenAI port unless told), through kubectl port-forward."""
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -72,7 +72,7 @@ class Cluster:
                     if attempt.connect_ex(("127.0.0.1", local)) == 0:
                         break
                 time.sleep(0.1)
-            yield f"http://127.0.0.1:{local}"
+            yield f"{scheme}://127.0.0.1:{local}"
         finally:
             process.terminate()
             process.wait(timeout=10)

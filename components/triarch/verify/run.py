@@ -66,7 +66,8 @@ def verify(cluster: Cluster, stack: StackConfig, models: list[ModelPlan], pools:
     target = prometheus_service(stack.observability.prometheus_url)
     if stack.prometheus != "none" and models and target is not None:
         series = alert_series(observability_manifests(stack, models, serving_settings(stack, False, False)))
-        with cluster.forward(target[0], target[1], target[2]) as url:
+        scheme = stack.observability.prometheus_url.split(":", 1)[0]
+        with cluster.forward(target[0], target[1], target[2], scheme) as url:
             findings += check_alert_series(series, partial(prometheus_count, url))
     if stack.cluster.create and stack.cluster.provisioner == "karpenter":
         findings.append(check_ready(cluster.items("deployments", "-n", karpenter.NAMESPACE), karpenter.RELEASE,

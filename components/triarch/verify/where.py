@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -146,18 +147,27 @@ def check_alert_series(series: Mapping[str, list[str]], count: Callable[[str], i
 
 
 def prometheus_service(url: str) -> tuple[str, str, int] | None:
-    """(namespace, service, port) of an in-cluster Prometheus URL (http://<service>.<namespace>.svc[...]:<port>)."""
-    match = re.fullmatch(r"https?://([a-z0-9-]+)\.([a-z0-9-]+)\.svc(?:\.cluster\.local)?(?::(\d+))?/?", url)
+    """(namespace, service, port) of an in-cluster Prometheus URL (http[s]://<service>.<namespace>.svc[...][:<port>]);
+    without a port, the scheme's default (RFC 9110: 80 for http, 443 for https)."""
+    match = re.fullmatch(r"(https?)://([a-z0-9-]+)\.([a-z0-9-]+)\.svc(?:\.cluster\.local)?(?::(\d+))?/?", url)
     if match is None:
         return None
-    return match.group(2), match.group(1), int(match.group(3) or 80)
+    return match.group(3), match.group(2), int(match.group(4) or (443 if match.group(1) == "https" else 80))
 
 
 def prometheus_count(base_url: str, selector: str, timeout: float = 10.0) -> int | None:
     """How many series Prometheus holds for a selector (its HTTP query API), None when it does not answer."""
     query = urllib.parse.urlencode({"query": f"count({selector})"})
+    tunnelled = None
+    if base_url.startswith("https://127.0.0.1:"):
+        # kubectl's port-forward is the authenticated channel; the in-cluster certificate names the Service (not
+        # 127.0.0.1) and is signed by a CA this machine need not trust, so TLS here only carries the bytes.
+        tunnelled = ssl.create_default_context()
+        tunnelled.check_hostname = False
+        tunnelled.verify_mode = ssl.CERT_NONE
     try:
-        with urllib.request.urlopen(f"{base_url.rstrip('/')}/api/v1/query?{query}", timeout=timeout) as response:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/api/v1/query?{query}", timeout=timeout,
+                                    context=tunnelled) as response:
             result = json.loads(response.read().decode("utf-8"))["data"]["result"]
     except (OSError, ValueError, KeyError):
         return None
