@@ -327,6 +327,24 @@ def test_karpenter_discovers_only_the_private_subnets(planned: dict[str, Planned
                if "karpenter.sh/discovery" in s.inputs["tags"])
 
 
+@pytest.mark.parametrize("stack", ("dev", "prod"))
+def test_the_private_subnets_reach_s3_through_a_gateway_endpoint(planned: dict[str, Planned],
+                                                                  configs: dict[str, dict[str, Any]],
+                                                                  stack: str) -> None:
+    """One S3 gateway endpoint in the stack's region (com.amazonaws.<region>.s3, the VPC User Guide), on the route
+    table of every private subnet (one per zone), so weights streamed from S3 and ECR's layers skip the NAT
+    gateways' per-GB charge; named from the cluster, never from a list position."""
+    [endpoint] = of_type(planned[stack], "aws:ec2/vpcEndpoint:VpcEndpoint")
+    region = configs[stack]["aws:region"]
+    assert endpoint.inputs["serviceName"] == f"com.amazonaws.{region}.s3"
+    assert endpoint.inputs["vpcEndpointType"] == "Gateway"
+    private = [r for r in of_type(planned[stack], "aws:ec2/routeTable:RouteTable")
+               if any("natGatewayId" in route for route in r.inputs.get("routes", []))]
+    assert len(private) == len(configs[stack]["triarch:cluster"]["zones"])
+    assert len(endpoint.inputs["routeTableIds"]) == len(private)
+    assert endpoint.name.endswith("-net-s3")
+
+
 @pytest.mark.parametrize(("stack", "group"), MANAGED_POOLS)
 def test_managed_node_group_carries_scheduling_labels_taint_and_fixed_size(
         planned: dict[str, Planned], configs: dict[str, dict[str, Any]], facts: Catalog,

@@ -306,3 +306,17 @@ def test_refresh_records_every_digit_of_the_offers_price(tmp_path: Path) -> None
     code, table = refresh(tmp_path, "us-east-1", offer)
     assert code == 0
     assert table["regions"]["us-east-1"]["instances"]["g6.xlarge"]["hourlyUsd"] == 21.957642
+
+
+def test_weights_streamed_from_s3_cross_no_nat_where_triarch_made_the_vpc(tmp_path: Path) -> None:
+    """large streams DeepSeek's weights from s3:// at every replica start and downloads Llama's from the hub once:
+    in the VPC Triarch creates, S3 is reached through its gateway endpoint (no charge, the VPC User Guide), so the
+    NAT line prices only the hub download and names the S3 model as crossing no NAT; the EFS lines leave out the
+    streamed model, whose weights never touch the cache (the Run:ai streamer reads S3 into the GPUs)."""
+    section = capacity_section(planned(stack_document("large"), tmp_path, "large")[0])
+    [nat] = [line for line in section if line.startswith("    data through the NAT gateways ")]
+    assert "a model's first download from the hub: llama $" in nat and "deepseek $" not in nat, nat
+    assert nat.endswith("weights from s3:// in the VPC's region take its S3 gateway endpoint, not the NAT (no "
+                        "charge): deepseek)"), nat
+    for efs in [line for line in section if line.startswith("    EFS ")]:
+        assert "llama $" in efs and "deepseek" not in efs, efs

@@ -334,20 +334,32 @@ def usage_rates(stack: StackConfig, models: list[ModelPlan], table: PriceTable) 
         rows.append({"key": key, "name": name, "usd": rate.usd if rate else None, "unit": unit,
                      "perEvent": per, "priceSource": rate.source if rate else None})
 
-    def each(rate: Rate | None) -> str | None:
-        if rate is None or not weights:
+    def each(rate: Rate | None, which: dict[str, float] | None = None) -> str | None:
+        which = weights if which is None else which
+        if rate is None or not which:
             return None
-        return ", ".join(f"{name} ${rate.usd * gib:,.2f}" for name, gib in sorted(weights.items()))
+        return ", ".join(f"{name} ${rate.usd * gib:,.2f}" for name, gib in sorted(which.items()))
 
     nat = usage.get("natGatewayProcessed")
-    row("natGatewayProcessed", "data through the NAT gateways", nat, "GB",
-        f"a model's first download from the hub: {each(nat)}" if each(nat) else None)
+    streamed = {m.name for m in models if m.config.weights_uri is not None}
+    from_hub = {name: gib for name, gib in weights.items() if name not in streamed}
+    from_s3 = {name: gib for name, gib in weights.items() if name in streamed}
+    crossing = [f"a model's first download from the hub: {each(nat, from_hub)}"] if each(nat, from_hub) else []
+    if from_s3 and stack.cluster.create:
+        crossing.append("weights from s3:// in the VPC's region take its S3 gateway endpoint, not the NAT (no "
+                        f"charge): {', '.join(sorted(from_s3))}")
+    elif each(nat, from_s3):
+        crossing.append(f"each replica start streams its weights from s3:// through your VPC's route to S3 (a NAT "
+                        f"gateway unless it has an S3 endpoint): {each(nat, from_s3)}")
+    row("natGatewayProcessed", "data through the NAT gateways", nat, "GB", "; ".join(crossing) or None)
     if efs:
         read, write = usage.get("efsElasticRead"), usage.get("efsElasticWrite")
+        # Weights streamed from s3:// go to the GPUs straight from S3: they never touch the cache.
         row("efsElasticRead", "EFS reads (elastic throughput)", read, "GB",
-            f"each replica start reads its weights: {each(read)}" if each(read) else None)
+            f"each replica start reads its weights: {each(read, from_hub)}" if each(read, from_hub) else None)
         row("efsElasticWrite", "EFS writes (elastic throughput)", write, "GB",
-            f"a model's first download writes its weights: {each(write)}" if each(write) else None)
+            f"a model's first download writes its weights: {each(write, from_hub)}" if each(write, from_hub)
+            else None)
     row("logsIngested", "control-plane logs ingested (CloudWatch)", usage.get("logsIngested"), "GB", None)
     days = stack.cluster.log_retention_days
     row("logsStored", f"control-plane logs kept {days} days (CloudWatch)", usage.get("logsStored"), "GB-month",

@@ -72,7 +72,7 @@ class EksCluster(pulumi.ComponentResource):
         config: ClusterConfig = stack.cluster
         assert stack.aws_region is not None
         child = pulumi.ResourceOptions(parent=self)
-        self.network = Network(f"{name}-net", config, opts=child)
+        self.network = Network(f"{name}-net", config, stack.aws_region, opts=child)
         self.role = aws.iam.Role(f"{name}-role", assume_role_policy=EKS_ASSUME_ROLE, opts=child)
         policy = aws.iam.RolePolicyAttachment(f"{name}-cluster-policy", role=self.role.name,
                                               policy_arn=CLUSTER_POLICY, opts=child)

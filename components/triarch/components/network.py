@@ -16,8 +16,14 @@ def nat_zones(cluster: ClusterConfig) -> list[str]:
     return list(cluster.zones) if cluster.nat_gateways == "perZone" else [min(cluster.zones)]
 
 
+def s3_service(region: str) -> str:
+    """The S3 gateway endpoint's service in a region (the VPC User Guide, "Gateway endpoints for Amazon S3")."""
+    return f"com.amazonaws.{region}.s3"
+
+
 class Network(pulumi.ComponentResource):
-    def __init__(self, name: str, cluster: ClusterConfig, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, name: str, cluster: ClusterConfig, region: str,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("triarch:network:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         cluster_tag = {f"kubernetes.io/cluster/{cluster.name}": "shared"}
@@ -57,6 +63,7 @@ class Network(pulumi.ComponentResource):
                     tags={"Name": f"{cluster.name}-nat-{plan.zone}"},
                     opts=pulumi.ResourceOptions(parent=self, depends_on=[self.internet_gateway]))
         self.nat_gateways = [nat_by_zone[z] for z in sorted(nat_by_zone)]
+        private_route_tables: dict[str, aws.ec2.RouteTable] = {}
         for plan in plans:
             private = aws.ec2.Subnet(
                 f"{name}-private-{plan.zone}", vpc_id=self.vpc.id, cidr_block=plan.private_cidr,
@@ -73,6 +80,14 @@ class Network(pulumi.ComponentResource):
                                           route_table_id=route_table.id, opts=child)
             self.private_subnets.append(private)
             self.private_subnet_by_zone[plan.zone] = private
+            private_route_tables[plan.zone] = route_table
+        # S3 from the private subnets through a gateway endpoint (no charge), not the NAT gateways (charged per GB):
+        # weights streamed from s3:// at every replica start, and ECR's image layers, which ECR serves from S3.
+        # Buckets of the VPC's region only; a bucket elsewhere still goes through the NAT.
+        self.s3_endpoint = aws.ec2.VpcEndpoint(
+            f"{name}-s3", vpc_id=self.vpc.id, service_name=s3_service(region), vpc_endpoint_type="Gateway",
+            route_table_ids=[private_route_tables[zone].id for zone in sorted(private_route_tables)],
+            tags={"Name": f"{cluster.name}-s3"}, opts=child)
 
         self.register_outputs({"vpcId": self.vpc.id,
                                "privateSubnetIds": [s.id for s in self.private_subnets]})
