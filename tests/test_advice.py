@@ -211,6 +211,8 @@ def _dropped(stack: str, drop: Callable[[Config], object]) -> Config:
 REQUIRED_CASES: dict[str, Config] = {
     "aws:region": _dropped("dev", lambda c: c.pop("aws:region")),
     "triarch:cluster.adminRoleArns": _dropped("dev", lambda c: c["triarch:cluster"].pop("adminRoleArns")),
+    "triarch:cluster.endpointPublicAccessCidrs": _dropped(
+        "dev", lambda c: c["triarch:cluster"].pop("endpointPublicAccessCidrs")),
     "triarch:cluster.systemNodeGroup.amiRelease": _dropped(
         "dev", lambda c: c["triarch:cluster"]["systemNodeGroup"].pop("amiRelease")),
     "triarch:nodeGroups[].instanceType": _dropped("dev", lambda c: c["triarch:nodeGroups"][0].pop("instanceType")),

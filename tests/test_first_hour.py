@@ -17,6 +17,7 @@ MINIMAL = {
     "triarch:cluster": {"create": True, "name": "llm", "kubernetesVersion": "1.35",
                         "zones": ["us-east-1a", "us-east-1b"],
                         "adminRoleArns": ["arn:aws:iam::123456789012:role/admin"],
+                        "endpointPublicAccessCidrs": ["198.18.0.7/32"],  # not a documentation range
                         "systemNodeGroup": {"amiRelease": "v20260714"}},
     "triarch:nodeGroups": [{"name": "l4", "instanceType": "g6.xlarge", "amiRelease": "v20260714", "max": 2}],
     "triarch:models": [{"name": "chat", "model": "Qwen/Qwen3-8B", "engine": "ray-serve", "nodeGroup": "l4"}],

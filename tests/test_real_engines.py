@@ -5,12 +5,14 @@ The assertions read the cluster (kubectl) and Pulumi's own state, never Triarch'
 
 from __future__ import annotations
 
+import base64
 import getpass
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +109,65 @@ def test_verify_reads_each_replicas_start_from_the_api_servers_pods(deployed: La
         parts = (times.to_scheduled, times.to_started, times.to_ready)
         assert times.total is not None and all(p is not None and p >= 0 for p in parts), (pod["status"], times)
         assert abs(sum(p for p in parts if p is not None) - times.total) <= 1
+
+
+AWS_GET_TOKEN = """#!/bin/sh
+# Stands in for `aws eks get-token` (the one step that is AWS's): records how kubectl called it, answers with a
+# token the plane's API server issued, in the ExecCredential form the AWS CLI prints.
+printf '%s\\n' "$*" >> "$(dirname "$0")/calls"
+printf '{"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": "ExecCredential", "status": {"token": "%s"}}' \\
+  "$(cat "$(dirname "$0")/token")"
+"""
+
+
+def test_the_kubeconfig_output_reaches_the_cluster_as_the_readme_says(deployed: Lab, tmp_path: Path) -> None:
+    """The README's steps after `pulumi up`, on the plane: the kubeconfig a created cluster exports (built by the same
+    function, with the plane's address and CA in place of EKS's), kubectl's exec plugin calling `aws eks get-token`
+    (a stand-in printing a token of a ServiceAccount bound to cluster-admin), then `kubectl get nodes` and
+    `triarch verify --context <the cluster's name>` through it."""
+    from triarch.components.cluster import kubeconfig
+
+    plane = deployed.plane
+    plane.kubectl("create", "serviceaccount", "readme-admin", "-n", "default")
+    plane.kubectl("create", "clusterrolebinding", "readme-admin", "--clusterrole", "cluster-admin",
+                  "--serviceaccount", "default:readme-admin")
+    token = plane.kubectl("create", "token", "readme-admin", "-n", "default").stdout.strip()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "token").write_text(token)
+    aws = bin_dir / "aws"
+    aws.write_text(AWS_GET_TOKEN)
+    aws.chmod(0o755)
+    own = yaml.safe_load(plane.kubeconfig.read_text())
+    server = own["clusters"][0]["cluster"]["server"]
+    ca = base64.b64encode(Path(own["clusters"][0]["cluster"]["certificate-authority"]).read_bytes()).decode()
+    exported = tmp_path / "llm-dev.json"
+    exported.write_text(kubeconfig("llm-dev", server, ca, "us-east-1"))
+    env = {**plane.env(), "KUBECONFIG": str(exported), "PATH": f"{bin_dir}:{plane.env()['PATH']}"}
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(plane.command(list(argv)), env=env, capture_output=True, text=True, timeout=300,
+                              check=False)
+
+    nodes = names(deployed.kubectl_json("get", "nodes")["items"])
+    listed = run(str(engines.binary("kubectl")), "get", "nodes", "-o", "name")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(listed.stdout.split()) == ["node/" + n for n in nodes]
+    verified = run(sys.executable, "-m", "triarch.cli", "verify", "--stack-file", str(deployed.stack_file),
+                   "--context", "llm-dev")
+    assert verified.stdout.startswith("verify lab against its plan\n"), verified.stderr
+    gpu_nodes = names([n for n in deployed.kubectl_json("get", "nodes")["items"]
+                       if POOL_LABEL in n["metadata"].get("labels", {})])
+    assert gpu_nodes
+    for node in gpu_nodes:  # the GPU nodes read through the exported kubeconfig, each as planned
+        assert f"  ok   node {node} (pool " in verified.stdout, verified.stdout
+    # What fails is what the lab does not run (no Prometheus, Ray Serve or vLLM behind kwok's pods), so exit 1.
+    failing = [line for line in verified.stdout.splitlines() if line.startswith("  FAIL")]
+    assert failing and all(line.startswith(("  FAIL Prometheus:", "  FAIL Ray Serve application ",
+                                            "  FAIL vLLM server chat:")) for line in failing), failing
+    assert verified.returncode == 1
+    calls = (bin_dir / "calls").read_text().splitlines()
+    assert len(calls) >= 2 and set(calls) == {"eks get-token --cluster-name llm-dev --region us-east-1"}
 
 
 def test_the_deployment_became_available_through_pulumis_await(deployed: Lab) -> None:

@@ -13,7 +13,8 @@ import pytest
 
 from conftest import StackPlan, plan_config, stack_document, write_stack_file
 from triarch import cli
-from triarch.offline import KNOWN_AFTER_APPLY
+from triarch.components.cluster import kubeconfig
+from triarch.offline import KNOWN_AFTER_APPLY, SECRET
 from triarch.planners.iam import account_root, file_system_policy, key_policy
 
 EKS_STACKS = ("dev", "prod")
@@ -96,6 +97,117 @@ def test_admins_on_an_adopted_cluster_are_refused(tmp_path: Path, capsys: pytest
     config["triarch:cluster"]["adminRoleArns"] = ["arn:aws:iam::123456789012:role/ops"]
     line = refusal(tmp_path, config, capsys)
     assert line.startswith("triarch:cluster.adminRoleArns: ") and "only applies to a cluster Triarch creates" in line
+
+
+# --- reaching the API server ---------------------------------------------------------------------------------------
+
+PRIVATE_ENDPOINT_WARNING = ("cluster 'llm-dev' has a private API endpoint (triarch:cluster.endpointPublicAccessCidrs: "
+                            "[]) and names no way in")
+
+
+@pytest.mark.parametrize("stack", EKS_STACKS)
+def test_a_shipped_stack_opens_no_documentation_range_and_warns_it_has_no_way_in(shipped: dict[str, StackPlan],
+                                                                               stack: str) -> None:
+    """A shipped file cannot know the user's address: its endpoint is private and the plan says what to set, rather
+    than a documentation range that would pass the plan and fail the up after EKS made the cluster."""
+    plan = shipped[stack]
+    cluster = one(plan, "aws:eks/cluster:Cluster")
+    assert cluster.inputs["vpcConfig"]["endpointPrivateAccess"] is True
+    assert cluster.inputs["vpcConfig"]["endpointPublicAccess"] is False
+    assert "publicAccessCidrs" not in cluster.inputs["vpcConfig"]
+    name = plan.config["triarch:cluster"]["name"]
+    [warning] = [w for w in plan.run.warnings if "private API endpoint" in w]
+    assert warning.startswith(f"cluster '{name}' has a private API endpoint")
+    assert "curl -s https://checkip.amazonaws.com" in warning
+
+
+def test_a_public_endpoint_opens_only_the_named_ranges_and_warns_nothing(tmp_path: Path) -> None:
+    config = stack_document("dev")
+    config["triarch:cluster"]["endpointPublicAccessCidrs"] = ["198.18.7.9/32", "100.64.0.0/10"]
+    plan = plan_config("dev", config, tmp_path)
+    vpc = one(plan, "aws:eks/cluster:Cluster").inputs["vpcConfig"]
+    assert (vpc["endpointPublicAccess"], vpc["publicAccessCidrs"]) == (True, ["198.18.7.9/32", "100.64.0.0/10"])
+    assert not [w for w in plan.run.warnings if "API endpoint" in w]
+    assert not plan.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+
+
+def test_a_private_endpoint_admits_https_from_each_named_range_by_its_range(tmp_path: Path) -> None:
+    """The way in through a VPN or peered VPC: the cluster's security group admits 443 from each range, each rule
+    named after its range, so reordering the list replaces nothing; the Kubernetes provider waits for them."""
+    config = stack_document("dev")
+    config["triarch:cluster"]["privateAccessCidrs"] = ["10.200.0.0/16", "172.20.0.0/16"]
+    first = plan_config("dev", config, tmp_path / "a")
+    rules = first.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+    assert sorted(r.name for r in rules) == ["llm-dev-api-from-10-200-0-0-16", "llm-dev-api-from-172-20-0-0-16"]
+    cluster = one(first, "aws:eks/cluster:Cluster")
+    for rule in rules:
+        assert rule.inputs["ipProtocol"] == "tcp" and rule.inputs["fromPort"] == rule.inputs["toPort"] == 443
+        assert rule.property_dependencies["securityGroupId"] == (cluster.urn,)
+    assert {r.inputs["cidrIpv4"] for r in rules} == {"10.200.0.0/16", "172.20.0.0/16"}
+    [provider] = [r for r in first.resources if r.type == "pulumi:providers:kubernetes"]
+    assert {r.urn for r in rules} <= set(first.dependencies[provider.urn])
+    assert not [w for w in first.run.warnings if "API endpoint" in w]
+    config["triarch:cluster"]["privateAccessCidrs"].reverse()
+    second = plan_config("dev", config, tmp_path / "b")
+    assert ({r.urn: r.inputs for r in rules} ==
+            {r.urn: r.inputs for r in second.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")})
+
+
+def test_a_created_cluster_exports_its_kubeconfig_as_a_secret_and_an_adopted_one_none(
+        shipped: dict[str, StackPlan]) -> None:
+    assert shipped["dev"].run.outputs["kubeconfig"] == SECRET
+    assert "kubeconfig" not in shipped["local"].run.outputs
+
+
+def test_the_kubeconfig_holds_no_credential_and_gets_a_token_from_the_aws_cli() -> None:
+    """What `pulumi stack output kubeconfig --show-secrets` gives (docs/deploy.md): kubectl asks `aws eks get-token`
+    for a token at each use, in the cluster's region; its only context is the cluster's name."""
+    config = json.loads(kubeconfig("llm-dev", "https://ABC.gr7.us-east-1.eks.amazonaws.com", "Q0E=", "us-east-1"))
+    assert config["current-context"] == "llm-dev"
+    assert config["contexts"] == [{"name": "llm-dev", "context": {"cluster": "llm-dev", "user": "llm-dev"}}]
+    assert config["clusters"] == [{"name": "llm-dev", "cluster": {
+        "server": "https://ABC.gr7.us-east-1.eks.amazonaws.com", "certificate-authority-data": "Q0E="}}]
+    assert config["users"] == [{"name": "llm-dev", "user": {"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "aws",
+        "args": ["eks", "get-token", "--cluster-name", "llm-dev", "--region", "us-east-1"],
+        "interactiveMode": "Never"}}}]
+
+
+@pytest.mark.parametrize(("key", "cidrs", "expected"), [
+    ("endpointPublicAccessCidrs", ["198.18.7.9/32", "203.0.113.0/24"],
+     "triarch:cluster.endpointPublicAccessCidrs[1]: '203.0.113.0/24' is a range reserved for documentation (RFC "
+     "5737): no caller is in it; allowed: your egress address as /32 (`curl -s https://checkip.amazonaws.com`)"),
+    ("endpointPublicAccessCidrs", ["192.0.2.16/28"], "triarch:cluster.endpointPublicAccessCidrs[0]: '192.0.2.16/28' "
+     "is a range reserved for documentation"),
+    ("privateAccessCidrs", ["198.51.100.0/24"], "triarch:cluster.privateAccessCidrs[0]: '198.51.100.0/24' is a "
+     "range reserved for documentation (RFC 5737): no caller is in it; allowed: your VPN's, peered VPC's or "
+     "bastion's range"),
+])
+def test_a_documentation_range_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str,
+                                          cidrs: list[str], expected: str) -> None:
+    config = stack_document("dev")
+    config["triarch:cluster"][key] = cidrs
+    assert refusal(tmp_path, config, capsys).startswith(expected)
+
+
+def test_a_missing_endpoint_list_names_how_to_find_the_egress_address(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    config = stack_document("dev")
+    del config["triarch:cluster"]["endpointPublicAccessCidrs"]
+    assert refusal(tmp_path, config, capsys) == (
+        "triarch:cluster.endpointPublicAccessCidrs: is required when the cluster is created (triarch:cluster.create: "
+        "true): who may reach the API server from outside the VPC, `pulumi up` among them; allowed: your egress "
+        "address as /32 (`curl -s https://checkip.amazonaws.com`) and your CI runners' ranges, or [] for a private "
+        "endpoint reached through privateAccessCidrs")
+
+
+@pytest.mark.parametrize("key", ["endpointPublicAccessCidrs", "privateAccessCidrs"])
+def test_endpoint_ranges_on_an_adopted_cluster_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           key: str) -> None:
+    config = stack_document("local")
+    config["triarch:cluster"][key] = ["10.1.0.0/16"]
+    line = refusal(tmp_path, config, capsys)
+    assert line.startswith(f"triarch:cluster.{key}: ['10.1.0.0/16'] only applies to a cluster Triarch creates")
 
 
 # --- what the nodes and add-ons may do -----------------------------------------------------------------------------

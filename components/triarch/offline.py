@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 import runpy
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import yaml
 from pulumi.output import Unknown
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.rpc import UNKNOWN, _special_secret_sig, _special_sig_key
+from pulumi.runtime.settings import get_root_resource
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
@@ -65,6 +66,8 @@ class PlanRun:
     resources: list[Registered] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     """What the program logged as warnings (pulumi.log.warn), in order."""
+    outputs: dict[str, Any] = field(default_factory=dict)
+    """The stack's outputs (`pulumi stack output`), a secret one as SECRET."""
 
 
 def _clean(value: Any) -> Any:
@@ -163,6 +166,20 @@ def _run_project_program() -> None:
     runpy.run_path(str(PROGRAM), run_name="__main__")
 
 
+async def _record_outputs(run: PlanRun) -> None:
+    """The stack's exports as `pulumi stack output` would list them (the mocks finish the root stack resource before
+    the program runs, so its outputs are read here, not from a registration)."""
+    root = get_root_resource()
+    for name, value in sorted(getattr(root, "outputs", {}).items()):
+        output = pulumi.Output.from_input(value)
+        if await output.is_secret():
+            run.outputs[name] = SECRET
+        elif not await output.is_known():
+            run.outputs[name] = KNOWN_AFTER_APPLY
+        else:
+            run.outputs[name] = _clean(await output.future())
+
+
 def run_program(stack: str, config: Mapping[str, str], secret_keys: list[str],
                 program: Callable[[], None] | None = None) -> PlanRun:
     """Register every resource of `program` (default: the project's __main__.py) with the given stack config."""
@@ -176,7 +193,12 @@ def run_program(stack: str, config: Mapping[str, str], secret_keys: list[str],
                                  monitor=_RecordingMonitor(mocks, run), logger=_EngineLog(run))
         pulumi.runtime.set_all_config(dict(config), secret_keys)
         body = program or _run_project_program
-        _sync_await(run_pulumi_func(body))
+
+        def program_then_outputs() -> Awaitable[None]:
+            body()
+            return _record_outputs(run)
+
+        _sync_await(run_pulumi_func(program_then_outputs))
     finally:
         asyncio.set_event_loop(None)
         loop.close()

@@ -9,8 +9,10 @@ from pulumi.runtime.config import CONFIG, get_config_env, is_config_secret
 from pulumi.runtime.mocks import MockMonitor
 
 from triarch.catalog import catalog
+from triarch.components.cluster import EksCluster
 from triarch.components.platform import Platform
 from triarch.config import NAMESPACE, SECRET_KEYS, StackConfig, from_pulumi_config
+from triarch.config.checks import endpoint_warnings
 from triarch.errors import ConfigError, TriarchError
 from triarch.existing import check_cluster
 from triarch.matrix import require_compatible
@@ -49,7 +51,8 @@ def load_stack() -> tuple[StackConfig, list[ModelPlan], KubernetesPlan]:
     token = values.get(f"{NAMESPACE}:hfToken")
     models = plan_models(stack, catalog(), token if token and token != SECRET else None)
     given = [key for key in SECRET_KEYS if f"{NAMESPACE}:{key}" in values]
-    for warning in [*efa_image_warnings(stack, models), *gated_model_warnings(stack, given, models)]:
+    for warning in [*endpoint_warnings(stack), *efa_image_warnings(stack, models),
+                    *gated_model_warnings(stack, given, models)]:
         pulumi.log.warn(warning)
     return stack, models, plan_kubernetes(stack, models, catalog(), given)
 
@@ -77,6 +80,10 @@ def main() -> Platform:
     secrets = {key: value for key in sorted(SECRET_KEYS) if (value := config.get_secret(key)) is not None}
     platform = Platform("triarch", stack, catalog(), models, objects, secrets)
     pulumi.export("pools", [p.name for p in platform.pools])
+    if isinstance(platform.cluster, EksCluster):
+        # What `kubectl` needs to reach the created cluster (docs/deploy.md): the endpoint and its CA, credentials
+        # from `aws eks get-token` at use time. A secret, since it names the cluster's endpoint.
+        pulumi.export("kubeconfig", pulumi.Output.secret(platform.cluster.kubeconfig))
     if platform.prometheus_stack is not None:
         pulumi.export("grafanaAdminPassword", platform.prometheus_stack.admin_password)
     pulumi.export("models", {p.name: {"engine": p.config.engine, "tensorParallelSize": p.sizing.tensor_parallel_size,

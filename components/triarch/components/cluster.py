@@ -47,6 +47,11 @@ def pinned_addon_version(kubernetes: str, addon: str) -> str | None:
     return version
 
 
+def range_key(cidr: object) -> str:
+    """An address range as a resource name's part: 10.200.0.0/16 -> 10-200-0-0-16."""
+    return str(cidr).replace(".", "-").replace("/", "-")
+
+
 def kubeconfig(name: str, endpoint: str, certificate_authority: str, region: str) -> str:
     """A kubeconfig built only from stable cluster facts, so the provider is not replaced on every run;
     credentials come from `aws eks get-token` at use time and never enter state."""
@@ -89,7 +94,7 @@ class EksCluster(pulumi.ComponentResource):
         # EKS writes the control plane's logs here; created first so it is Triarch's: a retention, the cluster's key.
         self.log_group = aws.cloudwatch.LogGroup(f"{name}-logs", name=log_group, kms_key_id=self.secrets_key.arn,
                                                  retention_in_days=config.log_retention_days, opts=child)
-        public_cidrs = [str(c) for c in config.endpoint_public_access_cidrs]
+        public_cidrs = [str(c) for c in config.endpoint_public_access_cidrs or []]
         self.cluster = aws.eks.Cluster(
             name,
             name=config.name,
@@ -110,6 +115,15 @@ class EksCluster(pulumi.ComponentResource):
             # replaced (revoke it with `aws eks delete-access-entry`).
             opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, self.log_group],
                                         ignore_changes=["accessConfig.bootstrapClusterCreatorAdminPermissions"]))
+        # The private endpoint's way in from a VPN, peered VPC or bastion: HTTPS into the security group EKS made for
+        # the cluster (it admits only itself otherwise). Each rule is named after its range, never its position.
+        self.private_access = [
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-api-from-{range_key(cidr)}",
+                security_group_id=self.cluster.vpc_config.cluster_security_group_id, cidr_ipv4=str(cidr),
+                ip_protocol="tcp", from_port=443, to_port=443,
+                description=f"Kubernetes API from {cidr} (triarch:cluster.privateAccessCidrs)", opts=child)
+            for cidr in config.private_access_cidrs]
         self.admins = [self._admin(name, arn, region) for arn in config.admin_role_arns]
         self.node_role = NodeRole(f"{name}-nodes", pull_through_policy(stack), opts=child)
         self.cni_role = aws.iam.Role(f"{name}-vpc-cni", assume_role_policy=pod_identity_trust(
@@ -153,7 +167,8 @@ class EksCluster(pulumi.ComponentResource):
         ).apply(lambda args: kubeconfig(str(args[0]), str(args[1]), str(args[2]), stack.aws_region or ""))
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig,
                                      opts=pulumi.ResourceOptions(parent=self,
-                                                                 depends_on=[*self.addons.values(), *self.admins]))
+                                                                 depends_on=[*self.addons.values(), *self.admins,
+                                                                             *self.private_access]))
         self.register_outputs({"clusterName": self.cluster.name, "endpoint": self.cluster.endpoint})
 
     def _admin(self, name: str, principal: str, region: str) -> aws.eks.AccessPolicyAssociation:

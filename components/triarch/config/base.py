@@ -34,6 +34,7 @@ ADOPTED = "when the cluster is adopted (triarch:cluster.create: false)"
 REQUIRED_WHEN = {
     "aws:region": CREATED,
     "triarch:cluster.adminRoleArns": CREATED,
+    "triarch:cluster.endpointPublicAccessCidrs": CREATED,
     "triarch:cluster.systemNodeGroup.amiRelease": CREATED,
     "triarch:nodeGroups[].instanceType": CREATED,
     "triarch:nodeGroups[].amiRelease": CREATED,

@@ -4,6 +4,7 @@ ConfigError naming the key path, before any resource is registered."""
 from __future__ import annotations
 
 import re
+from ipaddress import IPv4Network
 
 from triarch.addressing import plan_subnets
 from triarch.catalog import Catalog, charts
@@ -21,6 +22,7 @@ from triarch.config.schema import (
     DEFAULT_KV_CONNECTOR,
     SUPPORTED_KUBERNETES,
     UPSTREAM_IMAGES,
+    ClusterConfig,
     DisaggregationConfig,
     ModelConfig,
     PrefixRoutingConfig,
@@ -36,6 +38,40 @@ from triarch.images import ImageError, chart_release, parse_host, parse_prefix, 
 
 def _cluster_path(key: str) -> str:
     return f"{NAMESPACE}:cluster.{key}"
+
+
+DOCUMENTATION_RANGES = (IPv4Network("192.0.2.0/24"), IPv4Network("198.51.100.0/24"), IPv4Network("203.0.113.0/24"))
+"""TEST-NET-1, -2 and -3, reserved for documentation (RFC 5737, section 3): no caller's address is in them."""
+EGRESS_HINT = ("your egress address as /32 (`curl -s https://checkip.amazonaws.com`) and your CI runners' ranges, "
+               "or [] for a private endpoint reached through privateAccessCidrs")
+
+
+def check_endpoint_access(cluster: ClusterConfig) -> None:
+    """A created cluster says who reaches its API server: after EKS spends its minutes creating the cluster, the
+    Kubernetes half of `pulumi up` needs a way in, and no default could be the user's address."""
+    path = _cluster_path("endpointPublicAccessCidrs")
+    if cluster.endpoint_public_access_cidrs is None:
+        raise ConfigError(path, None, f"{required_when(path)}: who may reach the API server from outside the VPC, "
+                          "`pulumi up` among them", EGRESS_HINT)
+    for key, cidrs in (("endpointPublicAccessCidrs", cluster.endpoint_public_access_cidrs),
+                       ("privateAccessCidrs", cluster.private_access_cidrs)):
+        for i, cidr in enumerate(cidrs):
+            if any(cidr.subnet_of(doc) for doc in DOCUMENTATION_RANGES):
+                raise ConfigError(f"{_cluster_path(key)}[{i}]", str(cidr),
+                                  "is a range reserved for documentation (RFC 5737): no caller is in it",
+                                  EGRESS_HINT if key == "endpointPublicAccessCidrs" else
+                                  "your VPN's, peered VPC's or bastion's range")
+
+
+def endpoint_warnings(stack: StackConfig) -> list[str]:
+    """A private endpoint that names no way in: the up would create the cluster and then fail to reach it."""
+    cluster = stack.cluster
+    if not cluster.create or cluster.endpoint_public_access_cidrs or cluster.private_access_cidrs:
+        return []
+    return [f"cluster '{cluster.name}' has a private API endpoint (triarch:cluster.endpointPublicAccessCidrs: []) "
+            "and names no way in (triarch:cluster.privateAccessCidrs: a VPN, peered VPC or bastion range): "
+            "`pulumi up` would create the cluster, then fail to reach it; set endpointPublicAccessCidrs to "
+            + EGRESS_HINT.split(", or")[0] + ", or privateAccessCidrs"]
 
 
 def check_stack(stack: StackConfig, facts: Catalog) -> None:
@@ -62,6 +98,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
             if getattr(cluster, key) is not None:
                 raise ConfigError(_cluster_path(key), getattr(cluster, key),
                                   "only applies to an adopted cluster", "remove it, or set create: false")
+        check_endpoint_access(cluster)
         if not cluster.admin_role_arns:
             raise ConfigError(_cluster_path("adminRoleArns"), [],
                               f"{required_when(_cluster_path('adminRoleArns'))}, and names no administrator: the "
@@ -101,9 +138,14 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
         raise ConfigError(_cluster_path("context"), None,
                           f"{required_when(_cluster_path('context'))}: the kubeconfig context of the adopted cluster",
                           "a context from `kubectl config get-contexts` (the ambient context is never used)")
-    elif cluster.admin_role_arns:
-        raise ConfigError(_cluster_path("adminRoleArns"), cluster.admin_role_arns,
-                          "only applies to a cluster Triarch creates", "remove it (the kubeconfig context decides)")
+    else:
+        for key, given in (("adminRoleArns", cluster.admin_role_arns),
+                           ("endpointPublicAccessCidrs", cluster.endpoint_public_access_cidrs),
+                           ("privateAccessCidrs", cluster.private_access_cidrs)):
+            if given:
+                raise ConfigError(_cluster_path(key), [str(v) for v in given],
+                                  "only applies to a cluster Triarch creates",
+                                  "remove it (the kubeconfig context decides)")
     if cluster.create and stack.serving.weights_role_arn is not None:
         raise ConfigError(f"{NAMESPACE}:serving.weightsRoleArn", stack.serving.weights_role_arn,
                           "only applies to an adopted cluster: on a cluster it creates, Triarch gives each model with "

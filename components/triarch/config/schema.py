@@ -81,8 +81,13 @@ class ClusterConfig(_Model):
     nat_gateways: Literal["single", "perZone"] = "single"
     """Created cluster: one NAT gateway for all zones (cheaper), or one per zone (a zone's outage leaves the others
     their way out)."""
-    endpoint_public_access_cidrs: list[IPv4Network] = []
-    """Who may reach the API server from outside the VPC; empty keeps the endpoint private."""
+    endpoint_public_access_cidrs: list[IPv4Network] | None = Field(None, examples=[["198.51.100.7/32"]])
+    """Created cluster: who may reach the API server from outside the VPC, `pulumi up` among them: your egress
+    address as /32 (`curl -s https://checkip.amazonaws.com`) and your CI runners' ranges. `[]` keeps the endpoint
+    private: then `privateAccessCidrs` names the way in."""
+    private_access_cidrs: list[IPv4Network] = Field([], examples=[["10.200.0.0/16"]])
+    """Created cluster: ranges inside your network (a VPN, a peered VPC, a bastion's subnet) that reach the private
+    endpoint; the cluster's security group admits HTTPS (443) from each."""
     system_node_group: SystemNodeGroup = SystemNodeGroup()
     """Created cluster: the CPU nodes of the add-ons, operators and Ray heads."""
     kubeconfig: str | None = None
