@@ -8,10 +8,24 @@ import argparse
 import signal
 import sys
 
-from triarch.cli import check, comment, diff, local, model, plan, prices, refdata, reference, review, tune, verify
+from triarch.cli import (
+    check,
+    comment,
+    diff,
+    local,
+    model,
+    plan,
+    preflight,
+    prices,
+    refdata,
+    reference,
+    review,
+    tune,
+    verify,
+)
 from triarch.cli.common import Commands, run
 
-COMMANDS = (plan, check, diff, verify, comment, tune, model, local, refdata, prices, review, reference)
+COMMANDS = (plan, check, diff, verify, comment, tune, model, local, refdata, prices, review, reference, preflight)
 """Every command's module, in the order `triarch --help` lists them; each adds its own sub-parser and handler.
 (The help's first paragraph is this package's docstring.)"""
 
