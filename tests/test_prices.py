@@ -158,8 +158,9 @@ GPU_REGIONS = {"af-south-1", "ap-east-1", "ap-northeast-1", "ap-northeast-2", "a
                "us-east-1", "us-east-2", "us-west-1", "us-west-2"}
 SKYPILOT = "https://github.com/skypilot-org/skypilot-catalog/blob/00148f2af3672e2229b4f7bf8157d5a3f36e3c35/" \
     "catalogs/v8/aws/vms.csv"
-# The fixed prices and the rates the shipped dev stack's plan prices (no pool above gp3's included throughput).
-DEV_OTHERS = ["eksControlPlane", "natGateway", "publicIpv4", "ebsGp3", "efsStandard", "natGatewayProcessed",
+# The fixed prices and the rates the shipped dev stack's plan prices (no pool above gp3's included throughput), less
+# public IPv4: its rate is recorded in every listed region.
+DEV_OTHERS = ["eksControlPlane", "natGateway", "ebsGp3", "efsStandard", "natGatewayProcessed",
               "efsElasticRead", "efsElasticWrite", "logsIngested", "logsStored"]
 
 
@@ -214,7 +215,8 @@ def test_a_stack_in_a_gpu_region_prices_its_pools_and_names_the_rest_once(
     system = fixed.pop("systemNodes")
     assert (system["monthlyUsdIdle"], system["monthlyUsdAtMin"], system["monthlyUsdAtMax"]) == \
         (system_min, system_min, system_max)
-    assert all(row["monthlyUsdAtMax"] is None for row in fixed.values())  # control plane, NAT, IPv4, volumes, EFS
+    assert fixed.pop("publicIpv4")["monthlyUsdAtMax"] == 3.65  # $0.005 an hour in every region x 730 h
+    assert all(row["monthlyUsdAtMax"] is None for row in fixed.values())  # control plane, NAT, volumes, EFS
     assert report["monthlyUsdAtMax"] is None  # a total with an unknown part is unknown, never a guess
     assert report["priceGaps"] == {"region": region, "instances": [], "others": DEV_OTHERS, "recorded": True}
     assert price_gap_line(report) == (
@@ -235,12 +237,11 @@ def test_a_nat_price_recorded_for_a_region_is_counted_and_not_named(write_stack:
     assert report["priceGaps"]["others"] == [k for k in DEV_OTHERS if k not in ("natGateway", "natGatewayProcessed")]
 
 
-def test_a_type_the_region_lacks_is_named_with_the_command(write_stack: StackWriter) -> None:
-    stack = from_pulumi_config(read_stack_config(write_stack(in_region(stack_document("dev"), "us-west-1")))[0])
-    report = capacity_report("dev", stack, plan_models(stack, catalog()), catalog())
-    assert report["pools"][0]["monthlyUsdAtMax"] is None  # no g6 in us-west-1's catalog rows
-    assert report["priceGaps"]["instances"] == ["g6.xlarge"]
-    line = price_gap_line(report)
+def test_a_type_the_region_lacks_is_named_with_the_command() -> None:
+    # A plan never gets here for a listed region (a type it has no row for is refused: tests/test_region_costs.py);
+    # the line still names the command wherever instance prices are missing.
+    gaps = {"region": "us-west-1", "instances": ["g6.xlarge"], "others": DEV_OTHERS, "recorded": True}
+    line = price_gap_line({"priceGaps": gaps})
     assert line == ("us-west-1: no price is recorded for g6.xlarge, " + ", ".join(DEV_OTHERS) + " in "
                     "templates/compat/prices.yaml, so those costs are unknown; `triarch prices refresh --region "
                     "us-west-1` records the instance types' from AWS's price list; add the other us-west-1 rows by "
@@ -252,7 +253,7 @@ def test_the_rates_a_plan_does_not_price_are_not_named(write_stack: StackWriter)
     config["triarch:serving"] = {**(config.get("triarch:serving") or {}), "storageClass": "gp3"}
     stack = from_pulumi_config(read_stack_config(write_stack(config))[0])
     others = price_gaps(stack, price_table())["others"]  # type: ignore[index]
-    assert others == ["eksControlPlane", "natGateway", "publicIpv4", "ebsGp3", "natGatewayProcessed",
+    assert others == ["eksControlPlane", "natGateway", "ebsGp3", "natGatewayProcessed",
                       "logsIngested", "logsStored"]  # the model caches are not on EFS: no EFS rate is missing
 
 
@@ -261,7 +262,7 @@ def test_gp3_throughput_is_named_where_a_pool_provisions_more_than_the_included(
     config["triarch:nodeGroups"][0]["diskThroughputMiBps"] = 500
     stack = from_pulumi_config(read_stack_config(write_stack(config))[0])
     others = price_gaps(stack, price_table())["others"]  # type: ignore[index]
-    assert others[:5] == ["eksControlPlane", "natGateway", "publicIpv4", "ebsGp3", "ebsGp3Throughput"]
+    assert others[:4] == ["eksControlPlane", "natGateway", "ebsGp3", "ebsGp3Throughput"]
 
 
 def test_a_region_with_no_rows_says_so(write_stack: StackWriter) -> None:
@@ -283,14 +284,14 @@ def test_a_priced_region_and_a_type_not_sold_on_demand_say_nothing(write_stack: 
 
 def test_the_plan_and_its_review_say_it_once(write_stack: StackWriter, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    path = write_stack(in_region(stack_document("dev"), "us-west-1"))
+    path = write_stack(in_region(stack_document("dev"), "ap-southeast-4"))  # a region the table does not list
     out_dir = tmp_path / "review" / "head" / "test"
     assert cli.main(["plan", "--stack-file", str(path), "--out", str(out_dir)]) == 0
     out = capsys.readouterr().out
-    assert len(re.findall(r"triarch prices refresh --region us-west-1", out)) == 1
-    assert json.loads((out_dir / "capacity.json").read_text())["priceGaps"]["region"] == "us-west-1"
+    assert len(re.findall(r"triarch prices refresh --region ap-southeast-4", out)) == 1
+    assert json.loads((out_dir / "capacity.json").read_text())["priceGaps"]["region"] == "ap-southeast-4"
     comment = review_markdown(tmp_path / "review")
-    assert len(re.findall(r":warning: us-west-1: no price is recorded for g6\.xlarge", comment)) == 1
+    assert len(re.findall(r":warning: ap-southeast-4: no on-demand prices are recorded", comment)) == 1
 
 
 def test_an_offer_that_is_not_a_mapping_is_refused() -> None:

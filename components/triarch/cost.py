@@ -182,6 +182,7 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
     at_idle: list[float | None] = [row["monthlyUsdIdle"] for row in [*pools, *fixed]]
     at_min: list[float | None] = [row["monthlyUsdAtMin"] for row in [*pools, *fixed]]
     at_max: list[float | None] = [row["monthlyUsdAtMax"] for row in [*pools, *fixed]]
+    unpriced = unpriced_lines(stack, pools, fixed, table) if region else []
     return {
         "stack": name, "region": region, "pricesRetrieved": table.retrieved, "hoursPerMonth": table.hours_per_month,
         "priceGaps": price_gaps(stack, table) if cluster.create and region else None,
@@ -190,7 +191,63 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
         "monthlyUsdIdle": _sum(at_idle) if region else None,
         "monthlyUsdAtMin": _sum(at_min) if region else None,
         "monthlyUsdAtMax": _sum(at_max) if region else None,
+        "atLeast": _at_least(at_idle, at_min, at_max) if unpriced else None,
+        "unpriced": unpriced,
     }
+
+
+UNPRICED_RATE = {"eksControlPlane": ("EKS control plane rate", ""), "natGateways": ("NAT gateway rate", ""),
+                 "publicIpv4": ("public IPv4 rate", ""), "ebsRootVolumes": ("EBS gp3 rate", " (root volumes)"),
+                 "ebsRootThroughput": ("EBS gp3 throughput rate", " (root volumes)"),
+                 "prometheusVolume": ("EBS gp3 rate", " (Prometheus volume)"),
+                 "efsModelCaches": ("EFS Standard rate", " (model caches)")}
+"""What a fixed-cost line is priced by, as the partial total names it where the region has no such rate."""
+
+
+def unpriced_lines(stack: StackConfig, pools: list[dict[str, Any]], fixed: list[dict[str, Any]],
+                   table: PriceTable) -> list[str]:
+    """Each line of a priced region's total that has no price, named with what is missing: the total of the others
+    is then a floor ("at least"), never a guess."""
+    region = stack.aws_region or ""
+    offered = table.not_offered.get(region, {})
+
+    def instance(name: str, where: str) -> str:
+        if name in offered:
+            return f"{name} has no on-demand price in {region}: {offered[name]} ({where})"
+        return f"{name} price for {region} not recorded ({where})"
+
+    missing = [instance(p["instanceType"], f"pool {p['name']}") for p in pools
+               if p["instanceType"] and p["monthlyUsdAtMax"] is None]
+    for row in fixed:
+        if row["monthlyUsdAtMax"] is not None:
+            continue
+        if row["key"] == "systemNodes":
+            missing.append(instance(stack.cluster.system_node_group.instance_type, "system nodes"))
+        else:
+            rate, where = UNPRICED_RATE.get(row["key"], (row["name"], ""))
+            missing.append(f"{rate} for {region} not recorded{where}")
+    return missing
+
+
+def _at_least(*columns: list[float | None]) -> dict[str, float] | None:
+    """The sum of the priced lines in each column, where some line has no price; None where no line has one."""
+    if all(v is None for column in columns for v in column):
+        return None
+    return {key: round(sum(v for v in column if v is not None), 2) for key, column in zip(COST_COLUMNS, columns,
+                                                                                             strict=True)}
+
+
+def at_least_line(capacity: dict[str, Any]) -> str | None:
+    """The one line a plan says where its total is a floor: the priced lines' sum and each line left out."""
+    missing = capacity.get("unpriced") or []
+    if not missing:
+        return None
+    floor = capacity.get("atLeast")
+    if floor is None:
+        return f"total unknown: no line has a price; not counted: {'; '.join(missing)}"
+    idle, low, high = (f"${floor[key]:,.0f}" for key in COST_COLUMNS)
+    return (f"total at least {idle} a month idle, {low} at min, {high} at max (the priced lines); not counted: "
+            f"{'; '.join(missing)}")
 
 
 FIXED_PRICES = ("eksControlPlane", "natGateway", "publicIpv4")

@@ -13,10 +13,13 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+from triarch.datafiles import read_yaml
 from triarch.errors import TriarchError
+from triarch.paths import COMPAT_DIR
 
 OFFER_BASE = "https://pricing.us-east-1.amazonaws.com"
 OFFER_URL = OFFER_BASE + "/offers/v1.0/aws/AmazonEC2/current/{region}/index.json"
@@ -29,6 +32,22 @@ NODE_ATTRIBUTES = {"operatingSystem": "Linux", "tenancy": "Shared", "preInstalle
 """The attributes of the SKU a plain node is billed by; every other SKU of the type (Windows, RHEL, dedicated,
 SQL Server, a reservation's capacity) is left out."""
 REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+
+
+PRICE_TABLE = COMPAT_DIR / "prices.yaml"
+"""Where the prices and the instance types each region sells are recorded (triarch.cost reads the prices)."""
+PRICE_TABLE_NAME = "templates/compat/prices.yaml"
+
+
+@cache
+def types_listed(path: Path = PRICE_TABLE) -> dict[str, frozenset[str]]:
+    """Region -> every instance type the price table has a row for there, priced or not offered on demand. Its
+    header says a listed region's rows are every type of instances.yaml the catalog sells there: a type with no
+    row in a listed region is not sold there; a region not listed says nothing (unknown, not unsold)."""
+    raw = read_yaml(path)
+    regions = (raw.get("regions") or {}) if isinstance(raw, dict) else {}
+    return {str(region): frozenset(str(name) for name in ((entries or {}).get("instances") or {}))
+            for region, entries in regions.items()}
 
 
 class OfferError(TriarchError):

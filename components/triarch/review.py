@@ -15,9 +15,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from triarch.cost import price_gap_line
+from triarch.cost import at_least_line, price_gap_line
 from triarch.report.changes import capacity_change_table, cold_start_table
-from triarch.report.summary import usage_line, usd
+from triarch.report.summary import total_cell, usage_line, usd
 
 MARKER = "<!-- triarch-review -->"
 """The first line of the comment: the workflow updates the comment that starts with it instead of adding one."""
@@ -182,8 +182,8 @@ def _stack_section(directory: Path, stack: str) -> list[str]:
             lines.append(f"| {item['name']} | idle {usd(item.get('monthlyUsdIdle'))}, "
                          f"{usd(item['monthlyUsdAtMin'])}-{usd(item['monthlyUsdAtMax'])} |")
         if capacity.get("region"):
-            lines.append(f"| **total** | idle {usd(capacity.get('monthlyUsdIdle'))}, "
-                         f"{usd(capacity['monthlyUsdAtMin'])}-{usd(capacity['monthlyUsdAtMax'])} |")
+            lines.append(f"| **total** | idle {total_cell(capacity, 'monthlyUsdIdle')}, "
+                         f"{total_cell(capacity, 'monthlyUsdAtMin')}-{total_cell(capacity, 'monthlyUsdAtMax')} |")
     if capacity is not None:
         if capacity.get("usage"):
             lines += ["", "Billed by use, not in the total: " + "; ".join(usage_line(u) for u in capacity["usage"])
@@ -196,6 +196,9 @@ def _stack_section(directory: Path, stack: str) -> list[str]:
             gap = price_gap_line(capacity)
             if gap:
                 lines += ["", f":warning: {gap}."]
+            floor = at_least_line(capacity)
+            if floor:
+                lines += ["", f"The {floor}."]
         if capacity["models"]:
             lines += ["", *cold_start_table((diff or {}).get("capacity"), capacity)]
             lines += ["", *placement_diagram(capacity)]

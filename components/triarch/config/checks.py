@@ -14,6 +14,7 @@ from triarch.config.pools import (
     SYSTEM_RELEASE_TABLE,
     check_ami_release,
     check_node_group,
+    check_sold_in_region,
     gpus_per_node,
     pool_provisioner,
     unknown,
@@ -158,6 +159,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
             raise ConfigError(key_path(f"{NAMESPACE}:nodeGroups", i, "name"), group.name, "is used twice",
                               "a distinct name per node group")
         names.add(group.name)
+    check_sold_in_region(stack, facts)
 
     for key, pin, upstream in (("vllm", stack.images.vllm, UPSTREAM_IMAGES["vllm"]),
                                ("rayLlm", stack.images.ray_llm, UPSTREAM_IMAGES["ray-serve"])):

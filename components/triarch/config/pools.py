@@ -11,9 +11,10 @@ from pydantic.alias_generators import to_camel
 
 from triarch.catalog import Catalog, version_tuple
 from triarch.coldfacts import cold_start_facts
-from triarch.config.base import required_when
+from triarch.config.base import NAMESPACE, key_path, required_when
 from triarch.config.schema import ClusterConfig, NodeGroupConfig, PoolProvisioner, StackConfig
 from triarch.errors import ConfigError
+from triarch.pricelist import PRICE_TABLE_NAME, types_listed
 
 EKS_NODE_GROUP_NAME_MAX = 63
 """EKS refuses a managed node group name longer than 63 characters (pulumi-aws eks.NodeGroup nodeGroupName)."""
@@ -185,6 +186,32 @@ def check_ami_release(stack: StackConfig, ami_type: str, release_name: str | Non
                               "its source")
         raise ConfigError(path, release_name, f"has no AMI for Kubernetes {kubernetes}",
                           f"a release for {kubernetes}: " + ", ".join(fitting))
+
+
+def check_sold_in_region(stack: StackConfig, facts: Catalog) -> None:
+    """A created cluster's node types (its pools' and its system nodes') against what its region sells: the price
+    table lists, per region, every GPU and system type of instances.yaml the catalog sells there, so a type with no
+    row in a listed region could never launch there (no node group or Karpenter NodePool would ever get a node),
+    and is refused here instead of being priced as unknown. A region the table does not list is not judged."""
+    region = stack.aws_region
+    listed = types_listed()
+    sold = listed.get(region or "")
+    if not stack.cluster.create or sold is None:
+        return
+    types = [(key_path(f"{NAMESPACE}:nodeGroups", i, "instanceType"), group.instance_type)
+             for i, group in enumerate(stack.node_groups) if group.instance_type is not None]
+    types.append((f"{NAMESPACE}:cluster.systemNodeGroup.instanceType", stack.cluster.system_node_group.instance_type))
+    for path, name in types:
+        if name in sold:
+            continue
+        gpu = facts.instances[name].gpu if name in facts.instances else None
+        kin = sorted(t for t in sold if t in facts.instances and facts.instances[t].gpu == gpu)
+        what = facts.gpus[gpu].product if gpu in facts.gpus else "CPU"
+        elsewhere = sorted(r for r, rows in listed.items() if name in rows)
+        allowed = f"the {what} types {region} sells: {', '.join(kin)}" if kin else \
+            f"a region that sells {name}: {', '.join(elsewhere) or 'none listed'} ({region} sells no {what} type)"
+        raise ConfigError(path, name, f"is not sold in {region} ({PRICE_TABLE_NAME} lists every type the "
+                          "region sells, and not this one): no node of it could ever launch there", allowed)
 
 
 def _family(name: str) -> str:

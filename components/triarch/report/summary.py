@@ -8,7 +8,7 @@ from typing import Any
 
 from triarch.catalog import Catalog, catalog, charts
 from triarch.config import NodeGroupConfig, StackConfig, driver_of, pool_provisioner
-from triarch.cost import price_gap_line
+from triarch.cost import COST_COLUMNS, at_least_line, price_gap_line
 from triarch.offline import Registered
 from triarch.planners.coldstart import duration, span
 from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
@@ -245,6 +245,14 @@ def usd(value: float | None) -> str:
     return "unknown" if value is None else f"${value:,.0f}"
 
 
+def total_cell(capacity: dict[str, Any], key: str) -> str:
+    """A total as the summary shows it: exact, or "at least" the priced lines where some line has no price."""
+    floor = capacity.get("atLeast")
+    if capacity.get(key) is None and floor is not None:
+        return f"at least {usd(floor[key])}"
+    return usd(capacity.get(key))
+
+
 def usage_line(item: dict[str, Any]) -> str:
     """A rate billed by use: what it costs per unit, and what one event costs where the plan knows."""
     rate = "unknown rate" if item["usd"] is None else f"${item['usd']:g} per {item['unit']}"
@@ -270,9 +278,11 @@ def capacity_lines(capacity: dict[str, Any]) -> list[str]:
         rows.append([item["name"], "", "", "", usd(item.get("monthlyUsdIdle", item["monthlyUsdAtMin"])),
                      usd(item["monthlyUsdAtMin"]), usd(item["monthlyUsdAtMax"])])
     if capacity["region"]:
-        rows.append(["total", "", "", "", usd(capacity["monthlyUsdIdle"]), usd(capacity["monthlyUsdAtMin"]),
-                     usd(capacity["monthlyUsdAtMax"])])
+        rows.append(["total", "", "", "", *(total_cell(capacity, key) for key in COST_COLUMNS)])
     lines += _table(rows)
+    floor = at_least_line(capacity)
+    if floor:
+        lines.append(f"  {floor}")
     if capacity.get("usage"):
         lines += ["  Billed by use, not in the total:", *(f"    {usage_line(u)}" for u in capacity["usage"])]
     if capacity["models"]:
