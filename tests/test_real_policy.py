@@ -244,10 +244,50 @@ def top(type_: str, name: str) -> str:
     return f"urn:pulumi:violating::{CASES_PROJECT}::{type_}::{name}"
 
 
+# What the expectations below compute from the cases' inputs: the baseline the cases copy (most are prod's embed
+# Deployment with one edit) and the node overhead data the placement proof reads.
+BASELINE: list[dict[str, Any]] = yaml.safe_load((ROOT / "tests" / "policy_cases" / "baseline.yaml").read_text())
+
+
+def _baseline(name: str) -> dict[str, Any]:
+    props: dict[str, Any] = next(i["props"] for i in BASELINE if i["name"] == name)
+    return props
+
+
+_EMBED = _baseline("deployment-llm-embed")
+_POD = _EMBED["spec"]["template"]["spec"]
+_VLLM = _POD["containers"][0]
+REPLICAS = _EMBED["spec"]["replicas"]
+"""Each case that copies the embed Deployment runs its replicas."""
+MIN_ZONES = next(c["minDomains"] for c in _POD["topologySpreadConstraints"]
+                 if c["topologyKey"] == "topology.kubernetes.io/zone")
+PRESTOP_S = int(_VLLM["lifecycle"]["preStop"]["exec"]["command"][-1].removeprefix("sleep "))
+DRAIN_S = int(_VLLM["args"][_VLLM["args"].index("--shutdown-timeout") + 1])
+_GROUP = _baseline("leaderworkerset-llm-deepseek")["spec"]["leaderWorkerTemplate"]
+GROUP_GPUS = _GROUP["size"] * int(_GROUP["leaderTemplate"]["spec"]["containers"][0]["resources"]["limits"]
+                                  ["nvidia.com/gpu"])
+"""The GPUs one LeaderWorkerSet group holds: its pods (a leader and its workers) times each pod's GPUs."""
+L4_INSTANCE = next(r["values"][0] for r in _baseline("nodepool-l4")["spec"]["template"]["spec"]["requirements"]
+                   if r["key"] == "node.kubernetes.io/instance-type")
+# The created-stack mode's add-ons: the DaemonSets of those prod installs that templates/compat/node-overhead.yaml
+# names, on every node (a node group's or Karpenter's), beside the NVIDIA chart's three (device plugin, GPU feature
+# discovery, node-feature-discovery worker).
+_OVERHEAD = yaml.safe_load((ROOT / "templates" / "compat" / "node-overhead.yaml").read_text())["addonDaemonSets"]
+ADDON_DAEMONSETS = [i["props"]["addonName"] for i in BASELINE
+                    if i["type"] == "aws:eks/addon:Addon" and _OVERHEAD.get(i["props"]["addonName"])]
+ADDON_CPU_M = sum(int(_OVERHEAD[a]["cpu"].removesuffix("m")) for a in ADDON_DAEMONSETS if "cpu" in _OVERHEAD[a])
+L4_FREE_CPU_M = 8000 - 90 - (50 + 50 + 5) - ADDON_CPU_M
+"""A g6.2xlarge's 8 vCPUs less the kubelet's reserve (90m, test_placement.py's table) and the NVIDIA chart's
+DaemonSets (its values' 50m for the device plugin and for GPU feature discovery, NFD's 5m), less the add-ons'."""
+
+# A reviewed snapshot: each message is the pack's wording, read once against its case and written down (a rule's
+# new wording fails here, to be read again); the numbers a message names come from the cases' inputs above where
+# they are the inputs' (replicas, zones, drains, GPUs, the add-ons' share), and are written out where they are the
+# case's own edit.
 EXPECTED_VIOLATIONS: list[tuple[str, str, str, str]] = [
     # (policy, enforcement, resource URN, a fragment of the message; a trailing $ means the message ends with it)
     ("gpu-zone-spread", "mandatory", case(D, "spread-soft"),
-     "Deployment spread-soft: 2 GPU replicas spread over zones only with ScheduleAnyway"),
+     f"Deployment spread-soft: {REPLICAS} GPU replicas spread over zones only with ScheduleAnyway"),
     ("gpu-limits", "mandatory", case(D, "zero-gpus"),
      "Deployment zero-gpus container vllm: a vLLM server without GPUs"),
     ("vllm-parallelism-matches-gpus", "mandatory", case(D, "zero-gpus"),
@@ -287,8 +327,8 @@ EXPECTED_VIOLATIONS: list[tuple[str, str, str, str]] = [
     ("no-cpu-hpa-on-gpu", "mandatory", case("kubernetes:keda.sh/v1alpha1:ScaledObject", "scaledobject-embed-on-cpu"),
      "ScaledObject embed-on-cpu: scales the GPU server Deployment embed on cpu"),
     ("prestop-drain", "mandatory", case(D, "short-grace"),
-     "Deployment short-grace container vllm: terminationGracePeriodSeconds 30 < preStop 15s + drain 60s; set it to"
-     " >= 75$"),
+     f"Deployment short-grace container vllm: terminationGracePeriodSeconds 30 < preStop {PRESTOP_S}s + drain "
+     f"{DRAIN_S}s; set it to >= {PRESTOP_S + DRAIN_S}$"),
     ("inference-probes", "mandatory", case(D, "no-startup-probe"),
      "Deployment no-startup-probe container vllm: missing startupProbe"),
     ("vllm-memory-utilization", "mandatory", case(D, "memory-high"),
@@ -297,7 +337,7 @@ EXPECTED_VIOLATIONS: list[tuple[str, str, str, str]] = [
     ("vllm-parallelism-matches-gpus", "mandatory",
      case("kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet", "leaderworkerset-deepseek-pp4"),
      "LeaderWorkerSet deepseek-pp4 leader container vllm: tensor_parallel_size 8 x pipeline_parallel_size 4 = 32 but "
-     "the replica holds 16 GPU(s)"),
+     f"the replica holds {GROUP_GPUS} GPU(s)"),
     ("vllm-parallelism-matches-gpus", "mandatory", case(D, "tp-two"),
      "Deployment tp-two container vllm: tensor_parallel_size 2 x pipeline_parallel_size 1 = 2 but the replica holds 1 "
      "GPU(s)"),
@@ -322,10 +362,20 @@ EXPECTED_VIOLATIONS: list[tuple[str, str, str, str]] = [
      "'l4-old-driver' pins AMI release v20250807 with driver 570.172.08"),
     ("pod-placement", "mandatory", case(D, "missing-pool"),
      "Deployment missing-pool: no pool's nodes take it (triarch.dev/pool=h200)"),
+    # The one-GPU pool holds one one-GPU node.
     ("pool-capacity", "mandatory", case(D, "crowded"), "pool l4-one-gpu (NodePool l4-one-gpu) holds at most 1 "
-     "g6.2xlarge node(s), but its workloads at their largest need 2: Deployment crowded 2 pod(s), 1 per node"),
+     f"{L4_INSTANCE} node(s), but its workloads at their largest need {REPLICAS}: Deployment crowded {REPLICAS} "
+     "pod(s), 1 per node"),
     ("pool-capacity", "mandatory", case(D, "crowded"),
-     "Deployment crowded spreads over at least 2 zones (minDomains), but pool l4-one-gpu reaches 1"),
+     f"Deployment crowded spreads over at least {MIN_ZONES} zones (minDomains), but pool l4-one-gpu reaches 1"),
+    # Only prod's created-stack mode (its EKS Cluster and add-ons in the stack) draws these two: on an adopted cluster
+    # a pod that asks no GPU may run on the cluster's own nodes, and a node's free room leaves the add-ons out.
+    ("pod-placement", "mandatory", case(D, "cpu-proxy"),
+     "Deployment cpu-proxy: no pool's nodes take it (triarch.dev/pool=cpu); pools: a100 ("),
+    ("pod-placement", "mandatory", case(D, "addon-share"),
+     f"Deployment addon-share asks 7700m CPU, 25600 MiB, 1 GPU per pod, but a {L4_INSTANCE} node of pool l4 has "
+     f"{L4_FREE_CPU_M}m CPU, 31583 MiB, 1 GPU after the kubelet's reserve and {3 + len(ADDON_DAEMONSETS)} "
+     "DaemonSet(s)"),
     ("pool-scale-from-zero", "mandatory", case(D, "on-a10g"),
      "pool a10g (node group llm-prod-a10g) may have no node (minimum 0) and nothing in the stack adds one"),
     ("serve-graceful-shutdown", "advisory", top("kubernetes:ray.io/v1:RayService", "rayservice-llm-llm"),
@@ -433,8 +483,7 @@ def policy_previews(bare_plane: Plane, tmp_path_factory: pytest.TempPathFactory)
     _install_aws_standin(bare_plane, project)
     # The namespaces for real, so the Kubernetes provider's preview is the API server's dry run of every object
     # (where the namespace is missing the provider skips it), whichever test of this plane ran first.
-    namespaces = [i["props"] for i in yaml.safe_load((ROOT / "tests" / "policy_cases" / "baseline.yaml").read_text())
-                  if i["type"] == "kubernetes:core/v1:Namespace"]
+    namespaces = [i["props"] for i in BASELINE if i["type"] == "kubernetes:core/v1:Namespace"]
     bare_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(namespaces))
     pulumi_bin = str(binary("pulumi"))
     for stack in ("compliant", "violating"):
@@ -475,7 +524,24 @@ def test_the_compliant_twins_are_silent_under_the_real_cli(policy_previews: dict
     """Triarch's prod objects (the twin of every case: the object each case copies before its one edit)."""
     preview = policy_previews["compliant"]
     assert (preview.events, preview.code) == ([], 0)
-    assert len(preview.resources) > 25
+    assert sorted(r.name for r in preview.resources) == sorted(i["name"] for i in BASELINE)
+
+
+def test_the_placement_proof_runs_prods_created_stack_mode_under_the_real_cli(
+        policy_previews: dict[str, CasesPreview]) -> None:
+    """Prod creates its cluster: with its EKS Cluster and add-ons among the inputs the engine hands the pack, every
+    pod must land on a pool of the stack and each node's room leaves the add-ons' DaemonSets out. The created-stack
+    cases draw their findings under the real CLI (above); `triarch check` on the same inputs, the Cluster and the
+    add-ons taken away (an adopted cluster's stack), draws neither."""
+    from triarch.guardrails.check import evaluate, load_policy_config
+
+    preview = policy_previews["violating"]
+    assert {r.type for r in preview.resources} >= {"aws:eks/cluster:Cluster", "aws:eks/addon:Addon"}
+    created_stack = {case(D, "cpu-proxy"), case(D, "addon-share")}
+    assert {urn for p, _, urn, _ in preview.events if p == "pod-placement"} >= created_stack
+    adopted = [r for r in preview.resources if r.type not in ("aws:eks/cluster:Cluster", "aws:eks/addon:Addon")]
+    drawn = {f.resource.urn for f in evaluate(adopted, load_policy_config(POLICIES / "config.json"))}
+    assert drawn & created_stack == set()
 
 
 @pytest.mark.parametrize("stack", ["compliant", "violating"])

@@ -1,14 +1,19 @@
 """A Pulumi program for tests/test_real_policy.py: one case per rule of the pack, previewed by the real CLI.
 
 Stack config `cases:set` picks what is registered:
-- `compliant`: Triarch's prod objects (baseline.yaml), which every rule passes;
+- `compliant`: Triarch's prod objects (baseline.yaml, generated from `triarch plan --stack prod` by generate.py),
+  which every rule passes. With prod's EKS Cluster and its add-ons among them, the placement proof runs its
+  created-stack mode (every pod must land on a pool of the stack; the add-ons' DaemonSets take a share of every
+  node);
 - `violating`: the same world with one hand-written case per rule, each a copy of a compliant object with one edit
   (or a new object), under a component named after the rule, so its objects are a component's children as
   Triarch's are. Some cases reach the pack the ways only the engine makes: an image from another resource's output
   (unknown at preview), a token held as a Pulumi secret, AWS resources built with the typed SDK.
 
 Kubernetes objects go through the real Kubernetes provider (server-side dry run on the plane); AWS resources
-through tests/aws_standin.py. The Helm charts come from the reference cache (`cases:charts`)."""
+through tests/aws_standin.py. The Helm charts come from the reference cache (`cases:charts`); a value the plan marks
+known only after apply is registered as a value unknown at preview, as the engine sees it in a stack not yet
+created."""
 
 from __future__ import annotations
 
@@ -19,6 +24,9 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 import yaml
+from pulumi.output import UNKNOWN
+
+from triarch.known import KNOWN_AFTER_APPLY
 
 HERE = Path(__file__).resolve().parent
 config = pulumi.Config("cases")
@@ -31,23 +39,28 @@ def baseline(name: str) -> dict[str, Any]:
     return copy.deepcopy(next(r["props"] for r in BASELINE if r["name"] == name))
 
 
+def after_apply(value: Any) -> Any:
+    """The plan's marker for a value the cloud assigns (an id, an ARN, a subnet) as a value unknown at preview."""
+    if isinstance(value, dict):
+        return {k: after_apply(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [after_apply(v) for v in value]
+    return pulumi.Output.from_input(UNKNOWN) if isinstance(value, str) and value == KNOWN_AFTER_APPLY else value
+
+
 def register(type_: str, name: str, props: dict[str, Any], parent: pulumi.Resource | None = None,
              depends_on: list[pulumi.Resource] | None = None) -> pulumi.CustomResource:
-    return pulumi.CustomResource(type_, name, props, pulumi.ResourceOptions(parent=parent, depends_on=depends_on))
+    return pulumi.CustomResource(type_, name, after_apply(props),
+                                 pulumi.ResourceOptions(parent=parent, depends_on=depends_on))
 
 
 def register_baseline() -> dict[str, pulumi.Resource]:
     made: dict[str, pulumi.Resource] = {}
-    template = None
     for item in BASELINE:
         props = copy.deepcopy(item["props"])
         if item["type"] == "kubernetes:helm.sh/v3:Release":
             props["chart"] = str(CHARTS / f"{props['name']}-{props['version']}.tgz")
-        if item["type"] == "aws:eks/nodeGroup:NodeGroup" and template is not None:
-            props["launchTemplate"] = {"id": template.id, "version": "$Latest"}  # unknown at preview
         made[item["name"]] = register(item["type"], item["name"], props)
-        if item["type"] == "aws:ec2/launchTemplate:LaunchTemplate":
-            template = made[item["name"]]
     return made
 
 
@@ -85,6 +98,11 @@ def set_flag(pod: dict[str, Any], flag: str, value: str) -> None:
     args = container(pod)["args"]
     args[args.index(flag) + 1] = value
 
+
+RAY_IMAGE = next(i["props"]["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+                 for i in BASELINE if i["type"] == "kubernetes:ray.io/v1:RayService")
+ADDON_SHARE_CPU = "7700m"
+"""Between what a g6.2xlarge node has free for a pod with the EKS add-ons' DaemonSets (7655m) and without (7805m)."""
 
 CASE_TAINT = {"key": "triarch.dev/case", "value": "pool-capacity", "effect": "NoSchedule"}
 """Keeps the one-GPU pool to its own case's Deployment (another case's pods, selecting no pool, would count there)."""
@@ -284,6 +302,25 @@ def violations() -> None:
         pod["nodeSelector"]["triarch.dev/pool"] = "a10g"
     register(DEPLOYMENT, "on-a10g", served("on-a10g", on_a10g), case)
 
+    # Prod's created-stack mode (its EKS Cluster in the stack): no node outside the stack's pools, so a pod that asks
+    # no GPU and that no pool takes stays Pending (on an adopted cluster it may run on the cluster's own nodes: silent).
+    case = Case("pod-placement-created-stack")
+    proxy = served("cpu-proxy")
+    pod = proxy["spec"]["template"]["spec"]
+    for key in ("tolerations", "volumes", "topologySpreadConstraints"):
+        del pod[key]
+    pod["nodeSelector"] = {"triarch.dev/pool": "cpu"}  # prod's CPU pool is `system`
+    pod["containers"] = [{"name": "proxy", "image": RAY_IMAGE, "command": ["python", "-m", "http.server", "8080"],
+                          "securityContext": container(pod)["securityContext"],
+                          "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}}}]
+    register(DEPLOYMENT, "cpu-proxy", proxy, case)
+
+    # The EKS add-ons' DaemonSets take their share of every node the stack creates: a pod asking more CPU than an l4
+    # node has left after them (but less than it has without them) fits nowhere.
+    def addon_share(pod: dict[str, Any], _: Any) -> None:
+        container(pod)["resources"]["requests"]["cpu"] = container(pod)["resources"]["limits"]["cpu"] = ADDON_SHARE_CPU
+    deployment("pod-placement-addon-share", "addon-share", addon_share)
+
     # The engine's shapes: an image only known once another resource exists.
     case = Case("unknown-at-preview")
     repository = aws.ecr.Repository("vllm-mirror", opts=pulumi.ResourceOptions(parent=case))
@@ -311,9 +348,21 @@ def ray_violations(service: dict[str, Any]) -> None:
     service["spec"]["serveConfigV2"] = yaml.safe_dump(config, sort_keys=False)
 
 
+def room_for_the_cases(node_pool: dict[str, Any]) -> None:
+    """Prod's l4 NodePool is sized for prod's own pods on l4 (the compliant set judges it as planned); the violating
+    cases are copies of the embed Deployment that land there too, so their world's pool has room for 64 GPUs (CPU
+    and memory in the same proportion), and each case draws its own finding, not one pool-capacity finding for all."""
+    limits = node_pool["spec"]["limits"]
+    scale = 64 / int(limits["nvidia.com/gpu"])
+    limits.update({"nvidia.com/gpu": "64", "cpu": str(round(int(limits["cpu"]) * scale)),
+                   "memory": f"{round(int(limits['memory'].removesuffix('Gi')) * scale)}Gi"})
+
+
 if config.require("set") == "violating":
     for item in BASELINE:
         if item["type"] == "kubernetes:ray.io/v1:RayService":
             ray_violations(item["props"])
+        if item["name"] == "nodepool-l4":
+            room_for_the_cases(item["props"])
     violations()
 register_baseline()
