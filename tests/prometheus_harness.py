@@ -5,6 +5,7 @@ rule files made from a PrometheusRule; asked through a client inside the namespa
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -54,6 +55,44 @@ def scrape_targets(monitor: dict[str, Any], pods: list[dict[str, Any]]) -> list[
     return groups
 
 
+KUBE_PROMETHEUS_STACK_SELECTOR = {"matchLabels": {"release": "kube-prometheus-stack"}}
+"""What the Prometheus kube-prometheus-stack 88.5.3 renders selects monitors and rules by, for a release named
+kube-prometheus-stack: its values' podMonitorSelectorNilUsesHelmValues, serviceMonitorSelectorNilUsesHelmValues and
+ruleSelectorNilUsesHelmValues are true, so each selector is `release: <release name>` (templates/prometheus/
+prometheus.yaml), in every namespace (the namespace selectors are empty)."""
+
+
+def prometheus_resource(name: str, namespace: str) -> dict[str, Any]:
+    """A Prometheus resource as kube-prometheus-stack's selects: what the operator generates the configuration of."""
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": 1, "podMonitorSelector": KUBE_PROMETHEUS_STACK_SELECTOR,
+                     "podMonitorNamespaceSelector": {}, "serviceMonitorSelector": KUBE_PROMETHEUS_STACK_SELECTOR,
+                     "serviceMonitorNamespaceSelector": {}, "ruleSelector": KUBE_PROMETHEUS_STACK_SELECTOR,
+                     "ruleNamespaceSelector": {}}}
+
+
+def operator_config(generated: dict[str, Any], kubeconfig: Path, pod: str, interval: str = "1s") -> dict[str, Any]:
+    """The configuration a Prometheus Operator generated, for a Prometheus outside the cluster, as the operator's
+    config-reloader hands it to Prometheus in the pod `pod` of shard 0: the `$(SHARD)` and `$(POD_NAME)` the
+    operator leaves in it expanded from the reloader's environment (prometheus-operator v0.93.1
+    pkg/operator/config_reloader.go, the reloader's --config-envsubst-file); each Kubernetes discovery reading
+    `kubeconfig` (in a pod it reads its service account); every scrape each `interval` (the monitors' 15 s
+    compressed, as alerts' `for` is held: a test cannot wait out production's intervals). Everything else (jobs,
+    discovery roles and namespaces, relabelings) is the operator's."""
+    environment = {"SHARD": "0", "POD_NAME": pod}
+    text = re.sub(r"\$\((SHARD|POD_NAME)\)", lambda m: environment[m.group(1)], json.dumps(generated))
+    assert "$(" not in text, f"a reloader variable not expanded here: {re.findall(r'[$][(][A-Z_]+[)]', text)}"
+    config = json.loads(text)
+    config.setdefault("global", {}).update(scrape_interval=interval, evaluation_interval=interval)
+    config.pop("rule_files", None)  # paths inside the operator's pod
+    for job in config.get("scrape_configs", []):
+        job.update(scrape_interval=interval, scrape_timeout=interval)
+        for discovery in job.get("kubernetes_sd_configs", []):
+            discovery["kubeconfig_file"] = str(kubeconfig)
+    return config
+
+
 def write_atomically(path: Path, text: str) -> None:
     """Readers (Prometheus's file watch) see the old file or the new one, never half of one."""
     partial = path.with_name(path.name + ".partial")
@@ -77,18 +116,22 @@ class Prometheus:
     """One Prometheus process: a file_sd job over `targets.json`, rule files, 1-second scrapes and evaluations."""
 
     def __init__(self, inside: Callable[[Sequence[str]], list[str]], client: Client, work: Path, port: int,
-                 rules: list[Path] | None = None, interval: str = "1s") -> None:
+                 rules: list[Path] | None = None, interval: str = "1s",
+                 config: dict[str, Any] | None = None) -> None:
+        """With `config` (a Prometheus Operator's, `operator_config`), Prometheus discovers and scrapes what that
+        configuration says; without, the targets `scrape` writes."""
         import yaml
 
         self.client, self.port, self.work = client, port, work
         work.mkdir(parents=True, exist_ok=True)
         self.targets = work / "targets.json"
         write_atomically(self.targets, "[]")
-        config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
-                  "rule_files": [str(r) for r in rules or []],
-                  # honor_labels false, as the operator writes it for an endpoint that does not set honorLabels
-                  "scrape_configs": [{"job_name": "podmonitors", "honor_labels": False,
-                                      "file_sd_configs": [{"files": [str(self.targets)]}]}]}
+        if config is None:
+            config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
+                      "rule_files": [str(r) for r in rules or []],
+                      # honor_labels false, as the operator writes it for an endpoint that does not set honorLabels
+                      "scrape_configs": [{"job_name": "podmonitors", "honor_labels": False,
+                                          "file_sd_configs": [{"files": [str(self.targets)]}]}]}
         (work / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
         self.log = work / "prometheus.log"
         with self.log.open("w") as sink:

@@ -233,7 +233,7 @@ STAND_INS: dict[str, tuple[str, str]] = {
     "`pulumi.runtime.set_mocks`": ("components/triarch/offline.py", "pulumi.runtime.set_mocks("),
     "`tests/aws_standin.py`": ("tests/test_real_policy.py", "aws_standin.py"),
     "`tests/ray_standin.py`": ("tests/test_real_ray.py", "ray_standin.py"),
-    "`scrape_targets` in `tests/prometheus_harness.py`": ("tests/test_real_keda.py", "scrape_targets("),
+    "`scrape_targets` in `tests/prometheus_harness.py`": ("tests/test_dataplane_metrics.py", "scrape_targets("),
     "`triarch.local.tiny_models`": ("tests/dataplane.py", "tiny_models"),
     "`triarch.local.cpu_serving`": ("tests/test_dataplane_ray.py", "cpu_serve_config("),
     "`tests/hub_server.py`": ("tests/conftest.py", "hub_server"),

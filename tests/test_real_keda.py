@@ -7,9 +7,11 @@ succeeds and leaves the scaled replica count alone.
 
 kwok runs the pods, so each running pod of the model gets a real vLLM engine in its place (vLLM's CPU build,
 tests/dataplane.py): the pod's own container, as the API server holds it, started by triarch.local.cpu_serving with
-the pod's address for its host, on the plane's loopback where kwok's pod addresses live. Prometheus scrapes each pod
-at its own address, every target labelled as prometheus-operator's scrape config for Triarch's live PodMonitor
-labels it (tests/prometheus_harness.py, `scrape_targets`): so a ScaledObject query with a wrong label, or arithmetic
+the pod's address for its host, on the plane's loopback where kwok's pod addresses live. The real Prometheus Operator
+(v0.93.1, the release kube-prometheus-stack runs) turns Triarch's live PodMonitor into the scrape configuration of
+a Prometheus resource that selects monitors as kube-prometheus-stack's does; Prometheus runs that configuration,
+discovering the pods through the API server and relabeling them as the operator wrote, with the intervals compressed
+to a second: so a PodMonitor the operator would not select, a ScaledObject query with a wrong label, or arithmetic
 that gives another number, is answered as it would be in a cluster. Load is a stream of real requests: long
 generations fill the engine's batch (its planned max_num_seqs) and the rest wait in vLLM's queue, the series KEDA
 scales on.
@@ -19,8 +21,12 @@ the A10G pool the lab's Ray model leaves idle (no KubeRay runs there)."""
 
 from __future__ import annotations
 
+import base64
 import copy
+import gzip
+import json
 import subprocess
+import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -32,7 +38,7 @@ import yaml
 
 from dataplane import DataPlane, counter, one_module_of_engines_at_a_time, require_dataplane
 from engine_tier import Lab, eventually, scratch_project
-from prometheus_harness import Prometheus, scrape_targets
+from prometheus_harness import Prometheus, operator_config, prometheus_resource, scrape_targets
 from triarch.datafiles import read_yaml_documents
 from triarch.local import dataplane, engines
 from triarch.local.cpu_serving import Server
@@ -46,6 +52,8 @@ NAMESPACE = "llm-keda"
 MONITORING = "monitoring-keda"
 MODEL = "scaled"
 HUB_MODEL = "Qwen/Qwen3-8B"
+PROMETHEUS = "k8s"
+"""The scenario's Prometheus resource, as the cluster's Prometheus Operator holds it."""
 PROMETHEUS_PORT = 9090
 """Prometheus's own default port (--web.listen-address), on the plane's loopback."""
 SCRAPE_TIMEOUT = 60
@@ -82,11 +90,12 @@ class KedaStack:
     lab: Lab
     project: Path
     config: dict[str, Any]
-    prometheus: Prometheus
     plane: DataPlane
     engines: dict[str, Server] = field(default_factory=dict)
     """Running pod -> the real engine in its place."""
     load: list[Future[Answer]] = field(default_factory=list)
+    prometheus: Prometheus = field(init=False)
+    """Started from the Prometheus Operator's configuration once the stack's PodMonitor is in it."""
 
     def pulumi(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         argv = [str(engines.binary("pulumi")), *args, "--stack", STACK, "--non-interactive"]
@@ -110,8 +119,8 @@ class KedaStack:
 
     def serve_pods(self) -> list[str]:
         """A real engine in each pod Triarch's live PodMonitor selects now (started from the pod's own container, on
-        the pod's address), none for a pod gone (its engine drained by SIGTERM), and Prometheus pointed at them.
-        Returns the pods' names, once Prometheus has scraped each."""
+        the pod's address), none for a pod gone (its engine drained by SIGTERM). Returns the pods' names, once
+        Prometheus, discovering pods as the operator's configuration says, has scraped each."""
         monitor = self.lab.kubectl_json("get", "podmonitor", "vllm", "-n", NAMESPACE)
         selector = monitor["spec"]["selector"]
         assert set(selector) == {"matchLabels"}, selector  # as a label selector for kubectl
@@ -129,11 +138,11 @@ class KedaStack:
                 command = self.plane.command(container, HUB_MODEL, name, host=pod["status"]["podIP"],
                                              kv_blocks=KV_BLOCKS)
                 self.engines[name] = self.plane.start(command, name)
-        self.prometheus.scrape(scrape_targets(monitor, pods))
         names = sorted(self.engines)
         scraped = lambda: {s["metric"]["pod"] for s in self.query("vllm:num_requests_waiting")} == set(names)  # noqa: E731
         if not eventually(scraped, SCRAPE_TIMEOUT, 0.5):
             raise AssertionError(f"Prometheus did not scrape {names} within {SCRAPE_TIMEOUT}s\n"
+                                 f"{self.prometheus.get('/api/v1/targets')}\n"
                                  f"{self.prometheus.log.read_text()[-2000:]}")
         return names
 
@@ -215,6 +224,9 @@ def _keda_stack(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iter
                   *[f"crd/{d['metadata']['name']}" for d in documents])
     plane.kubectl("create", "namespace", MONITORING)
     start_operator(plane, "keda")
+    start_operator(plane, "prometheus-operator")
+    plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(prometheus_resource(PROMETHEUS,
+                                                                                                MONITORING)))
     work = tmp_path_factory.mktemp("keda")
     inside = lambda argv: plane.command(argv)  # noqa: E731
     client = Client(inside)
@@ -222,13 +234,16 @@ def _keda_stack(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iter
     prometheus: Prometheus | None = None
     stack: KedaStack | None = None
     try:
-        prometheus = Prometheus(inside, client, work / "prometheus", PROMETHEUS_PORT)
         project = scratch_project(work / "project")
         config = keda_config(deployed)
         (project / f"Pulumi.{STACK}.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
-        stack = KedaStack(deployed, project, config, prometheus, data_plane)
+        stack = KedaStack(deployed, project, config, data_plane)
         stack.pulumi("stack", "init", "--secrets-provider", "passphrase")
         stack.pulumi("up", "--yes", "--skip-preview")
+        generated = generated_config(deployed, f"podMonitor/{NAMESPACE}/vllm/0")
+        prometheus = Prometheus(inside, client, work / "prometheus", PROMETHEUS_PORT,
+                                config=operator_config(generated, plane.kubeconfig, f"prometheus-{PROMETHEUS}-0"))
+        stack.prometheus = prometheus
         assert len(stack.serve_pods()) == 1
         yield stack
         # KEDA removes its finalizers while it runs. The stack itself is not destroyed: `pulumi destroy` would wait
@@ -241,8 +256,38 @@ def _keda_stack(deployed: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iter
             prometheus.stop()
         client.close()
         stop_operator(plane, "keda")
+        # The operator finalizes its Prometheus resource (its status clean-up): removed while the operator runs, or
+        # the CRD's deletion waits for it forever.
+        plane.kubectl("delete", "--ignore-not-found", "--wait=true", "--timeout=60s", "prometheus", PROMETHEUS, "-n",
+                      MONITORING, check=False)
+        stop_operator(plane, "prometheus-operator")
         plane.kubectl("delete", "--ignore-not-found", "--wait=false", "namespace", MONITORING, NAMESPACE)
-        plane.kubectl("delete", "--ignore-not-found", *[f"crd/{d['metadata']['name']}" for d in documents])
+        plane.kubectl("delete", "--ignore-not-found", *[f"crd/{d['metadata']['name']}" for d in documents],
+                      "crd/prometheuses.monitoring.coreos.com", "crd/probes.monitoring.coreos.com")
+
+
+def generated_config(lab: Lab, job: str) -> dict[str, Any]:
+    """The configuration the Prometheus Operator generated for the scenario's Prometheus (its Secret
+    prometheus-<name>, key prometheus.yaml.gz), once it holds `job`: the stack's PodMonitor, selected and
+    translated by the operator."""
+    found: dict[str, Any] = {}
+
+    def holds() -> bool:
+        secret = lab.plane.kubectl("get", "secret", f"prometheus-{PROMETHEUS}", "-n", MONITORING, "-o", "json",
+                                   check=False)
+        if secret.returncode != 0:
+            return False
+        data = json.loads(secret.stdout).get("data", {})
+        if "prometheus.yaml.gz" not in data:
+            return False
+        found.update(yaml.safe_load(gzip.decompress(base64.b64decode(data["prometheus.yaml.gz"]))))
+        return any(j["job_name"] == job for j in found.get("scrape_configs", []))
+
+    if not eventually(holds, 120, 1):
+        log = (lab.plane.directory / "logs" / "prometheus-operator.log").read_text()[-3000:]
+        raise AssertionError(f"the operator's configuration never held {job}: "
+                             f"{[j['job_name'] for j in found.get('scrape_configs', [])]}\n{log}")
+    return found
 
 
 def _wait_for(what: str, check: Any, timeout: float, stack: KedaStack) -> None:
@@ -295,6 +340,27 @@ def test_prometheus_answers_each_trigger_with_what_vllm_reports(keda_stack: Keda
                                      "job", "instance"}
     assert series["metric"]["model_name"] == MODEL
     keda_stack.end_load()
+
+
+def test_the_operators_targets_are_those_the_alert_scenario_models(keda_stack: KedaStack) -> None:
+    """The alert scenario (tests/test_dataplane_metrics.py) has no API server and no operator, so it labels its one
+    target with `scrape_targets`, a model of the operator's PodMonitor translation. Here the real operator's
+    configuration, run by Prometheus against the API server's pods, gives the targets that model gives: each pod's
+    address, scrape path and labels (the model held to the engine)."""
+    keda_stack.serve_pods()
+    monitor = keda_stack.lab.kubectl_json("get", "podmonitor", "vllm", "-n", NAMESPACE)
+    pods = keda_stack.lab.kubectl_json("get", "pods", "-n", NAMESPACE, "-l", ",".join(
+        f"{k}={v}" for k, v in monitor["spec"]["selector"]["matchLabels"].items()))["items"]
+    modelled = sorted((g["targets"][0], g["labels"]["__metrics_path__"],
+                       {**{k: v for k, v in g["labels"].items() if not k.startswith("__")},
+                        "instance": g["targets"][0]}) for g in scrape_targets(monitor, pods))
+    body = keda_stack.prometheus.get("/api/v1/targets", state="active")
+    assert body is not None
+    active = [t for t in json.loads(body)["data"]["activeTargets"]
+              if t["scrapePool"] == f"podMonitor/{NAMESPACE}/vllm/0"]
+    found = sorted((t["discoveredLabels"]["__address__"], urllib.parse.urlparse(t["scrapeUrl"]).path, t["labels"])
+                   for t in active)
+    assert modelled and found == modelled
 
 
 def test_keda_scales_the_deployment_on_vllms_waiting_requests(keda_stack: KedaStack) -> None:

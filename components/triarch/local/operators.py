@@ -122,6 +122,21 @@ def kuberay(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
         "--use-kubernetes-proxy"]}, ready="http://127.0.0.1:18071/healthz")
 
 
+PROMETHEUS_OPERATOR_HEALTH = "http://127.0.0.1:18060/healthz"
+
+
+def prometheus_operator(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
+    """The Prometheus Operator a cluster runs (`existing`): a Prometheus resource's PodMonitors and PrometheusRules
+    turned into its scrape configuration (a Secret) and rule files (ConfigMaps), which a Prometheus reads. Its own
+    CRD here is the Prometheus kind; the monitor kinds come with the plane's `existing` CRD set. The StatefulSet it
+    makes runs on kwok: the Prometheus that scrapes is a process a test starts from that Secret."""
+    crds = binary("prometheus-operator").parent / "prometheus-operator-crds"
+    return Operator(
+        "prometheus-operator", {"prometheus-operator": [
+            str(binary("prometheus-operator")), "--web.listen-address=127.0.0.1:18060", "--log-level=info"]},
+        env={"KUBECONFIG": str(plane.kubeconfig)}, crds=sorted(crds.glob("*.yaml")), ready=PROMETHEUS_OPERATOR_HEALTH)
+
+
 LWS_WEBHOOK_PORT = 9443
 LWS_CHART_MANAGER = "lws-controller-manager"
 """The lws chart's manager Deployment (release `lws`), whose pod the manager stands in for."""
@@ -308,5 +323,5 @@ def kuberay_chart(plane: Plane, pki: Pki, spec: PlaneSpec) -> Operator:
 
 OPERATORS: dict[str, Callable[[Plane, Pki, PlaneSpec], Operator]] = {
     "keda": keda, "karpenter": karpenter, "kuberay": kuberay, "lws": lws, "lws-chart": lws_chart,
-    "kuberay-chart": kuberay_chart, "keda-chart": keda_chart}
+    "kuberay-chart": kuberay_chart, "keda-chart": keda_chart, "prometheus-operator": prometheus_operator}
 """Every operator a plane can run, by the name a PlaneSpec uses."""
