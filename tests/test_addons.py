@@ -36,5 +36,10 @@ def test_created_clusters_install_the_pinned_versions(stack: str) -> None:
     installed = {r.inputs["addonName"]: r.inputs.get("addonVersion") for r in run.resources
                  if r.type == "aws:eks/addon:Addon"}
     expected = {addon: entry["version"] for addon, entry in DATA["addons"][minor].items()}
-    assert installed == expected
-    assert not [w for w in run.warnings if "add-on" in w]
+    # An add-on the data file records as having no citable pin for this minor (`unverified`) installs EKS's
+    # default, and the plan says so; every other add-on installed is pinned.
+    unpinned = sorted(a for a in (DATA.get("unverified") or {}).get(minor, {}) if a in installed and a not in expected)
+    assert installed == {**expected, **dict.fromkeys(unpinned)}
+    assert [w for w in run.warnings if "add-on" in w] == [
+        f"EKS add-on {a} has no pinned version for Kubernetes {minor} in templates/compat/eks-addons.yaml; EKS "
+        "installs its default" for a in unpinned]

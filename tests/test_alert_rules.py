@@ -186,7 +186,7 @@ def per_role(suffix: str, cases_of: Callable[[World, Model], list[Case]]) -> Sce
 def xid_cases(kind: str) -> Scenario:
     """Xids by class, on change: the exporter's value is the last Xid and never resets."""
     fires_on = {"GpuXidNodeError": "79", "GpuXidResetPending": "63", "GpuXidApplicationError": "13",
-                "GpuXidUnclassified": "109"}[kind]
+                "GpuXidUnclassified": "109", "GpuXidNodeRepair": "79"}[kind]
     other = "13" if kind != "GpuXidApplicationError" else "79"
     where = {"Hostname": "ip-10-0-1-17.ec2.internal", "gpu": "0"}
 
@@ -351,7 +351,7 @@ def kv_expired_unread(world: World, alert: str) -> list[Case]:
 
 
 SCENARIOS: list[tuple[re.Pattern[str], Scenario]] = [
-    (re.compile(r"GpuXid(NodeError|ResetPending|ApplicationError|Unclassified)"),
+    (re.compile(r"GpuXid(NodeError|ResetPending|ApplicationError|Unclassified|NodeRepair)"),
      lambda world, alert: xid_cases(alert)(world, alert)),
     (re.compile(r"GpuMemoryRowRemapFailure"), row_remap_failure),
     (re.compile(r"GpuMemoryRowRemapPending"), row_remap_pending),

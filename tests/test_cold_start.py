@@ -517,8 +517,9 @@ def test_karpenters_buffer_gate_is_on_only_with_a_buffer(tmp_path: Path) -> None
         return release.inputs["values"]["settings"].get("featureGates")
     warm = stack_document("dev")
     warm["triarch:models"][0]["warmReplicas"] = 1
-    assert gate(warm, tmp_path / "warm") == {"capacityBuffer": True}
-    assert gate(stack_document("dev"), tmp_path / "cold") is None
+    # dev repairs its nodes by default (cluster.nodeRepair, tests/test_node_repair.py): that gate is on in both
+    assert gate(warm, tmp_path / "warm") == {"capacityBuffer": True, "nodeRepair": True}
+    assert gate(stack_document("dev"), tmp_path / "cold") == {"nodeRepair": True}
 
 
 def test_elsewhere_placeholders_of_a_negative_priority_pull_the_image(mutated_config: MutatedConfig) -> None:

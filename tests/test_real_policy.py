@@ -374,7 +374,7 @@ EXPECTED_VIOLATIONS: list[tuple[str, str, str, str]] = [
      "Deployment cpu-proxy: no pool's nodes take it (triarch.dev/pool=cpu); pools: a100 ("),
     ("pod-placement", "mandatory", case(D, "addon-share"),
      f"Deployment addon-share asks 7700m CPU, 25600 MiB, 1 GPU per pod, but a {L4_INSTANCE} node of pool l4 has "
-     f"{L4_FREE_CPU_M}m CPU, 31583 MiB, 1 GPU after the kubelet's reserve and {3 + len(ADDON_DAEMONSETS)} "
+     f"{L4_FREE_CPU_M}m CPU, 31553 MiB, 1 GPU after the kubelet's reserve and {3 + len(ADDON_DAEMONSETS)} "
      "DaemonSet(s)"),
     ("pool-scale-from-zero", "mandatory", case(D, "on-a10g"),
      "pool a10g (node group llm-prod-a10g) may have no node (minimum 0) and nothing in the stack adds one"),

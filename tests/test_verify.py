@@ -352,7 +352,8 @@ def test_verify_reads_the_series_the_alerts_read() -> None:
     series = alert_series(objects.observability)
     # the selectors as the alerts write them, labels and all, each with the alerts reading it
     assert sorted(series["DCGM_FI_DEV_XID_ERRORS"]) == ["GpuXidApplicationError", "GpuXidNodeError",
-                                                        "GpuXidResetPending", "GpuXidUnclassified"]
+                                                        "GpuXidNodeRepair", "GpuXidResetPending",
+                                                        "GpuXidUnclassified"]
     assert series['ray_serve_deployment_queued_queries{application="chat",namespace="llm"}'] == [
         "ChatRequestsQueuedGpusIdle"]
     assert 'vllm:kv_cache_usage_perc{model_name="embed",namespace="llm"}' in series

@@ -13,10 +13,11 @@ from functools import cache
 from typing import Any
 
 from triarch.catalog import Catalog, _read, catalog
-from triarch.config import StackConfig
+from triarch.config import NAMESPACE, NodeGroupConfig, StackConfig, key_path
 from triarch.guardrails.placement_pools import cpu_millicores, memory_mib
 from triarch.paths import COMPAT_DIR
 from triarch.planners import picker
+from triarch.planners.kv_offload import offload_cost
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import replica_bounds
 from triarch.planners.nodegroups import BASELINE_PULL, image_pull, plan_pool
@@ -121,6 +122,47 @@ def _fixed(key: str, name: str, idle: float | None, low: float | None, high: flo
             "priceSource": source.source if source else None}
 
 
+def reservation_rows(group: NodeGroupConfig, path: str, price: Price | None, table: PriceTable) -> list[dict[str, Any]]:
+    """A pool's reservations as the cost counts them, each billed whether its instances run or not: an On-Demand
+    Capacity Reservation at the on-demand rate while it exists (AWS EC2 User Guide, "Capacity Reservation pricing
+    and billing": "charged at the equivalent On-Demand rate whether you run instances in reserved capacity or
+    not"), a Capacity Block at the price its purchase recorded, as the stack gives it (Triarch never buys one).
+    An instance running in a reservation is paid once, by the reservation."""
+    rows = []
+    for i, term in enumerate(group.reservations):
+        block = term.type == "capacityBlock"
+        hourly = term.hourly_usd if block else (price.hourly_usd if price else None)
+        source = f"as the stack records it ({path}.reservations[{i}].hourlyUsd)" if block else (
+            price.source if price else None)
+        monthly = None if hourly is None or term.count is None else round(
+            hourly * term.count * table.hours_per_month, 2)
+        rows.append({"reservation": reservation_name(term.id, term.tags), "type": term.type, "count": term.count,
+                     "hourlyUsdPerNode": hourly, "monthlyUsd": monthly, "priceSource": source,
+                     "endsAt": term.ends_at.isoformat().replace("+00:00", "Z") if term.ends_at else None})
+    return rows
+
+
+def reservation_name(reservation_id: str | None, tags: dict[str, str] | None) -> str:
+    """How a report names a reservation: its id, or the tags that select it."""
+    if reservation_id is not None:
+        return reservation_id
+    return "tags " + ", ".join(f"{k}={v}" for k, v in sorted((tags or {}).items()))
+
+
+def _with_reservations(price: Price | None, nodes: int, reserved: list[dict[str, Any]], reserved_only: bool,
+                       table: PriceTable) -> float | None:
+    """A pool's monthly cost at `nodes` nodes with reservations: every reservation's own (it bills used or not),
+    plus the nodes beyond the instances they hold at the pool's on-demand price (none where the pool runs on
+    reservations only). A reservation without a count adds nothing (the report names it as not counted)."""
+    held = sum(int(r["count"]) for r in reserved if r["count"] is not None)
+    beyond = 0 if reserved_only and all(r["count"] is not None for r in reserved) else max(0, nodes - held)
+    extra = _monthly(price, beyond, table) if beyond else 0.0
+    own: list[float | None] = [r["monthlyUsd"] for r in reserved if r["count"] is not None]
+    if extra is None or any(v is None for v in own):
+        return None
+    return round(extra + sum(v for v in own if v is not None), 2)
+
+
 def _sum(values: list[float | None]) -> float | None:
     return None if any(v is None for v in values) else round(sum(v for v in values if v is not None), 2)
 
@@ -133,7 +175,7 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
     cluster = stack.cluster
     region = stack.aws_region if cluster.create else None
     pools: list[dict[str, Any]] = []
-    for group in stack.node_groups:
+    for index, group in enumerate(stack.node_groups):
         pool = plan_pool(stack, group, facts)
         price = table.instance(region, group.instance_type)
         pools.append({
@@ -146,6 +188,14 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
             "monthlyUsdAtMin": _monthly(price, group.min, table), "monthlyUsdAtMax": _monthly(price, group.max, table),
             "priceSource": price.source if price else None,
         })
+        if group.reservations and cluster.create:
+            reserved = reservation_rows(group, key_path(f"{NAMESPACE}:nodeGroups", index), price, table)
+            counts = [r["count"] for r in reserved]
+            pools[-1].update({
+                "reservations": reserved, "reservedOnly": group.reserved_only,
+                "reservedNodes": None if None in counts else sum(counts),
+                "monthlyUsdAtMin": _with_reservations(price, group.min, reserved, group.reserved_only, table),
+                "monthlyUsdAtMax": _with_reservations(price, group.max, reserved, group.reserved_only, table)})
     uses = []
     for plan in models:
         low, high = replica_bounds(plan)
@@ -156,6 +206,8 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
             uses[-1]["role"] = plan.role
         if picker.routed(plan):
             uses[-1]["picker"] = _picker_cost(stack, region, facts, table)
+        if plan.kv_offload_gib:  # host memory: in the node's price (planners/kv_offload.py)
+            uses[-1]["kvOffload"] = offload_cost(plan)
         if plan.hub is not None:  # what the sizing read from the Hub: the plan is reproducible at that commit
             uses[-1]["hub"] = {"repo": plan.hub.repo, "revision": plan.hub.revision, "commit": plan.hub.commit,
                                "pinned": plan.config.revision is not None}
@@ -169,8 +221,9 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
         schedulable = int(pool_row["gpusPerNode"]) * int(pool_row["timeSlicedWays"] or 1)
         nodes = max(group.min, -(-held // schedulable))
         price = table.instance(region, group.instance_type)
-        pool_row.update({"gpusIdle": held, "gpusWarm": warm, "nodesIdle": nodes,
-                         "monthlyUsdIdle": _monthly(price, nodes, table)})
+        idle = _with_reservations(price, nodes, pool_row["reservations"], group.reserved_only, table) \
+            if pool_row.get("reservations") else _monthly(price, nodes, table)
+        pool_row.update({"gpusIdle": held, "gpusWarm": warm, "nodesIdle": nodes, "monthlyUsdIdle": idle})
         for use, warmed in ((u, m) for u in uses for m in on_pool if m.name == u["name"]):
             if warmed.config.warm_replicas:
                 # What the warm capacity alone keeps running: its own nodes' worth, at the pool's price.
@@ -218,6 +271,9 @@ def unpriced_lines(stack: StackConfig, pools: list[dict[str, Any]], fixed: list[
 
     missing = [instance(p["instanceType"], f"pool {p['name']}") for p in pools
                if p["instanceType"] and p["monthlyUsdAtMax"] is None]
+    missing += [f"reservation {r['reservation']} of pool {p['name']} has no count, so the on-demand rate its unused "
+                "instances bill is not counted" for p in pools for r in p.get("reservations") or []
+                if r["count"] is None and p["monthlyUsdAtMax"] is not None]
     for row in fixed:
         if row["monthlyUsdAtMax"] is not None:
             continue
@@ -428,7 +484,7 @@ def _pool_view(pool: dict[str, Any] | None) -> dict[str, Any] | None:
     if pool is None:
         return None
     keys = ("instanceType", "minNodes", "maxNodes", "gpusAtMin", "gpusAtMax", "monthlyUsdAtMin", "monthlyUsdAtMax",
-            "nodesIdle", "monthlyUsdIdle")
+            "nodesIdle", "monthlyUsdIdle", "reservedNodes")
     return {key: pool.get(key) for key in keys}
 
 

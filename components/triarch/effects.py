@@ -17,6 +17,9 @@ from typing import Any
 
 from triarch.diff import Diff, Difference
 from triarch.engine_changes import serve_applications
+from triarch.planners import repair
+from triarch.planners.kv_offload import offload_effects
+from triarch.scheduling import CAPACITY_TYPE_LABEL
 from triarch.service_rules import claim_growth_notes
 
 RAY_SERVICE = "kubernetes:ray.io/v1:RayService"
@@ -190,7 +193,33 @@ def _routing_effects(base: Mapping[str, Any], head: Mapping[str, Any], new_clust
     return found
 
 
-def _pool_effects(difference: Difference) -> list[str]:
+RESERVATION_TERMS = "spec.capacityReservationSelectorTerms"
+"""An EC2NodeClass's reservation terms: outside its drift hash (karpenter-provider-aws v1.14.1,
+pkg/apis/v1/ec2nodeclass.go, `hash:"ignore"`), so a change drifts only the nodes whose reservation it drops
+(pkg/cloudprovider/drift.go, isCapacityReservationDrifted: CapacityReservationDrift)."""
+REQUIREMENT = re.compile(r"^spec\.template\.spec\.requirements\[(\d+)\]")
+
+
+def _drifting(difference: Difference, head: Mapping[str, Any]) -> list[str]:
+    """The changed inputs that drift every node of a pool: not its reservation terms, nor its NodePool's
+    karpenter.sh/capacity-type requirement (a NodePool's requirements are outside its drift hash too,
+    sigs.k8s.io/karpenter v1.14.1 pkg/apis/v1/nodepool.go; a node drifts only where its own labels leave them,
+    nodeclaim/disruption/drift.go areRequirementsDrifted): what those do is said per reservation."""
+    inputs: Mapping[str, Any] = next((r["inputs"] for r in head["resources"] if r["urn"] == difference.urn), {})
+    requirements = ((((inputs.get("spec") or {}).get("template") or {}).get("spec") or {}).get("requirements") or [])
+
+    def capacity_type(path: str) -> bool:
+        match = REQUIREMENT.match(path)
+        index = int(match.group(1)) if match else -1
+        return 0 <= index < len(requirements) and requirements[index].get("key") == CAPACITY_TYPE_LABEL
+
+    return [p for p in difference.inputs if not p.startswith(RESERVATION_TERMS) and not capacity_type(p)]
+
+
+def _pool_effects(difference: Difference, head: Mapping[str, Any]) -> list[str]:
+    if difference.type in (NODE_POOL, NODE_CLASS) and difference.kind == "changed":
+        difference = Difference(difference.kind, difference.type, difference.name, difference.urn,
+                                _drifting(difference, head), difference.stateful, difference.cause)
     if difference.type == NODE_POOL and any(p.startswith("spec.template") for p in difference.inputs):
         return [f"NodePool {difference.name}: Karpenter replaces every node of the pool (drift), as its disruption "
                 "budget allows; their pods move"]
@@ -413,6 +442,116 @@ def _transient_gpus(base_capacity: Mapping[str, Any], head_capacity: Mapping[str
     return found
 
 
+CAPACITY_BLOCK_DRAIN = ("40 minutes before it ends, Karpenter deletes its nodes, 10 minutes before EC2 starts "
+                        "terminating them (Karpenter 1.14.1, capacityreservation.expiration; EC2 User Guide, "
+                        "\"Work with Capacity Blocks\": thirty minutes before the end)")
+"""What a Capacity Block's end does: karpenter-provider-aws v1.14.1 pkg/controllers/capacityreservation/expiration
+deletes the NodeClaims of a block within 40 minutes of its end (pkg/apis/v1/ec2nodeclass_status.go,
+capacityReservationExpirationPeriod), and a deleted NodeClaim's node is drained; EC2 terminates what still runs
+from 30 minutes before the end."""
+ODCR_END = ("its running nodes stay, billed on-demand from then: Karpenter relabels them on-demand (Karpenter 1.14.1, "
+            "capacityreservation.capacitytype)")
+"""What an On-Demand Capacity Reservation's end does: the instances keep running as on-demand, and
+karpenter-provider-aws v1.14.1 pkg/controllers/capacityreservation/capacitytype demotes their NodeClaims and nodes
+from reserved to on-demand."""
+
+
+def _reservations(capacity: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, Any], dict[str, Mapping[str, Any]]]]:
+    """Pool name -> (its capacity row, {reservation name: its row}), for the pools with reservations."""
+    return {str(p["name"]): (p, {str(r["reservation"]): r for r in p.get("reservations") or []})
+            for p in capacity.get("pools", [])}
+
+
+def _displaced(pool: Mapping[str, Any]) -> str:
+    """Where the replicas of a pool's reserved nodes go when those nodes go."""
+    if pool.get("reservedOnly"):
+        return "their replicas wait Pending until a reservation of the pool has room (reservedOnly: no on-demand node)"
+    kind = str(pool.get("capacityType") or "ON_DEMAND").lower().replace("_", "-")
+    return f"their replicas move to {kind} nodes Karpenter launches for them, each starting cold"
+
+
+def reservation_effects(base_capacity: Mapping[str, Any], head_capacity: Mapping[str, Any]) -> list[str]:
+    """A pool's reservations added, dropped or given an end, and reservedOnly turned on: what Karpenter does to the
+    nodes and so to the replicas on them. Read from both capacity reports (each pool's `reservations`)."""
+    found: list[str] = []
+    before = _reservations(base_capacity)
+    for name, (pool, after) in sorted(_reservations(head_capacity).items()):
+        was_pool, was = before.get(name, ({}, {}))
+        added = sorted(set(after) - set(was))
+        removed = sorted(set(was) - set(after))
+        if added:
+            found.append(f"pool {name}: new nodes launch into {', '.join(added)} first (Karpenter's reserved capacity "
+                         "type, ahead of on-demand); running nodes stay (reservation terms are outside the "
+                         "EC2NodeClass's drift hash)")
+        if removed:
+            odcrs = [r for r in removed if was[r].get("type") != "capacityBlock"]
+            billing = (f"; Triarch cancels no reservation: {', '.join(odcrs)} bill(s) at the on-demand rate until you "
+                       "cancel it in EC2" if odcrs else "")
+            found.append(f"pool {name}: nodes running in {', '.join(removed)} drift (CapacityReservationDrift, "
+                         "Karpenter 1.14.1) and Karpenter replaces them as the pool's disruption budget allows; "
+                         f"{_displaced(pool)}{billing}")
+        if pool.get("reservedOnly") and not was_pool.get("reservedOnly") and was:
+            found.append(f"pool {name}: reservedOnly: its nodes outside the reservations drift (their capacity type "
+                         "leaves the NodePool's requirement) and Karpenter replaces them in the reservations as far "
+                         "as they hold; the rest of their replicas wait Pending")
+        for reservation, row in sorted(after.items()):
+            old = was.get(reservation)
+            ends = row.get("endsAt")
+            if ends is None or (old is not None and old.get("endsAt") == ends and old.get("type") == row.get("type")):
+                continue
+            if row.get("type") == "capacityBlock":
+                found.append(f"pool {name}: Capacity Block {reservation} ends {ends}: {CAPACITY_BLOCK_DRAIN}; "
+                             f"{_displaced(pool)}")
+            else:
+                tail = ("; then they drift off the reservations-only NodePool, and their replicas wait Pending"
+                        if pool.get("reservedOnly") else "")
+                found.append(f"pool {name}: reservation {reservation} ends {ends}: {ODCR_END}{tail}")
+    return found
+
+
+ADDON = "aws:eks/addon:Addon"
+KARPENTER_CHART_SUFFIX = "/karpenter"
+
+
+def _repair_gate(plan: Mapping[str, Any]) -> bool | None:
+    """Karpenter's NodeRepair gate in a plan's karpenter release (False where its values leave the chart's default,
+    off), or None where the plan installs no Karpenter."""
+    for resource in plan["resources"]:
+        inputs = resource["inputs"]
+        if resource["type"] == RELEASE and str(inputs.get("chart", "")).endswith(KARPENTER_CHART_SUFFIX):
+            gates = ((inputs.get("values") or {}).get("settings") or {}).get("featureGates") or {}
+            return bool(gates.get(repair.facts().feature_gate))
+    return None
+
+
+def _addons(plan: Mapping[str, Any]) -> set[str]:
+    return {str(r["inputs"].get("addonName")) for r in plan["resources"] if r["type"] == ADDON}
+
+
+def _repair_effects(base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
+    """Node repair turned on or off (cluster.nodeRepair): Karpenter's controller restarts with or without its gate,
+    and the node monitoring agent's add-on comes or goes. Neither replaces a running node by itself."""
+    f = repair.facts()
+    found = []
+    before, after = _repair_gate(base), _repair_gate(head)
+    if before is not None and after is not None and before != after:
+        found.append(
+            f"Helm release karpenter: node repair turns on (settings.featureGates.{f.feature_gate}): the controller "
+            f"restarts with it, and from then on a GPU node the node monitoring agent marks {f.condition}={f.status} "
+            f"(Xid {repair.xids_text()}, ...) is terminated {f.toleration_minutes} minutes later without a drain; "
+            "its replicas restart on a new node" if after else
+            f"Helm release karpenter: node repair turns off (settings.featureGates.{f.feature_gate}): the "
+            "controller restarts without it; a GPU node that fails stays, holding its replicas' GPUs, until it is "
+            "replaced by hand")
+    came, went = _addons(head) - _addons(base), _addons(base) - _addons(head)
+    if f.addon in came:
+        found.append(f"EKS add-on {f.addon} comes: its DaemonSet starts on every node and dcgm-server on the GPU "
+                     "nodes; they only report node conditions, no serving pod restarts")
+    if f.addon in went:
+        found.append(f"EKS add-on {f.addon} goes: nothing marks a failed GPU node any more, so no node is repaired")
+    return found
+
+
 def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, Any],
                     base_capacity: Mapping[str, Any] | None, head_capacity: Mapping[str, Any] | None) -> list[str]:
     """One sentence per effect on running traffic, in a fixed order."""
@@ -433,7 +572,7 @@ def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, An
         elif difference.type == RELEASE and difference.kind == "changed":
             found += _picker_roll(difference, head)
         elif difference.kind in ("changed", "replaced"):
-            found += _pool_effects(difference)
+            found += _pool_effects(difference, head)
     gone = sorted(_service_names(base) - _service_names(head))
     if gone:
         came = sorted(_service_names(head) - _service_names(base))
@@ -445,8 +584,11 @@ def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, An
     new_clusters = {d.name for d in result.differences if d.type == RAY_SERVICE and _new_ray_cluster(d)}
     found += _routing_effects(base, head, new_clusters)
     found += _split_effects(base, head, new_clusters)
+    found += _repair_effects(base, head)
     found += claim_growth_notes(base, head)
     if base_capacity and head_capacity:
+        found += reservation_effects(base_capacity, head_capacity)
+        found += offload_effects(base_capacity, head_capacity)
         found += _transient_gpus(base_capacity, head_capacity)
         if not any(d.type == RAY_SERVICE and d.kind in ("changed", "replaced") and _new_ray_cluster(d)
                    for d in result.differences):

@@ -31,6 +31,15 @@ GPU_TAINT_VALUE: Final = "present"
 """The value the device plugin chart's node-feature-discovery worker tolerates by default."""
 GPU_TAINT_EFFECT: Final = "NoSchedule"
 
+CAPACITY_TYPE_LABEL: Final = "karpenter.sh/capacity-type"
+RESERVED_CAPACITY: Final = "reserved"
+"""Karpenter's capacity type of a node launched into a capacity reservation (sigs.k8s.io/karpenter v1.14.1,
+pkg/apis/v1/labels.go CapacityTypeReserved): with the ReservedCapacity feature gate, on by default in 1.14.1
+(pkg/operator/options/options.go), a NodePool that allows it beside on-demand fills its reservations first."""
+RESERVED_NODES_ANNOTATION: Final = "triarch.dev/reserved-nodes"
+"""On a NodePool: the instances its reservations hold, where the stack gives every reservation's count, so the
+placement proof (which reads the plan alone) counts reserved nodes apart."""
+
 
 def gpu_node_labels(pool: str, gpu: str) -> dict[str, str]:
     """Labels every GPU node of a pool carries."""

@@ -102,7 +102,8 @@ def set_flag(pod: dict[str, Any], flag: str, value: str) -> None:
 RAY_IMAGE = next(i["props"]["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
                  for i in BASELINE if i["type"] == "kubernetes:ray.io/v1:RayService")
 ADDON_SHARE_CPU = "7700m"
-"""Between what a g6.2xlarge node has free for a pod with the EKS add-ons' DaemonSets (7655m) and without (7805m)."""
+"""Between what a g6.2xlarge node has free for a pod with the EKS add-ons' DaemonSets (7645m, the node monitoring
+agent's 10m among them) and without (7805m)."""
 
 CASE_TAINT = {"key": "triarch.dev/case", "value": "pool-capacity", "effect": "NoSchedule"}
 """Keeps the one-GPU pool to its own case's Deployment (another case's pods, selecting no pool, would count there)."""

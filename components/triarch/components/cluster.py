@@ -13,6 +13,7 @@ from triarch.catalog import Catalog, addon_versions
 from triarch.components.network import Network
 from triarch.components.nodegroups import ManagedNodeGroup, NodeRole
 from triarch.config import ClusterConfig, StackConfig, admin_key
+from triarch.planners import repair
 from triarch.planners.iam import (
     VPC_CNI_POLICY,
     VPC_CNI_SERVICE_ACCOUNT,
@@ -30,8 +31,10 @@ CLUSTER_POLICY = "arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
 
-ADDON_CONFIGURATION = {"vpc-cni": json.dumps({"enableNetworkPolicy": "true"})}
-"""The VPC CNI enforces NetworkPolicy only when asked (the serving namespace relies on it)."""
+ADDON_CONFIGURATION = {"vpc-cni": json.dumps({"enableNetworkPolicy": "true"}),
+                       repair.facts().addon: repair.addon_configuration()}
+"""The VPC CNI enforces NetworkPolicy only when asked (the serving namespace relies on it); the node monitoring
+agent's DCGM host engine tolerates the GPU taint (planners/repair.py), or a tainted GPU node reads as failed."""
 
 EKS_ASSUME_ROLE = """{"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
  "Principal": {"Service": "eks.amazonaws.com"}, "Action": "sts:AssumeRole"}]}"""
@@ -162,6 +165,9 @@ class EksCluster(pulumi.ComponentResource):
             labels={POOL_LABEL: SYSTEM_POOL}, eks_taints=[], cluster_for_tags=config.name, pool=SYSTEM_POOL,
             opts=pulumi.ResourceOptions(parent=self, depends_on=self.node_prerequisites))
         self.addons["coredns"] = addon("coredns", [self.system_nodes])
+        if repair.repairs(stack):
+            # Node repair's eyes: a DaemonSet on every node (and DCGM's on the GPU nodes), once nodes run.
+            self.addons[repair.facts().addon] = addon(repair.facts().addon, [self.system_nodes])
         self.kubeconfig = pulumi.Output.all(
             self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data
         ).apply(lambda args: kubeconfig(str(args[0]), str(args[1]), str(args[2]), stack.aws_region or ""))

@@ -25,7 +25,8 @@ class Karpenter(pulumi.ComponentResource):
                  monitor_labels: dict[str, str] | None = None, after: list[pulumi.Resource] | None = None,
                  pull_through: str | None = None, docker_config: pulumi.Input[str] | None = None,
                  efa: bool = False, placement_groups: list[str] | None = None,
-                 capacity_buffers: bool = False) -> None:
+                 capacity_buffers: bool = False, capacity_reservations: bool = False,
+                 node_repair: bool = False) -> None:
         super().__init__("triarch:karpenter:Karpenter", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         # What EFA pools' node classes select: a security group open to itself (EFA's requirement between nodes),
@@ -73,7 +74,8 @@ class Karpenter(pulumi.ComponentResource):
                                    self.instance_profile.arn).apply(lambda arns: json.dumps(plan.controller_policy(
                                        cluster=cluster, region=region, cluster_arn=str(arns[0]),
                                        node_role_arn=str(arns[1]), queue_arn=str(arns[2]),
-                                       instance_profile_arn=str(arns[3]), placement_groups=bool(placement_groups))))
+                                       instance_profile_arn=str(arns[3]), placement_groups=bool(placement_groups),
+                                       capacity_reservations=capacity_reservations)))
         self.controller_policy = aws.iam.RolePolicy(f"{name}-controller", role=self.controller_role.id,
                                                     policy=policy, opts=child)
         self.pod_identity = aws.eks.PodIdentityAssociation(
@@ -87,7 +89,8 @@ class Karpenter(pulumi.ComponentResource):
         self.crds = helm_release(f"{plan.RELEASE}-crd", crd_chart, plan.NAMESPACE, {},
                                  pulumi.ResourceOptions(parent=self, provider=provider))
         self.release = helm_release(
-            plan.RELEASE, chart, plan.NAMESPACE, plan.controller_values(cluster, monitor_labels, capacity_buffers),
+            plan.RELEASE, chart, plan.NAMESPACE,
+            plan.controller_values(cluster, monitor_labels, capacity_buffers, node_repair),
             pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[
                 self.crds, self.pod_identity, self.controller_policy, self.queue_policy, self.access_entry,
                 eks.addons["coredns"], *(after or [])]),

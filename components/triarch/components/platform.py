@@ -43,6 +43,7 @@ from triarch.planners.nodegroups import PoolPlan, plan_eks_pool, plan_pool
 from triarch.planners.objects import KubernetesPlan
 from triarch.planners.ray import weights_account, weights_uris, worker_groups
 from triarch.planners.registry import crd_sources, docker_config, pull_through_policy, stack_charts
+from triarch.planners.repair import repairs
 from triarch.planners.warm import uses_buffers
 from triarch.scheduling import SYSTEM_POOL
 
@@ -94,7 +95,9 @@ class Platform(pulumi.ComponentResource):
                                            efa=any(p.pool.efa_interfaces for p in plans),
                                            placement_groups=sorted(p.placement_group for p in plans
                                                                    if p.placement_group),
-                                           capacity_buffers=uses_buffers(stack, models))
+                                           capacity_buffers=uses_buffers(stack, models),
+                                           capacity_reservations=any(p.reservations for p in plans),
+                                           node_repair=repairs(stack))
             for plan in plans:
                 if self.karpenter is not None and plan.provisioner == "karpenter":
                     self.karpenter_pools.append(KarpenterPool(f"pool-{plan.pool.name}",

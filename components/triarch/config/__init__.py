@@ -28,6 +28,7 @@ from triarch.config.schema import (
     SUPPORTED_KUBERNETES,
     UPSTREAM_IMAGES,
     AutoscalingConfig,
+    CapacityReservationConfig,
     ClusterConfig,
     ModelConfig,
     NodeGroupConfig,
@@ -41,7 +42,8 @@ from triarch.config.schema import (
 
 __all__ = [
     "EKS_NODE_GROUP_NAME_MAX", "NAMESPACE", "NODE_GROUP_NAME_HASH", "SECRET_KEYS", "SUPPORTED_KUBERNETES",
-    "SYSTEM_RELEASE_TABLE", "TOP_LEVEL_KEYS", "UPSTREAM_IMAGES", "AutoscalingConfig", "ClusterConfig",
+    "SYSTEM_RELEASE_TABLE", "TOP_LEVEL_KEYS", "UPSTREAM_IMAGES", "AutoscalingConfig",
+    "CapacityReservationConfig", "ClusterConfig",
     "ComponentMode", "DevicePluginConfig", "ImagePin", "ImagesConfig", "KubeRayConfig", "LeaderWorkerSetConfig",
     "ModelConfig", "NodeGroupConfig", "NodeProvisioner", "ObservabilityConfig", "PoolProvisioner",
     "RegistryConfig", "ServingConfig", "StackConfig", "SystemNodeGroup", "TimeSlicing", "admin_key",

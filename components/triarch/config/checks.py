@@ -35,6 +35,7 @@ from triarch.disaggregation import PREFILL_SUFFIX, ROLES
 from triarch.disaggregation import facts as pd_facts
 from triarch.errors import ConfigError
 from triarch.images import ImageError, chart_release, parse_host, parse_prefix, release_of
+from triarch.kv_offload import offload_facts
 
 
 def _cluster_path(key: str) -> str:
@@ -160,6 +161,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                               "a distinct name per node group")
         names.add(group.name)
     check_sold_in_region(stack, facts)
+    _check_node_repair(stack)
 
     for key, pin, upstream in (("vllm", stack.images.vllm, UPSTREAM_IMAGES["vllm"]),
                                ("rayLlm", stack.images.ray_llm, UPSTREAM_IMAGES["ray-serve"])):
@@ -190,6 +192,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                               "remove it (a vllm model gets its own Service)")
         _check_prefix_routing(model, path)
         _check_disaggregation(stack, model, path, facts)
+        _check_kv_offload(stack, model, path, facts)
         if model.autoscaling is not None:
             if "replicas" in model.model_fields_set:
                 raise ConfigError(f"{path}.replicas", model.replicas,
@@ -210,6 +213,22 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
                 raise ConfigError(f"{path}.autoscaling.min", model.autoscaling.min,
                                   f"is greater than autoscaling.max ({model.autoscaling.max})",
                                   f"0..{model.autoscaling.max}")
+
+
+def _check_node_repair(stack: StackConfig) -> None:
+    """Node repair is Karpenter's, on the nodes it launches, with the agent Triarch installs: it needs both."""
+    cluster = stack.cluster
+    if not cluster.node_repair:
+        return
+    if not cluster.create:
+        raise ConfigError(_cluster_path("nodeRepair"), True,
+                          "only applies to a cluster Triarch creates: on an adopted cluster it installs neither "
+                          "Karpenter's NodeRepair gate nor the EKS node monitoring agent",
+                          "remove it (`triarch verify` reports whether the GPU nodes carry AcceleratedHardwareReady)")
+    if not any(pool_provisioner(cluster, group) == "karpenter" for group in stack.node_groups):
+        raise ConfigError(_cluster_path("nodeRepair"), True,
+                          "needs a GPU pool Karpenter launches: Karpenter repairs only its own nodes, and every pool "
+                          "here is a managed node group", "false, or provisioner: karpenter on a GPU pool")
 
 
 def _keda_remedy(stack: StackConfig) -> str:
@@ -348,6 +367,32 @@ def _check_disaggregation(stack: StackConfig, model: ModelConfig, path: str, fac
                           f"is a KV connector of vLLM {vllm} that Triarch plans no split with "
                           f"({pd_facts().not_planned})",
                           DEFAULT_KV_CONNECTOR)
+
+
+def _check_kv_offload(stack: StackConfig, model: ModelConfig, path: str, facts: Catalog) -> None:
+    """kvOffload on an image whose vLLM takes --kv-offloading-size (templates/compat/kv-offload.yaml), a size only
+    where offload is on. What needs the node and the sizing (its room, a replica across nodes) is the planner's."""
+    offload = model.kv_offload
+    if offload is None:
+        return
+    key = f"{path}.kvOffload"
+    if not offload.enabled:
+        if offload.size_gib is not None:
+            raise ConfigError(f"{key}.sizeGiB", offload.size_gib, "would be ignored: kvOffload.enabled is false",
+                              "remove it, or kvOffload.enabled: true")
+        return
+    image_key = "vllm" if model.engine == "vllm" else "rayLlm"
+    pin = stack.images.vllm if model.engine == "vllm" else stack.images.ray_llm
+    release = release_of(pin.image, pin.release, UPSTREAM_IMAGES[model.engine], facts.images)
+    image = facts.image(release)
+    vllm = image.vllm if image is not None else None
+    releases = offload_facts().releases
+    if vllm not in releases:
+        raise ConfigError(key, offload.model_dump(by_alias=True, exclude_unset=True),
+                          f"needs vLLM's --kv-offloading-size, which Triarch has not found in vLLM {vllm} (the vLLM "
+                          f"of triarch:images.{image_key} {release}; templates/compat/kv-offload.yaml lists the "
+                          "releases whose engine args have it)",
+                          f"an image of vLLM {', '.join(releases)}, or remove kvOffload")
 
 
 def _check_routing_has_a_choice(model: ModelConfig, key: str) -> None:

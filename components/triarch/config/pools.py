@@ -78,7 +78,15 @@ def check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fact
                               f"min == max == {group.max} (a fixed-size pool), or provisioner: karpenter")
         _check_efa(stack, group, path, provisioner, facts)
         _check_image_pull(group, path, facts)
+        _check_reservations(group, path, provisioner)
     else:
+        if group.reservations or group.reserved_only:
+            key, value = ("reservations", [r.id or r.tags for r in group.reservations]) if group.reservations \
+                else ("reservedOnly", True)
+            raise ConfigError(f"{path}.{key}", value,
+                              "only applies when triarch:cluster.create is true (Triarch plans reservations as a "
+                              "Karpenter pool's EC2NodeClass; an adopted cluster's nodes are launched by others)",
+                              "remove it")
         for key in ("efa", "placement_group", "fast_image_pull", "instance_store", "disk_throughput_mib_s"):
             if getattr(group, key) is not None and getattr(group, key) is not False:
                 alias = "diskThroughputMiBps" if key == "disk_throughput_mib_s" else to_camel(key)
@@ -113,6 +121,56 @@ def check_node_group(stack: StackConfig, group: NodeGroupConfig, path: str, fact
         if version_tuple(group.driver_version) < (400,):
             raise ConfigError(f"{path}.driverVersion", group.driver_version, "is not an NVIDIA driver version",
                               "e.g. 580.95.05")
+
+
+TAGS_PER_TERM = 20
+"""Karpenter 1.14.1's CRD: a capacity reservation term's tags have at most 20 entries, none of them empty."""
+
+
+def _check_reservations(group: NodeGroupConfig, path: str, provisioner: str) -> None:
+    """Capacity reservations only on a Karpenter pool, each term what the EC2NodeClass CRD accepts (an id, or tags
+    with an optional owner), a Capacity Block with the price the user pays, and no term twice."""
+    if group.reserved_only and not group.reservations:
+        raise ConfigError(f"{path}.reservedOnly", True, "leaves the pool no capacity: it has no reservations",
+                          "reservations: [{id: cr-...}], or reservedOnly: false")
+    if group.reservations and provisioner != "karpenter":
+        raise ConfigError(f"{path}.reservations", [r.id or r.tags for r in group.reservations],
+                          "needs a Karpenter pool (Karpenter launches into reservations by id or tags, ahead of "
+                          "on-demand; Triarch writes no launch template that targets one for a managed node group)",
+                          "provisioner: karpenter, or remove reservations")
+    seen: dict[str, int] = {}
+    for i, term in enumerate(group.reservations):
+        where = f"{path}.reservations[{i}]"
+        if (term.id is None) == (term.tags is None):
+            shown = {"id": term.id, "tags": term.tags} if term.id else {}
+            raise ConfigError(where, shown, "names a reservation by id or by tags, not both and not neither (Karpenter "
+                              "refuses a term with id and other fields)", "{id: cr-...} or {tags: {key: value}}")
+        if term.owner_id is not None and term.id is not None:
+            raise ConfigError(f"{where}.ownerID", term.owner_id, "only narrows a tags term (an id names one "
+                              "reservation already)", "remove it, or select by tags")
+        if term.tags is not None:
+            if not term.tags or len(term.tags) > TAGS_PER_TERM:
+                raise ConfigError(f"{where}.tags", term.tags, f"must have 1 to {TAGS_PER_TERM} tags", "e.g. {team: ml}")
+            empty = sorted(k for k, v in term.tags.items() if not k or not v)
+            if empty:
+                raise ConfigError(f"{where}.tags", term.tags, "has an empty key or value, which Karpenter refuses",
+                                  "a value, or `*` for any value of the key")
+        if term.type == "capacityBlock" and term.count is None:
+            raise ConfigError(f"{where}.count", None, "is required for a Capacity Block: the instances you bought in "
+                              "it, which its price is paid for whether they run or not", "e.g. 2")
+        if term.type == "capacityBlock" and term.hourly_usd is None:
+            raise ConfigError(f"{where}.hourlyUsd", None, "is required for a Capacity Block: what you paid per "
+                              "instance-hour (its upfront price / hours / instances), which the cost report counts",
+                              "e.g. 31.464")
+        if term.type == "odcr" and term.hourly_usd is not None:
+            raise ConfigError(f"{where}.hourlyUsd", term.hourly_usd, "only applies to a Capacity Block: an On-Demand "
+                              "Capacity Reservation bills at the on-demand rate, used or not",
+                              "remove it, or type: capacityBlock")
+        key = term.id or repr((sorted((term.tags or {}).items()), term.owner_id))
+        if key in seen:
+            raise ConfigError(where, term.id or term.tags, f"repeats reservations[{seen[key]}]", "each reservation "
+                              "once")
+        seen[key] = i
 
 
 def _check_image_pull(group: NodeGroupConfig, path: str, facts: Catalog) -> None:

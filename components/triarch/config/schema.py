@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from ipaddress import IPv4Network
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AwareDatetime, Field, model_validator
 
 from triarch.config.base import DnsLabel, DriverVersion, _Model
 from triarch.config.platform import (
@@ -105,6 +105,16 @@ class ClusterConfig(_Model):
     """What adds nodes to the GPU pools. Created cluster: `karpenter` (default; Triarch installs it) or `none`
     (every pool a fixed-size managed node group). Adopted cluster: what the cluster already runs, `none` by
     default; a pool that may be at zero needs `karpenter` or `cluster-autoscaler` there."""
+    node_repair: bool | None = Field(None, examples=[False])
+    """Created cluster with Karpenter pools: replace a GPU node whose GPU failed. Triarch installs the EKS node
+    monitoring agent (an EKS add-on: DaemonSets on the nodes already priced, nothing of its own to price; its DCGM
+    host engine made to tolerate the GPU taint) and turns on Karpenter's NodeRepair gate: a node the agent marks
+    AcceleratedHardwareReady=False (an Xid of its list, a double-bit ECC, NVLink or DCGM failure;
+    templates/compat/node-repair.yaml) is terminated 10 minutes later, without a drain, unless more than 20% of its
+    pool is unhealthy. Default: on where Triarch creates the cluster and
+    Karpenter launches a pool (a failed GPU otherwise holds its replicas' slots until someone replaces the node by
+    hand); off on an adopted cluster, where Triarch installs neither (`triarch verify` reports whether the GPU nodes
+    carry the condition). Managed node group pools are not repaired by Karpenter."""
 
     @property
     def kubeconfig_path(self) -> str:
@@ -123,6 +133,40 @@ class TimeSlicing(_Model):
 
     replicas: int = Field(ge=2, le=16, examples=[4])
     """How many pods share one GPU; each gets 1/replicas of its memory by vLLM's gpu_memory_utilization."""
+
+
+CAPACITY_RESERVATION_ID = r"^cr-[0-9a-f]{17}$"
+"""An EC2 capacity reservation id: `cr-` and 17 hex digits (EC2 API reference, CapacityReservation; Karpenter
+1.14.1's CRD accepts any `^cr-[0-9a-z]+$`, and EC2 then finds no such reservation)."""
+
+
+class CapacityReservationConfig(_Model):
+    """One EC2 capacity reservation a Karpenter pool launches into ahead of on-demand: an On-Demand Capacity
+    Reservation or a Capacity Block for ML, by id or by tags (a term of the EC2NodeClass's
+    capacityReservationSelectorTerms, Karpenter 1.14.1). You reserve or buy it in EC2; Triarch never creates,
+    buys or cancels one."""
+
+    id: Annotated[str, Field(pattern=CAPACITY_RESERVATION_ID)] | None = Field(None,
+                                                                            examples=["cr-0123456789abcdef0"])
+    """The reservation's id (`cr-` and 17 hex digits). Either id or tags."""
+    tags: dict[str, str] | None = Field(None, examples=[{"team": "ml-serving"}])
+    """Tags that select reservations (`*` as a value: any value of that key), at most 20. Either id or tags."""
+    owner_id: Annotated[str, Field(pattern=r"^\d{12}$")] | None = Field(None, alias="ownerID",
+                                                                       examples=["123456789012"])
+    """With tags: only reservations this AWS account owns (one shared with you through AWS RAM)."""
+    type: Literal["odcr", "capacityBlock"] = Field("odcr", examples=["capacityBlock"])
+    """odcr: an On-Demand Capacity Reservation, billed at the on-demand rate while it exists, used or not.
+    capacityBlock: a Capacity Block for ML, paid upfront for its days; Karpenter drains its nodes 40 minutes before
+    it ends (10 before EC2 starts terminating them)."""
+    count: int | None = Field(None, ge=1, le=1000, examples=[2])
+    """Instances the reservation holds (for a tags term, all it selects together). The placement proof and the
+    cost count them apart; unknown otherwise, and the cost is then a floor."""
+    hourly_usd: float | None = Field(None, gt=0, examples=[31.464])
+    """capacityBlock, required: what you pay per instance-hour, as its purchase recorded it (its upfront price
+    divided by its hours and instances). An odcr is priced at the on-demand rate of templates/compat/prices.yaml."""
+    ends_at: AwareDatetime | None = Field(None, examples=["2027-01-15T11:30:00Z"])
+    """When the reservation ends (UTC), as EC2 shows it: `triarch diff` says what that end does to the replicas on
+    its nodes."""
 
 
 class NodeGroupConfig(_Model):
@@ -188,6 +232,14 @@ class NodeGroupConfig(_Model):
     """Created cluster: the gp3 root volume's throughput. Default: 600 MiB/s where images are unpacked on it in
     parallel (fastImagePull without instanceStore), which the AMI's docs name as the floor for that mode; else
     gp3's included 125."""
+    reservations: list[CapacityReservationConfig] = Field([], max_length=30, examples=[
+        [{"id": "cr-0123456789abcdef0", "count": 2}]])
+    """Created cluster, Karpenter pool: EC2 capacity reservations and Capacity Blocks its nodes launch into first
+    (Karpenter's `reserved` capacity type, ahead of capacityType), at most 30 (Karpenter's limit). The reservations'
+    instance type must be the pool's."""
+    reserved_only: bool = Field(False, examples=[True])
+    """With reservations: launch only into them (the NodePool's capacity type is `reserved` alone); pods beyond
+    them wait Pending. Default: on capacityType once the reservations are full."""
 
     @model_validator(mode="before")
     @classmethod
@@ -303,6 +355,20 @@ class DisaggregationConfig(_Model):
     whole batch."""
 
 
+class KvOffloadConfig(_Model):
+    """KV cache offload to host memory: vLLM's native offloading keeps KV blocks that leave the GPUs in a buffer of
+    the node's memory (the pod's memory-backed /dev/shm), so a prompt whose start was evicted from the GPUs is loaded
+    back instead of computed again. Costs nothing beyond the node: its memory is in the node's price."""
+
+    enabled: bool = Field(True, examples=[False])
+    """false: no offload (the same as leaving kvOffload out)."""
+    size_gib: int | None = Field(None, ge=1, le=16384, alias="sizeGiB", examples=[64])
+    """GiB of host memory for one replica, all its GPUs together (vLLM's --kv-offloading-size), committed when the
+    replica starts. Default: what the pod may take of its share of the node after the node's system reserve, less
+    the memory the engine keeps (docs/tuning.md, "KV offload to host memory"). Refused where the node cannot hold it
+    beside the engine."""
+
+
 class ModelConfig(_Model):
     """One served model; its workload is placed on one node group, its engine args come from the tuner."""
 
@@ -382,6 +448,11 @@ class ModelConfig(_Model):
     """Split prefill from decode (engine ray-serve, generate models): each role its own replicas (fixed, or
     autoscaling on its own load), pool and engine args, the KV cache handed over by vLLM's NIXL connector. Default:
     off. Replaces the model's `replicas` and `autoscaling`."""
+    kv_offload: KvOffloadConfig | None = Field(None, examples=[{"sizeGiB": 64}])
+    """Offload the KV cache to the node's memory (vLLM's native offloading, both engines; a split's roles each on
+    their own pool, beside NIXL in a MultiConnector). `{}` sizes it from the node's memory; `sizeGiB` fixes it. The
+    pod gets a memory-backed /dev/shm of that size and its memory request and limit raised to match. Default: off.
+    Refused on a vLLM release without --kv-offloading-size and for a replica across nodes."""
 
     @property
     def resolved_task(self) -> Literal["generate", "embed"]:

@@ -12,6 +12,7 @@ from triarch.disaggregation import PD_BUILDER, facts
 from triarch.guardrails.base import Config, Resource, rule, stack_rule
 from triarch.guardrails.common import gpu_templates, known, vllm_settings
 from triarch.guardrails.workloads import kind_of, llm_configs, name_of, serve_applications
+from triarch.kv_offload import MULTI_CONNECTOR
 from triarch.scheduling import ACCELERATOR_RESOURCE_PREFIX, EFA_RESOURCE, read_ray_start_resources
 
 CPU_METRICS = ("cpu", "memory")
@@ -163,6 +164,9 @@ def kv_transfer_over_tcp(resource: Resource, config: Config) -> list[str]:
             continue
         if all(str(role.get("accelerator_type")) in efa for role in (prefill, decode)):
             continue  # both roles' pods on EFA: the backend can cross over it
+        connectors = (transfer.get("kv_connector_extra_config") or {}).get("connectors")
+        if transfer.get("kv_connector") == MULTI_CONNECTOR and connectors and isinstance(connectors[0], Mapping):
+            transfer = connectors[0]  # kvOffload beside the split: the role's own connector is the first
         backends = (transfer.get("kv_connector_extra_config") or {}).get("backends") or [found.default_backend]
         shown = ", ".join(str(b) for b in backends) if isinstance(backends, list) else str(backends)
         messages.append(f"RayService {name_of(resource.props, resource.name)} application "

@@ -225,22 +225,40 @@ def _spread_findings(w: Workload, pool: Pool) -> list[Finding]:
     return []
 
 
+def _reserved_limit(pool: Pool) -> int | None:
+    """The nodes a pool on its reservations only can have, where that is fewer than its max: Karpenter launches
+    nothing beyond the instances its reservations hold."""
+    if not pool.reserved_only or pool.reserved_nodes is None:
+        return None
+    return pool.reserved_nodes if pool.max_nodes is None or pool.reserved_nodes < pool.max_nodes else None
+
+
 def _capacity_findings(pool: Pool, placed: list[tuple[Workload, int]]) -> list[Finding]:
+    reserved = _reserved_limit(pool)
+    if reserved is not None and placed:
+        return _over(pool, placed, reserved, f"pool {pool.name} ({pool.what}) runs on its capacity reservations "
+                     f"only, which hold {reserved} {_instance(pool)} node(s)", "reserve more, let the pool fall back "
+                     "to on-demand (reservedOnly: false) or lower the replicas")
     if pool.max_nodes is None or not placed:
         return []
+    return _over(pool, placed, pool.max_nodes, f"pool {pool.name} ({pool.what}) holds at most {pool.max_nodes} "
+                 f"{_instance(pool)} node(s)", "raise the pool's max to {needed} or lower the replicas")
+
+
+def _over(pool: Pool, placed: list[tuple[Workload, int]], limit: int, holds: str, fix: str) -> list[Finding]:
+    """A finding where the pool's workloads at their largest need more than `limit` nodes."""
     # Node-equivalents (pods of different workloads share nodes), and what each workload needs on its own.
     free = pool.free
     share = sum(w.peak * _node_share(w.requests, free) for w, _ in placed) if free is not None else 0.0
     alone = max((_nodes_for(w, pool, per) for w, per in placed if per), default=0)
     needed = max(math.ceil(share - 1e-9), alone)
-    if needed <= pool.max_nodes:
+    if needed <= limit:
         return []
     parts = "; ".join(_peak_line(w, per) for w, per in placed)
     first = placed[0][0]
     return [Finding("pool-capacity", first.resource_type, first.resource_name, first.urn,
-                    f"pool {pool.name} ({pool.what}) holds at most {pool.max_nodes} {_instance(pool)} node(s), but its "
-                    f"workloads at their largest need {needed}: {parts}; raise the pool's max to {needed} or lower "
-                    "the replicas")]
+                    f"{holds}, but its workloads at their largest need {needed}: {parts}; "
+                    + fix.format(needed=needed))]
 
 
 def _peak_line(w: Workload, per_node: int) -> str:
@@ -287,7 +305,10 @@ def headroom(proof: Proof) -> list[str]:
             lines.append(f"{w.where}: on {', '.join(placement.pools)} (node size unknown)")
             continue
         room = (f"{placement.nodes_needed} node(s) at its peak of {w.peak} pod(s)"
-                + (f", pool max {pool.max_nodes}" if pool.max_nodes is not None else ""))
+                + (f", pool max {pool.max_nodes}" if pool.max_nodes is not None else "")
+                + (f", {pool.reserved_nodes} of them reserved" + (" (reservations only)" if pool.reserved_only
+                                                                  else ", the rest on-demand")
+                   if pool.reserved_nodes is not None else ""))
         lines.append(f"{w.where}: on {pool.name} ({_instance(pool)}); asks {w.requests.show()}, a node has "
                      f"{pool.free.show()} free -> {placement.per_node} per node; {room}")
     return lines

@@ -17,7 +17,13 @@ from triarch.catalog import InstanceType, catalog
 from triarch.datafiles import read_yaml
 from triarch.guardrails.workloads import kind_of, name_of
 from triarch.paths import COMPAT_DIR
-from triarch.scheduling import DEVICE_PLUGIN_CONFIG_LABEL, GPU_RESOURCE
+from triarch.scheduling import (
+    CAPACITY_TYPE_LABEL,
+    DEVICE_PLUGIN_CONFIG_LABEL,
+    GPU_RESOURCE,
+    RESERVED_CAPACITY,
+    RESERVED_NODES_ANNOTATION,
+)
 
 ZONE = "topology.kubernetes.io/zone"
 EKS_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
@@ -74,6 +80,10 @@ class Pool:
     """Something in the stack adds nodes for pending pods (a Karpenter NodePool)."""
     daemons: Amounts = Amounts()
     daemon_names: tuple[str, ...] = ()
+    reserved_nodes: int | None = None
+    """Nodes its capacity reservations hold (a NodePool's triarch.dev/reserved-nodes); None where unknown or none."""
+    reserved_only: bool = False
+    """The NodePool launches into its reservations only (karpenter.sh/capacity-type: reserved alone)."""
 
     @property
     def free(self) -> Amounts | None:
@@ -172,9 +182,13 @@ def pools_of(resources: list[Any]) -> list[Pool]:
                 per_node = {GPU_RESOURCE: instance.gpus, "cpu": instance.vcpus, "memory": instance.memory_gib * 1024}
                 bounds = [int(_quantity(v) // per_node[k]) for k, v in limits.items() if per_node.get(k)]
             zones = (requirements.get(ZONE) or {}).get("values")
+            capacity_types = [str(v) for v in (requirements.get(CAPACITY_TYPE_LABEL) or {}).get("values") or []]
+            annotations = (props.get("metadata") or {}).get("annotations") or {}
             pools.append(Pool(str(labels.get("triarch.dev/pool", name)), f"NodePool {name}", labels,
                               list(spec.get("taints") or []), instance, capacity, allocatable,
-                              min(bounds) if bounds else None, 0, tuple(zones) if zones else None, True))
+                              min(bounds) if bounds else None, 0, tuple(zones) if zones else None, True,
+                              reserved_nodes=as_int(annotations.get(RESERVED_NODES_ANNOTATION)),
+                              reserved_only=capacity_types == [RESERVED_CAPACITY]))
         elif r.type == "aws:eks/nodeGroup:NodeGroup":
             labels = {**(props.get("labels") or {}), "kubernetes.io/os": "linux"}
             taints = [{**t, "effect": EKS_EFFECTS.get(str(t.get("effect")), t.get("effect"))}

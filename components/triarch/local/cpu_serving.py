@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from triarch.errors import TriarchError
 from triarch.guardrails.workloads import application_llm_configs
+from triarch.kv_offload import MULTI_CONNECTOR, offload_facts
 from triarch.local import dataplane
 from triarch.local.tiny_models import TinyModel
 
@@ -168,6 +169,17 @@ def cpu_engine_args(settings: EngineSettings, model: TinyModel, kv_blocks: int |
     if tensor is not None and int(tensor) > 1:
         replace("tensor_parallel_size", 1, f"{tensor} ranks per node cannot share two cores; the replica's shape "
                                            "across nodes (pipeline stages, --nnodes, --node-rank) is kept")
+    if settings.get("kv_offloading_size") is not None:
+        replace("kv_offloading_size", None, "vLLM's CPU build cannot offload the KV cache: it runs on CUDA, ROCm and "
+                                            "XPU only (vllm/v1/kv_offload/cpu/spec.py, templates/compat/"
+                                            "kv-offload.yaml platforms)")
+    transfer = settings.get("kv_transfer_config")
+    if isinstance(transfer, dict) and transfer.get("kv_connector") == MULTI_CONNECTOR:
+        kept = [c for c in transfer.get("kv_connector_extra_config", {}).get("connectors", [])
+                if c.get("kv_connector") != offload_facts().offloading_connector]
+        if len(kept) == 1:
+            replace("kv_transfer_config", kept[0], "the offloading connector beside it runs on CUDA, ROCm and XPU "
+                                                   "only, not vLLM's CPU build: the role's own connector alone")
     if kv_blocks is not None:
         replace("num_gpu_blocks_override", kv_blocks, "the KV cache capped so a test's load fills it (the CPU "
                                                       "budget holds millions of the tiny model's tokens)")

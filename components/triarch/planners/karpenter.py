@@ -14,7 +14,15 @@ from typing import Any
 from triarch.planners.iam import partition_of
 from triarch.planners.nodegroups import BASELINE_PULL, IMDS_HOP_LIMIT, EksPoolPlan, user_data
 from triarch.planners.pods import MANAGED_BY
-from triarch.scheduling import GPU_RESOURCE, POOL_LABEL, SYSTEM_POOL
+from triarch.planners.repair import facts as repair_facts
+from triarch.scheduling import (
+    CAPACITY_TYPE_LABEL,
+    GPU_RESOURCE,
+    POOL_LABEL,
+    RESERVED_CAPACITY,
+    RESERVED_NODES_ANNOTATION,
+    SYSTEM_POOL,
+)
 
 NAMESPACE = "kube-system"
 """Where Karpenter's docs install it: API Priority and Fairness gives kube-system's service accounts and leader
@@ -121,7 +129,37 @@ def node_class(plan: EksPoolPlan, cluster: str) -> dict[str, Any]:
         spec["associatePublicIPAddress"] = False
     if plan.placement_group:
         spec["placementGroupSelector"] = {"name": plan.placement_group}
+    if plan.reservations:
+        spec["capacityReservationSelectorTerms"] = reservation_terms(plan)
     return node
+
+
+def reservation_terms(plan: EksPoolPlan) -> list[dict[str, Any]]:
+    """The pool's reservations as Karpenter selects them (EC2NodeClass capacityReservationSelectorTerms, 1.14.1):
+    an id alone, or tags with the owning account. Karpenter finds each reservation's type (ODCR or Capacity Block)
+    in EC2 itself."""
+    terms: list[dict[str, Any]] = []
+    for term in plan.reservations:
+        if term.id is not None:
+            terms.append({"id": term.id})
+        else:
+            terms.append({"tags": dict(term.tags or {}), **({"ownerID": term.owner_id} if term.owner_id else {})})
+    return terms
+
+
+def capacity_types(plan: EksPoolPlan) -> list[str]:
+    """The NodePool's karpenter.sh/capacity-type values: reserved first where the pool has reservations (Karpenter
+    prefers it whatever the order), then the pool's own capacity type unless it is to run on reservations only."""
+    own = [CAPACITY_TYPES[plan.capacity_type]]
+    if not plan.reservations:
+        return own
+    return [RESERVED_CAPACITY] if plan.reserved_only else [RESERVED_CAPACITY, *own]
+
+
+def reserved_nodes(plan: EksPoolPlan) -> int | None:
+    """The instances the pool's reservations hold, where every one's count is given; None otherwise."""
+    counts = [term.count for term in plan.reservations]
+    return sum(c for c in counts if c is not None) if counts and None not in counts else None
 
 
 def pool_limits(plan: EksPoolPlan) -> dict[str, str]:
@@ -138,15 +176,19 @@ def node_pool(plan: EksPoolPlan) -> dict[str, Any]:
     type, disruption that never consolidates a node with pods on it, and limits from `max`."""
     requirements = [
         {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [plan.instance_type]},
-        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": [CAPACITY_TYPES[plan.capacity_type]]},
+        {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": capacity_types(plan)},
         # Sorted: reordering the stack's zones must not touch the NodePool.
         {"key": "topology.kubernetes.io/zone", "operator": "In", "values": sorted(plan.zones)},
         {"key": "kubernetes.io/arch", "operator": "In", "values": [ARCHITECTURES[plan.ami_type]]},
         {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
     ]
+    metadata: dict[str, Any] = {"name": plan.pool.name, "labels": dict(MANAGED_BY)}
+    reserved = reserved_nodes(plan)
+    if reserved is not None:
+        metadata["annotations"] = {RESERVED_NODES_ANNOTATION: str(reserved)}
     return {
         "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
-        "metadata": {"name": plan.pool.name, "labels": dict(MANAGED_BY)},
+        "metadata": metadata,
         "spec": {
             "template": {
                 "metadata": {"labels": dict(plan.pool.labels)},
@@ -170,14 +212,17 @@ def queue_name(cluster: str) -> str:
 
 
 def controller_values(cluster: str, monitor_labels: dict[str, str] | None = None,
-                      capacity_buffers: bool = False) -> dict[str, Any]:
+                      capacity_buffers: bool = False, node_repair: bool = False) -> dict[str, Any]:
     """The chart's values: this cluster and its interruption queue, on the system nodes, with fixed resources, and
     a ServiceMonitor (with the labels the cluster's Prometheus selects) where one runs; the CapacityBuffer feature
-    gate (alpha, off by default) where a model keeps warm capacity. Every key exists in the chart's values.yaml
+    gate (alpha, off by default) where a model keeps warm capacity; the NodeRepair gate (alpha, off by default)
+    where the stack repairs its GPU nodes (planners/repair.py). Every key exists in the chart's values.yaml
     (1.14.1); the image stays the one the chart release stamps."""
     settings: dict[str, Any] = {"clusterName": cluster, "interruptionQueue": queue_name(cluster)}
     if capacity_buffers:
         settings["featureGates"] = {"capacityBuffer": True}
+    if node_repair:
+        settings.setdefault("featureGates", {})[repair_facts().feature_gate] = True
     values: dict[str, Any] = {
         "settings": settings,
         "serviceAccount": {"create": True, "name": SERVICE_ACCOUNT},
@@ -190,13 +235,15 @@ def controller_values(cluster: str, monitor_labels: dict[str, str] | None = None
 
 
 def controller_policy(*, cluster: str, region: str, cluster_arn: str, node_role_arn: str, queue_arn: str,
-                      instance_profile_arn: str, placement_groups: bool = False) -> dict[str, Any]:
+                      instance_profile_arn: str, placement_groups: bool = False,
+                      capacity_reservations: bool = False) -> dict[str, Any]:
     """What the controller may do, scoped to this cluster: launch and tag instances only with this cluster's
     ownership tags, terminate only what it launched, pass only the node role, read only its queue.
 
     Written for Triarch's setup, narrower than Karpenter's getting-started policy: Triarch creates the instance
-    profile (the controller creates, tags and deletes none), and capacity reservations and zonal shift are not
-    used; placement groups only where a pool has one (Karpenter resolves its placementGroupSelector).
+    profile (the controller creates, tags and deletes none), and zonal shift is not used; placement groups only where
+    a pool has one (Karpenter resolves its placementGroupSelector); capacity reservations only where a pool has
+    some (Karpenter describes them and launches into them, as the getting-started policy allows).
     """
     arn = f"arn:{partition_of(region)}:ec2:{region}"
     owned = {f"aws:ResourceTag/kubernetes.io/cluster/{cluster}": "owned"}
@@ -208,7 +255,8 @@ def controller_policy(*, cluster: str, region: str, cluster_arn: str, node_role_
     statements: list[dict[str, Any]] = [
         {"Sid": "LaunchFromImagesSubnetsAndSecurityGroups", "Effect": "Allow",
          "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
-         "Resource": [f"{arn}::image/*", f"{arn}::snapshot/*", f"{arn}:*:security-group/*", f"{arn}:*:subnet/*"]},
+         "Resource": [f"{arn}::image/*", f"{arn}::snapshot/*", f"{arn}:*:security-group/*", f"{arn}:*:subnet/*",
+                      *([f"{arn}:*:capacity-reservation/*"] if capacity_reservations else [])]},
         {"Sid": "LaunchWithOwnLaunchTemplates", "Effect": "Allow",
          "Action": ["ec2:RunInstances", "ec2:CreateFleet"], "Resource": f"{arn}:*:launch-template/*",
          "Condition": {"StringEquals": owned, "StringLike": launched}},
@@ -244,7 +292,8 @@ def controller_policy(*, cluster: str, region: str, cluster_arn: str, node_role_
          "Action": ["ec2:DescribeImages", "ec2:DescribeInstances", "ec2:DescribeInstanceStatus",
                     "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplates",
                     "ec2:DescribeSecurityGroups", "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets",
-                    *(["ec2:DescribePlacementGroups"] if placement_groups else [])],
+                    *(["ec2:DescribePlacementGroups"] if placement_groups else []),
+                    *(["ec2:DescribeCapacityReservations"] if capacity_reservations else [])],
          "Condition": {"StringEquals": {"aws:RequestedRegion": region}}},
         {"Sid": "ResolveAmiAliases", "Effect": "Allow", "Action": "ssm:GetParameter",
          "Resource": f"arn:{partition_of(region)}:ssm:{region}::parameter/aws/service/*"},

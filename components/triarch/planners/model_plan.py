@@ -14,6 +14,7 @@ from triarch.disaggregation import PREFILL_SUFFIX, Role
 from triarch.hub import HubModel
 from triarch.planners.nodegroups import PoolPlan
 from triarch.tuner import Sizing
+from triarch.tuner.offload import HostMemory
 
 CONTAINER_PARTS = ("weights", "engine")
 """The parts after the container starts: what the startup probe waits for."""
@@ -120,6 +121,11 @@ class ModelPlan:
     kv_over_efa: bool = False
     """A split model's roles both on EFA pools: their pods take their GPUs' share of the node's interfaces, and the
     KV cache can cross over EFA (on both roles' plans)."""
+    kv_offload_gib: int = 0
+    """GiB of the node's memory one replica offloads its KV cache to (models[].kvOffload; 0: none): vLLM's
+    --kv-offloading-size, the pod's /dev/shm and memory raised by as much (planners/kv_offload.py)."""
+    host_memory: HostMemory | None = None
+    """What the pod may take of its node, where kvOffload sized from it (the node's type known)."""
 
     @property
     def serving_revision(self) -> str | None:

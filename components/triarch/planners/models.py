@@ -20,12 +20,14 @@ from triarch.hub import HubError, HubModel
 from triarch.matrix import deployed_images, images_by_engine
 from triarch.paths import PROJECT_ROOT
 from triarch.planners.coldstart import check_budget, predict
+from triarch.planners.kv_offload import plan_offload
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.nodegroups import plan_pool
 from triarch.planners.router_memory import eviction_bounds, routing_facts
 from triarch.scheduling import EFA_RESOURCE
 from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, find_arch, load_arch, tune
 from triarch.tuner.nodes import NodesRefused, tune_nodes
+from triarch.tuner.offload import engine_memory_gib
 from triarch.tuner.remedies import LENGTH_GPUS_HINT, LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT, WEIGHTS_HINT
 
 MIN_CACHE_GIB = 20
@@ -149,8 +151,9 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog, token: str | None
     cache = model.cache_gib or max(MIN_CACHE_GIB, math.ceil(2 * sizing.weights_bytes / GIB))
     instance = facts.instances.get(group.instance_type) if group.instance_type else None
     release = images_by_engine(stack, facts)[model.engine]
+    offload, room = plan_offload(stack, index, model, pool, instance, sizing)
     return ModelPlan(model, pool, instance, sizing, deployed_images(stack)[model.engine], cache, release=release,
-                     hub=read)
+                     hub=read, kv_offload_gib=offload, host_memory=room)
 
 
 def hub_lines(plans: Iterable[ModelPlan]) -> list[str]:
@@ -437,15 +440,16 @@ def _surge_fits(stack: StackConfig, plan: ModelPlan, plans: list[ModelPlan]) -> 
 
 def pod_resources(plan: ModelPlan) -> dict[str, dict[str, str]]:
     """Requests equal to limits (Guaranteed QoS): the replica's GPUs and its share of the node's CPU and memory,
-    leaving a core and a fifth of the memory for the kubelet, daemon sets and page cache. On a time-sliced pool
+    leaving a core and a fifth of the memory for the kubelet, daemon sets and page cache, and the model's KV offload
+    on top (kvOffload, sized to fit in that fifth after the node's system reserve). On a time-sliced pool
     the share is of the node's slices: every slice's replica must fit beside the others."""
     gpus = plan.gpus_per_pod
-    if plan.instance is not None and plan.instance.gpus:
-        share = gpus / plan.pool.schedulable_gpus_per_node
-        cpu = max(1, int(plan.instance.vcpus * share) - 1)
-        memory = max(4, int(plan.instance.memory_gib * share * 0.8))
-    else:
-        cpu, memory = 2, 8  # existing nodes of unknown size: a modest floor
+    share = gpus / plan.pool.schedulable_gpus_per_node
+    known = plan.instance is not None and plan.instance.gpus
+    # existing nodes of unknown size: a modest floor
+    cpu = max(1, int(plan.instance.vcpus * share) - 1) if plan.instance is not None and known else 2
+    # The engine's share of the node's memory (tuner/offload.py), and the KV offload's buffer beside it (kvOffload).
+    memory = engine_memory_gib(plan.instance, share) + plan.kv_offload_gib
     amounts = {"cpu": str(cpu), "memory": f"{memory}Gi", "nvidia.com/gpu": str(gpus)}
     if uses_efa(plan):
         amounts[EFA_RESOURCE] = str(efa_share(plan))

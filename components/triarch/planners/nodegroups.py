@@ -12,6 +12,7 @@ from triarch.catalog import Catalog, Gpu
 from triarch.coldfacts import cold_start_facts
 from triarch.config import (
     NODE_GROUP_NAME_HASH,
+    CapacityReservationConfig,
     NodeGroupConfig,
     PoolProvisioner,
     StackConfig,
@@ -132,6 +133,10 @@ class EksPoolPlan:
     pull: ImagePull = BASELINE_PULL
     placement_group: str | None = None
     """The cluster placement group Triarch creates for the pool (its name), where the stack asks for one."""
+    reservations: tuple[CapacityReservationConfig, ...] = ()
+    """The capacity reservations and Capacity Blocks the pool's nodes launch into first (a Karpenter pool's)."""
+    reserved_only: bool = False
+    """Launch into the reservations only: no node beyond them."""
 
     @property
     def eks_taints(self) -> list[dict[str, str]]:
@@ -231,6 +236,8 @@ def plan_eks_pool(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) ->
         launch_template=launch_template(cluster, group.name, group.disk_gib, pull),
         pull=pull,
         placement_group=placement_group_name(cluster, group.name) if group.placement_group else None,
+        reservations=tuple(group.reservations),
+        reserved_only=group.reserved_only,
     )
 
 

@@ -17,7 +17,7 @@ from triarch.config import StackConfig
 from triarch.datafiles import read_yaml
 from triarch.disaggregation import role_deployment
 from triarch.paths import TEMPLATES_DIR
-from triarch.planners import picker, pods
+from triarch.planners import picker, pods, repair
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.nodegroups import PoolPlan
 from triarch.planners.ray import HEAD_PORTS, RAY_SERVICE, WorkerGroupKey
@@ -262,9 +262,24 @@ def xid_alerts() -> list[Alert]:
     ]
 
 
-def cluster_alerts(namespace: str, with_ray: bool) -> list[Alert]:
+def repair_alert() -> Alert:
+    """Where node repair is planned: a new Xid the node monitoring agent turns into AcceleratedHardwareReady=False,
+    so Karpenter replaces the node after its toleration (templates/compat/node-repair.yaml, the codes and the
+    minutes). A warning: the repair is under way; the class alerts above still say what the Xid means."""
+    f = repair.facts()
+    changed = f"changes(DCGM_FI_DEV_XID_ERRORS[{XID_WINDOW_MINUTES}m]) > 0"
+    return Alert("GpuXidNodeRepair", "where",
+                 f"max by (Hostname, gpu) (({_xid_is(list(f.repair_xids))}) and on(Hostname, gpu) ({changed}))", 0,
+                 f"a GPU reported an Xid node repair acts on ({repair.xids_text()}): the node monitoring agent marks "
+                 f"the node {f.condition}={f.status} and Karpenter terminates it {f.toleration_minutes} minutes "
+                 f"later without a drain (not while more than {f.max_unhealthy_percent}% of its pool is unhealthy); "
+                 "its replicas restart elsewhere")
+
+
+def cluster_alerts(namespace: str, with_ray: bool, repairs: bool = False) -> list[Alert]:
     alerts = [
         *xid_alerts(),
+        *([repair_alert()] if repairs else []),
         Alert("GpuMemoryRowRemapFailure", "where", "max by (Hostname, gpu) (DCGM_FI_DEV_ROW_REMAP_FAILURE) > 0", 1,
               "a GPU could not remap a row of its memory: drain the node and replace the GPU", "critical"),
         Alert("GpuMemoryRowRemapPending", "where",
@@ -319,7 +334,7 @@ def observability_manifests(stack: StackConfig, models: list[ModelPlan], setting
                         "spec": {"selector": {"matchLabels": dict(RAY_NODE_LABEL)},
                                  "podMetricsEndpoints": [{"portNumber": HEAD_PORTS["metrics"], "path": "/metrics",
                                                           "interval": "15s"}]}})
-    alerts = cluster_alerts(namespace, with_ray)
+    alerts = cluster_alerts(namespace, with_ray, repair.repairs(stack))
     pools = {m.pool.name: m.pool for m in models}
     for pool in sorted(pools):
         alerts += pool_alerts(pools[pool])

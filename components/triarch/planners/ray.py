@@ -22,8 +22,10 @@ from triarch.coldfacts import cold_start_facts
 from triarch.config.schema import PrefixRoutingConfig
 from triarch.disaggregation import PD_BUILDER, PORT_BASE_KEY, kv_transfer_config
 from triarch.disaggregation import facts as pd_facts
+from triarch.kv_offload import with_offload
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
+from triarch.planners.kv_offload import engine_offload_args, shm_gib
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import efa_share, pod_resources, replica_bounds, uses_efa
 from triarch.planners.router_memory import eviction_bounds
@@ -177,6 +179,8 @@ def llm_config(plan: ModelPlan) -> dict[str, Any]:
         engine_kwargs["revision"] = plan.serving_revision
     if not plan.config.prefix_caching:
         engine_kwargs["enable_prefix_caching"] = False
+    if plan.role is None:  # a split's role offloads beside NIXL instead (role_llm_config)
+        engine_kwargs.update(engine_offload_args(plan.kv_offload_gib))
     source = plan.config.model
     if plan.config.weights_uri:
         # Ray Serve LLM hands an s3:// source to vLLM as the model when the load format streams (Ray 2.60,
@@ -200,8 +204,11 @@ def role_llm_config(plan: ModelPlan) -> dict[str, Any]:
     channel's port base Ray 2.60 adds each replica's offset to (experimental_configs)."""
     assert plan.role is not None and plan.kv_backend is not None and plan.config.disaggregation is not None
     config = llm_config(plan)
-    config["engine_kwargs"]["kv_transfer_config"] = kv_transfer_config(
-        plan.role, plan.config.disaggregation.connector, plan.kv_backend)
+    transfer = kv_transfer_config(plan.role, plan.config.disaggregation.connector, plan.kv_backend)
+    # kvOffload: kv_offloading_size would replace the role's connector (kv-offload.yaml replacesConnector), so the
+    # role runs both in a MultiConnector, its own connector first.
+    config["engine_kwargs"]["kv_transfer_config"] = (with_offload(transfer, plan.kv_offload_gib)
+                                                     if plan.kv_offload_gib else transfer)
     config["experimental_configs"] = {PORT_BASE_KEY: pd_facts().port_base[plan.role]}
     return config
 
@@ -297,7 +304,9 @@ def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim:
     replicas at their fewest and most, in pods."""
     low = sum(replica_bounds(p)[0] * p.nodes_per_replica for p in plans)
     high = sum(replica_bounds(p)[1] * p.nodes_per_replica for p in plans)
-    container = _container("ray-worker", image, pod_resources(plans[0]), with_token)
+    # Any pod of the group may hold a replica of any of its models: each gets the largest KV offload among them.
+    offload = max(plans, key=lambda p: p.kv_offload_gib)
+    container = _container("ray-worker", image, pod_resources(offload), with_token)
     container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", prestop_script()]}}}
     container["env"].append({"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": str(SIGTERM_DRAIN_SECONDS)})
     if compile_cache:  # a worker group is one pool, so one GPU type
@@ -325,7 +334,7 @@ def worker_group(key: WorkerGroupKey, plans: list[ModelPlan], image: str, claim:
                 **({"serviceAccountName": weights_account(key)} if weights_uris(plans) else {}),
                 "securityContext": pods.pod_security(),
                 "containers": [container],
-                "volumes": pods.volumes(claim, shm_gib=2 * key.gpus),
+                "volumes": pods.volumes(claim, shm_gib=shm_gib(key.gpus, offload.kv_offload_gib)),
             },
         },
     }

@@ -13,6 +13,7 @@ from typing import Any
 
 from triarch.coldfacts import cold_start_facts
 from triarch.planners import picker, pods
+from triarch.planners.kv_offload import engine_offload_args, shm_gib
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import pod_resources, replica_bounds, uses_efa
 from triarch.scheduling import POOL_LABEL, gpu_toleration
@@ -45,6 +46,8 @@ def engine_flags(plan: ModelPlan) -> list[str]:
         # A boolean EngineArgs field is an argparse.BooleanOptionalAction: its --no- form turns off what vLLM turns
         # on by default (vllm/engine/arg_utils.py, 0.33.0:384-386 and 0.29.0:387-389).
         args.append(NO_PREFIX_CACHING)
+    for key, value in engine_offload_args(plan.kv_offload_gib).items():  # kvOffload: GiB for the whole instance
+        args += ["--" + key.replace("_", "-"), str(value)]
     return args
 
 
@@ -175,7 +178,8 @@ def _pod_spec(plan: ModelPlan, settings: pods.ServingSettings, container: dict[s
         **pods.pull_secrets(settings),
         "securityContext": pods.pod_security(),
         "containers": [container],
-        "volumes": pods.volumes(pods.cache_claim_name(plan.name), shm_gib=2 * plan.gpus_per_pod),
+        "volumes": pods.volumes(pods.cache_claim_name(plan.name), shm_gib=shm_gib(plan.gpus_per_pod,
+                                                                                plan.kv_offload_gib)),
     }
 
 

@@ -10,8 +10,10 @@ from triarch.catalog import Catalog, catalog, charts
 from triarch.config import NodeGroupConfig, StackConfig, driver_of, pool_provisioner
 from triarch.cost import COST_COLUMNS, at_least_line, price_gap_line
 from triarch.offline import Registered
+from triarch.planners import repair
 from triarch.planners.coldstart import duration, span
 from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
+from triarch.planners.kv_offload import offload_cost_line, offload_line
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import hub_lines, in_stack_words, replica_bounds
 from triarch.planners.nodegroups import plan_eks_pool, plan_pool
@@ -49,8 +51,11 @@ def scaling(stack: StackConfig, group: NodeGroupConfig, facts: Catalog) -> str:
                if plan.pool.efa_interfaces else "")
         placed = (f"; in cluster placement group {plan.placement_group}, so in one zone: a zone outage takes every "
                   "replica" if plan.placement_group else "")
+        kind = group.capacity_type.lower().replace("_", "-")
+        if group.reservations:
+            kind = f"reserved{'' if group.reserved_only else f' (then {kind})'}"
         return (f"Karpenter NodePool {group.name}: from 0 to {group.max} {group.instance_type} "
-                f"{group.capacity_type.lower().replace('_', '-')} nodes in {zones}, launched for pending pods "
+                f"{kind} nodes in {zones}, launched for pending pods "
                 f"(limits: {limits}); an empty node is removed after {CONSOLIDATE_AFTER}{efa}{placed}")
     if provisioner == "managedNodeGroup":
         return f"EKS managed node group of {group.max} node(s), fixed size: never at zero"
@@ -101,6 +106,7 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
     lines += _table(rows)
     lines += ["", "How each pool gets its nodes"]
     lines += [f"  {group.name}: {scaling(stack, group, facts)}" for group in stack.node_groups]
+    lines += ["", "Node repair (templates/compat/node-repair.yaml)", *(f"  {x}" for x in repair.plan_lines(stack))]
     if stack.device_plugin.mode == "install":
         chart = charts()["nvidia-device-plugin"]
         gfd = "with GPU feature discovery" if stack.device_plugin.gpu_feature_discovery else "without GFD"
@@ -132,6 +138,10 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
         if split:
             lines += ["  Split into prefill and decode (Ray Serve LLM's P/D application, vLLM's NIXL connector):",
                       *(f"    {x}" for x in split)]
+        offloads = [offload_line(p.name, p.kv_offload_gib, p.host_memory) for p in result.models if p.kv_offload_gib]
+        if offloads:
+            lines += ["  KV offload to host memory (vLLM's native offloading; /dev/shm and memory limit raised to "
+                      "match):", *(f"    {x}" for x in offloads)]
         read = hub_lines(result.models)
         if read:
             lines += ["  Read from the Hugging Face Hub (the commit each was sized at):", *(f"    {x}" for x in read)]
@@ -259,6 +269,20 @@ def usage_line(item: dict[str, Any]) -> str:
     return f"{item['name']} {rate}" + (f" ({item['perEvent']})" if item.get("perEvent") else "")
 
 
+def reservation_line(pool: dict[str, Any]) -> str:
+    """A pool's reservations, counted apart in its cost: each billed whether its instances run or not."""
+    parts = []
+    for r in pool["reservations"]:
+        kind = "Capacity Block, price as recorded" if r["type"] == "capacityBlock" else "ODCR, on-demand rate"
+        ends = f", ends {r['endsAt']}" if r.get("endsAt") else ""
+        count = f"{r['count']} node(s)" if r["count"] is not None else "count unknown"
+        parts.append(f"{r['reservation']} ({kind}{ends}) {count} {usd(r['monthlyUsd'])}")
+    beyond = "nothing beyond them (reservedOnly)" if pool.get("reservedOnly") else \
+        f"nodes beyond them {(pool.get('capacityType') or 'ON_DEMAND').lower().replace('_', '-')}"
+    return (f"Reserved capacity of pool {pool['name']} (billed used or not, in its cost): {'; '.join(parts)}; "
+            f"{beyond}")
+
+
 def capacity_lines(capacity: dict[str, Any]) -> list[str]:
     """The capacity section of the summary: GPUs and monthly cost per pool at min and at max nodes."""
     where = f"on-demand list prices in {capacity['region']}, {capacity['pricesRetrieved']}" if capacity["region"] \
@@ -280,6 +304,7 @@ def capacity_lines(capacity: dict[str, Any]) -> list[str]:
     if capacity["region"]:
         rows.append(["total", "", "", "", *(total_cell(capacity, key) for key in COST_COLUMNS)])
     lines += _table(rows)
+    lines += [f"  {reservation_line(pool)}" for pool in capacity["pools"] if pool.get("reservations")]
     floor = at_least_line(capacity)
     if floor:
         lines.append(f"  {floor}")
@@ -297,6 +322,9 @@ def capacity_lines(capacity: dict[str, Any]) -> list[str]:
         pickers = [picker_line(m["name"], m["picker"]) for m in capacity["models"] if m.get("picker")]
         if pickers:
             lines.append(f"  Endpoint pickers (on the system nodes, in their row's cost): {'; '.join(pickers)}")
+        offloads = offload_cost_line(capacity["models"])
+        if offloads:
+            lines.append(f"  {offloads}")
     return lines
 
 

@@ -9,7 +9,7 @@ from functools import partial
 
 from triarch.catalog import Catalog
 from triarch.config import StackConfig
-from triarch.planners import device_plugin, karpenter, monitoring
+from triarch.planners import device_plugin, karpenter, monitoring, repair
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import uses_efa
 from triarch.planners.nodegroups import PoolPlan
@@ -20,6 +20,7 @@ from triarch.planners.vllm import LWS_NAME_LABEL, LWS_WORKER_INDEX
 from triarch.verify.base import Finding, check_ready
 from triarch.verify.cluster import Cluster, KubectlFailed
 from triarch.verify.how import check_ray_service
+from triarch.verify.repair import check_repair_controller, check_repair_nodes
 from triarch.verify.when import check_nccl, check_start, check_vllm, start_times
 from triarch.verify.where import (
     DCGM_PORT,
@@ -50,6 +51,10 @@ def verify(cluster: Cluster, stack: StackConfig, models: list[ModelPlan], pools:
     """Every check, where first (a failure there explains those above it)."""
     nodes = cluster.items("nodes")
     findings = [*check_nodes(nodes, pools), *check_drivers(nodes, stack, models, facts)]
+    findings += check_repair_nodes(nodes, pools, repair.repaired_pools(stack))
+    if repair.repairs(stack):
+        findings += check_repair_controller(cluster.items("deployments", "-n", karpenter.NAMESPACE),
+                                            cluster.items("daemonsets", "-n", repair.facts().namespace))
     if stack.device_plugin.mode == "install":
         findings.append(check_ready(cluster.items("daemonsets", "-n", device_plugin.NAMESPACE),
                                     device_plugin.RELEASE, "where", "NVIDIA device plugin"))
