@@ -355,6 +355,9 @@ EXPECTED_VIOLATIONS: list[tuple[str, str, str, str]] = [
      "(cloud.google.com/gke-gpu-driver-version=latest, triarch.dev/pool=l4); pools: a100 (nvidia.com/gpu.present=true, "
      "triarch.dev/gpu=a100-80gb, triarch.dev/pool=a100; nvidia.com/gpu=present:NoSchedule); a10g ("),
     # A Pulumi secret is still plain text in the Deployment's spec.
+    ("runtime-lora-never-public", "mandatory", case(D, "runtime-lora"),
+     "Deployment runtime-lora sets VLLM_ALLOW_RUNTIME_LORA_UPDATING, and Service runtime-lora (LoadBalancer) takes "
+     "traffic from outside the cluster"),
     ("no-plaintext-secrets", "mandatory", case(D, "secret-token"),
      "Deployment secret-token container vllm: env HF_TOKEN is written in the manifest"),
     ("driver-cuda-compatible", "mandatory", case(D, "old-driver"),

@@ -17,6 +17,7 @@ from triarch.config import NAMESPACE, NodeGroupConfig, StackConfig, key_path
 from triarch.guardrails.placement_pools import cpu_millicores, memory_mib
 from triarch.paths import COMPAT_DIR
 from triarch.planners import picker
+from triarch.planners.adapters import adapter_cost
 from triarch.planners.kv_offload import offload_cost
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import replica_bounds
@@ -208,6 +209,8 @@ def capacity_report(name: str, stack: StackConfig, models: list[ModelPlan], fact
             uses[-1]["picker"] = _picker_cost(stack, region, facts, table)
         if plan.kv_offload_gib:  # host memory: in the node's price (planners/kv_offload.py)
             uses[-1]["kvOffload"] = offload_cost(plan)
+        if plan.config.adapters:  # LoRA slots: GPU memory of the replica's own, nothing more to pay
+            uses[-1]["adapters"] = adapter_cost(plan.config, plan.sizing.memory.lora_slots)
         if plan.hub is not None:  # what the sizing read from the Hub: the plan is reproducible at that commit
             uses[-1]["hub"] = {"repo": plan.hub.repo, "revision": plan.hub.revision, "commit": plan.hub.commit,
                                "pinned": plan.config.revision is not None}

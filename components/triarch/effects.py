@@ -18,6 +18,7 @@ from typing import Any
 from triarch.diff import Diff, Difference
 from triarch.engine_changes import serve_applications
 from triarch.planners import repair
+from triarch.planners.adapters import adapter_effects
 from triarch.planners.kv_offload import offload_effects
 from triarch.scheduling import CAPACITY_TYPE_LABEL
 from triarch.service_rules import claim_growth_notes
@@ -589,6 +590,7 @@ def traffic_effects(result: Diff, base: Mapping[str, Any], head: Mapping[str, An
     if base_capacity and head_capacity:
         found += reservation_effects(base_capacity, head_capacity)
         found += offload_effects(base_capacity, head_capacity)
+        found += adapter_effects(base_capacity, head_capacity)
         found += _transient_gpus(base_capacity, head_capacity)
         if not any(d.type == RAY_SERVICE and d.kind in ("changed", "replaced") and _new_ray_cluster(d)
                    for d in result.differences):

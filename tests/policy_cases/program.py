@@ -271,6 +271,16 @@ def violations() -> None:
         container(pod)["env"].append({"name": "HF_TOKEN", "value": token})
     deployment("no-plaintext-secrets", "secret-token", plaintext_token)
 
+    # vLLM's runtime adapter loading on a pod a public LoadBalancer reaches (the prod embed Deployment's copy selects
+    # its own pods by app.kubernetes.io/instance, which served() renames)
+    def runtime_lora(pod: dict[str, Any], _: Any) -> None:
+        container(pod)["env"].append({"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"})
+    case = deployment("runtime-lora-never-public", "runtime-lora", runtime_lora)
+    register("kubernetes:core/v1:Service", "runtime-lora", {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "runtime-lora", "namespace": "llm"},
+        "spec": {"type": "LoadBalancer", "selector": {"app.kubernetes.io/instance": "runtime-lora"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8000}]}}, case)
+
     case = Case("driver-cuda-compatible")
     register_pool(case, "l4-old-driver", ami="al2023@v20250807")
 

@@ -193,6 +193,7 @@ def check_stack(stack: StackConfig, facts: Catalog) -> None:
         _check_prefix_routing(model, path)
         _check_disaggregation(stack, model, path, facts)
         _check_kv_offload(stack, model, path, facts)
+        _check_adapters(stack, model, path)
         if model.autoscaling is not None:
             if "replicas" in model.model_fields_set:
                 raise ConfigError(f"{path}.replicas", model.replicas,
@@ -393,6 +394,49 @@ def _check_kv_offload(stack: StackConfig, model: ModelConfig, path: str, facts: 
                           f"of triarch:images.{image_key} {release}; templates/compat/kv-offload.yaml lists the "
                           "releases whose engine args have it)",
                           f"an image of vLLM {', '.join(releases)}, or remove kvOffload")
+
+
+def _check_adapters(stack: StackConfig, model: ModelConfig, path: str) -> None:
+    """Adapters the engine can load (vLLM: a local path or the Hub; Ray Serve LLM 2.60: cloud storage), under names
+    of their own, on a generate model that is not split; S3 ones under one root, read through a role."""
+    if not model.adapters:
+        return
+    key = f"{path}.adapters"
+    if model.resolved_task != "generate":
+        raise ConfigError(key, [a.name for a in model.adapters], "are planned for generate models only",
+                          "remove adapters, or task: generate")
+    if model.disaggregation is not None:
+        raise ConfigError(key, [a.name for a in model.adapters], "are not planned for a model split into prefill "
+                          "and decode", "remove adapters, or disaggregation")
+    seen: set[str] = set()
+    for i, adapter in enumerate(model.adapters):
+        at = f"{key}[{i}]"
+        if adapter.name == model.name:
+            raise ConfigError(f"{at}.name", adapter.name, "is the model's own served name, which the base model "
+                              "answers to", "a name of its own")
+        if adapter.name in seen:
+            raise ConfigError(f"{at}.name", adapter.name, "names two adapters of this model", "a distinct name per "
+                              "adapter")
+        seen.add(adapter.name)
+        if model.engine == "vllm" and adapter.s3 is not None:
+            raise ConfigError(f"{at}.s3", adapter.s3, "cannot be loaded by engine vllm: vLLM resolves an adapter "
+                              "from a local path or the Hub only", "hub: {id, revision}, or engine: ray-serve")
+        if model.engine == "ray-serve" and adapter.hub is not None:
+            raise ConfigError(f"{at}.hub", adapter.hub.id, "cannot be loaded by engine ray-serve: Ray Serve LLM 2.60 "
+                              "loads adapters from cloud storage only (lora_config.dynamic_lora_loading_path)",
+                              "s3: s3://bucket/<root>/<name>, or engine: vllm")
+        if adapter.s3 is not None and (adapter.s3.rstrip("/").count("/") < 3
+                                       or adapter.s3.rstrip("/").rsplit("/", 1)[-1] != adapter.name):
+            raise ConfigError(f"{at}.s3", adapter.s3, f"must end in the adapter's name ('{adapter.name}'): Ray Serve "
+                              "LLM loads <root>/<adapter name>", f"s3://bucket/<root>/{adapter.name}")
+    roots = sorted({a.s3.rstrip("/").rsplit("/", 1)[0] for a in model.adapters if a.s3 is not None})
+    if len(roots) > 1:
+        raise ConfigError(key, roots, "are more than one S3 root: Ray Serve LLM loads a model's adapters from one "
+                          "(lora_config.dynamic_lora_loading_path)", "every adapter under one root")
+    if roots and not stack.cluster.create and stack.serving.weights_role_arn is None:
+        raise ConfigError(key, roots[0], "names S3 adapters, but no role can read them: the serving pods of an adopted "
+                          "cluster assume triarch:serving.weightsRoleArn (IRSA), which is not set",
+                          "triarch:serving.weightsRoleArn: a role that may s3:GetObject and s3:ListBucket there")
 
 
 def _check_routing_has_a_choice(model: ModelConfig, key: str) -> None:

@@ -369,6 +369,45 @@ class KvOffloadConfig(_Model):
     beside the engine."""
 
 
+S3_PREFIX = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[\w./=+-]*)?$"
+"""An S3 bucket and optional prefix (weightsUri, adapters[].s3)."""
+
+
+class HubAdapter(_Model):
+    """A LoRA adapter on the Hugging Face Hub, at a commit."""
+
+    id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")] = Field(examples=["my-org/support-lora"])
+    """The adapter's repo id."""
+    revision: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")] = Field(
+        examples=["0123456789abcdef0123456789abcdef01234567"])
+    """The commit (40 hex digits) the pods download (vLLM's own Hub resolver takes no revision, so Triarch fetches
+    it before vLLM starts). Required: a branch would move under running replicas."""
+
+
+class AdapterConfig(_Model):
+    """One LoRA adapter of the model, served under its own name beside the base model (docs/adapters.md)."""
+
+    name: DnsLabel = Field(examples=["support"])
+    """The name clients call the adapter by (the `model` of a request; engine ray-serve: `<model>:<name>`)."""
+    hub: HubAdapter | None = Field(None, examples=[{"id": "my-org/support-lora",
+                                                    "revision": "0123456789abcdef0123456789abcdef01234567"}])
+    """Engine vllm: the adapter on the Hub, downloaded at that commit into the model cache before vLLM starts and
+    loaded at start (--lora-modules). Either hub or s3."""
+    s3: Annotated[str, Field(pattern=S3_PREFIX)] | None = Field(None, examples=["s3://my-bucket/adapters/support"])
+    """Engine ray-serve: the adapter's S3 prefix, `<root>/<name>` with one root for all of a model's adapters (Ray
+    Serve LLM 2.60's lora_config.dynamic_lora_loading_path, which loads `<root>/<adapter>` on a replica's first
+    request for it); the pods read it through the same role as S3 weights. Either hub or s3."""
+    rank: int = Field(ge=1, le=512, examples=[16])
+    """The adapter's LoRA rank (`r` of its adapter_config.json). The slots every replica reserves are sized for the
+    largest rank, rounded up to a --max-lora-rank vLLM takes (1, 8, 16, 32, 64, 128, 256, 320, 512)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AdapterConfig:
+        if (self.hub is None) == (self.s3 is None):
+            raise ValueError("give either hub: {id, revision} or s3: s3://bucket/prefix")
+        return self
+
+
 class ModelConfig(_Model):
     """One served model; its workload is placed on one node group, its engine args come from the tuner."""
 
@@ -417,7 +456,7 @@ class ModelConfig(_Model):
     """How long the startup probe waits for the weights to load and vLLM to start before restarting the container.
     Default: the cold-start prediction's slow end with a margin (`triarch plan` shows both); a value below the
     prediction is refused."""
-    weights_uri: Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[\w./=+-]*)?$")] | None = None
+    weights_uri: Annotated[str, Field(pattern=S3_PREFIX)] | None = None
     """s3://bucket/prefix holding the model's files (config, tokenizer, safetensors), which vLLM streams
     into the GPUs with the Run:ai Model Streamer (--load-format runai_streamer) instead of downloading them from the
     hub into the model cache (engine ray-serve: Ray Serve LLM's model_source, which it hands to vLLM without a
@@ -453,6 +492,13 @@ class ModelConfig(_Model):
     their own pool, beside NIXL in a MultiConnector). `{}` sizes it from the node's memory; `sizeGiB` fixes it. The
     pod gets a memory-backed /dev/shm of that size and its memory request and limit raised to match. Default: off.
     Refused on a vLLM release without --kv-offloading-size and for a replica across nodes."""
+    adapters: list[AdapterConfig] = Field([], max_length=64, examples=[
+        [{"name": "support", "rank": 16, "hub": {"id": "my-org/support-lora",
+                                                 "revision": "0123456789abcdef0123456789abcdef01234567"}}]])
+    """LoRA adapters served beside the model (generate models on one node per replica): vLLM's --enable-lora with a
+    slot for each adapter (--max-loras) of the largest rank (--max-lora-rank), whose memory the tuner takes out
+    before the KV cache. Engine vllm: Hub adapters, loaded at start; engine ray-serve: S3 adapters under one root,
+    loaded on first use (lora_config). Default: none."""
 
     @property
     def resolved_task(self) -> Literal["generate", "embed"]:

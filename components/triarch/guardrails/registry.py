@@ -38,5 +38,6 @@ RULES: tuple[Rule, ...] = (
     where_pools.POOL_CAPACITY,                    # Kubernetes  mandatory
     where_pools.POOL_SCALE_FROM_ZERO,             # Kubernetes  mandatory
     how.KV_TRANSFER_OVER_TCP,                     # Ray         advisory
+    security.RUNTIME_LORA_NEVER_PUBLIC,           # Kubernetes  mandatory
 )
 """The policy pack lists its policies, and `triarch check` its findings, in this order."""

@@ -308,6 +308,88 @@ SERVING_NETWORK_ISOLATED = stack_rule(
     serving_network)
 
 
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+"""vLLM's switch for /v1/load_lora_adapter and /v1/unload_lora_adapter on the serving port (vllm/envs.py, 0.29.0:
+true for "1" or "true", any case; vllm/entrypoints/serve/lora/api_router.py mounts them only then)."""
+INTERNAL_LB_ANNOTATIONS = {"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
+                           "service.beta.kubernetes.io/aws-load-balancer-internal": "true"}
+"""A LoadBalancer Service the AWS load balancer controller (or the in-tree provider) keeps inside the VPC."""
+TEMPLATE_KINDS = {"apps/v1:Deployment", "apps/v1:StatefulSet", "apps/v1:ReplicaSet", "apps/v1:DaemonSet"}
+
+
+def _runtime_lora_pods(resource: Resource) -> list[tuple[str, Mapping[str, Any]]]:
+    """(where, pod labels) of each pod template of `resource` whose containers turn runtime adapter loading on."""
+    kind = kind_of(resource.type)
+    props = resource.props
+    spec = props.get("spec") or {}
+    if kind in TEMPLATE_KINDS:
+        template = spec.get("template") or {}
+    elif kind == "core/v1:Pod":
+        template = props
+    else:
+        return []
+    pod = template.get("spec") or {}
+    on = any(str(e.get("name")) == RUNTIME_LORA_ENV and str(e.get("value", "")).strip().lower() in ("1", "true")
+             for c in containers(pod) for e in c.get("env") or [])
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    return [(f"{kind.rsplit(':', 1)[-1]} {name_of(props, resource.name)}", labels)] if on else []
+
+
+def _routes_from_outside(resources: list[Resource]) -> tuple[dict[tuple[str, str], str], set[tuple[str, str]]]:
+    """Services by (namespace, name) that take traffic from outside the cluster themselves (LoadBalancer not kept
+    internal, NodePort), with how; and the (namespace, Service) pairs an Ingress or an HTTPRoute sends to."""
+    exposed: dict[tuple[str, str], str] = {}
+    routed: set[tuple[str, str]] = set()
+    for r in resources:
+        kind, props = kind_of(r.type), r.props
+        spec = props.get("spec") or {}
+        where = (_namespace_of(r), name_of(props, r.name))
+        if kind == "core/v1:Service" and spec.get("type") in ("LoadBalancer", "NodePort"):
+            annotations = (props.get("metadata") or {}).get("annotations") or {}
+            if spec["type"] == "NodePort" or not any(str(annotations.get(k, "")).lower() == v
+                                                     for k, v in INTERNAL_LB_ANNOTATIONS.items()):
+                exposed[where] = f"Service {where[1]} ({spec['type']})"
+        elif kind == "networking.k8s.io/v1:Ingress":
+            backends = [path.get("backend") or {} for rule_ in spec.get("rules") or []
+                        for path in ((rule_.get("http") or {}).get("paths") or [])]
+            backends.append(spec.get("defaultBackend") or {})
+            routed |= {(where[0], str(b["service"]["name"])) for b in backends if (b.get("service") or {}).get("name")}
+        elif kind.startswith("gateway.networking.k8s.io/") and kind.endswith(":HTTPRoute"):
+            for rule_ in spec.get("rules") or []:
+                routed |= {(str(ref.get("namespace") or where[0]), str(ref["name"]))
+                           for ref in rule_.get("backendRefs") or [] if ref.get("name") and
+                           ref.get("kind", "Service") == "Service"}
+    return exposed, routed
+
+
+def runtime_lora_public(resources: list[Resource], config: Config) -> list[tuple[Resource, str]]:
+    exposed, routed = _routes_from_outside(resources)
+    selectors = {(_namespace_of(r), name_of(r.props, r.name)): (r.props.get("spec") or {}).get("selector") or {}
+                 for r in resources if kind_of(r.type) == "core/v1:Service"}
+    found = []
+    for resource in resources:
+        for where, labels in _runtime_lora_pods(resource):
+            namespace = _namespace_of(resource)
+            for (ns, service), selector in sorted(selectors.items()):
+                if ns != namespace or not selector or any(labels.get(k) != v for k, v in selector.items()):
+                    continue
+                route = exposed.get((ns, service)) or (f"an Ingress or HTTPRoute to Service {service}"
+                                                       if (ns, service) in routed else None)
+                if route:
+                    found.append((resource, f"{where} sets {RUNTIME_LORA_ENV}, and {route} takes traffic from "
+                                            "outside the cluster: any client may load or unload adapters; load them "
+                                            "at start (--lora-modules) or keep the route inside the cluster"))
+    return found
+
+
+RUNTIME_LORA_NEVER_PUBLIC = stack_rule(
+    "runtime-lora-never-public", "Kubernetes",
+    "vLLM's runtime adapter loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING) lets any caller of the serving port load an "
+    "adapter from a path or repo it names, or unload one others use: never on a pod a LoadBalancer (not annotated "
+    "internal), NodePort, Ingress or HTTPRoute reaches from outside the cluster. Triarch loads adapters at start.",
+    runtime_lora_public)
+
+
 SECRET_ENV = re.compile(r"(TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|ACCESS_KEY)$", re.IGNORECASE)
 """Environment variable names that carry credentials (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, VLLM_API_KEY, ...)."""
 

@@ -19,6 +19,7 @@ from triarch.errors import ConfigError
 from triarch.hub import HubError, HubModel
 from triarch.matrix import deployed_images, images_by_engine
 from triarch.paths import PROJECT_ROOT
+from triarch.planners.adapters import lora_slots
 from triarch.planners.coldstart import check_budget, predict
 from triarch.planners.kv_offload import plan_offload
 from triarch.planners.model_plan import ModelPlan
@@ -26,6 +27,8 @@ from triarch.planners.nodegroups import plan_pool
 from triarch.planners.router_memory import eviction_bounds, routing_facts
 from triarch.scheduling import EFA_RESOURCE
 from triarch.tuner import GIB, LengthRefused, Sizing, TuneError, find_arch, load_arch, tune
+from triarch.tuner.arch import ModelArch
+from triarch.tuner.lora import MAX_LORA_VOCAB
 from triarch.tuner.nodes import NodesRefused, tune_nodes
 from triarch.tuner.offload import engine_memory_gib
 from triarch.tuner.remedies import LENGTH_GPUS_HINT, LENGTH_HINT, REFUSAL_HINT, REMEDY_HINT, WEIGHTS_HINT
@@ -73,6 +76,22 @@ def _model_path(index: int) -> str:
     return f"triarch:models[{index}]"
 
 
+def _check_adapters_fit(arch: ModelArch, model: ModelConfig, index: int) -> None:
+    """LoRA slots are sized for dense attention models (tuner/lora.py), and vLLM refuses LoRA on a large vocabulary."""
+    if not model.adapters:
+        return
+    if arch.is_moe or arch.is_mla:
+        raise ConfigError(f"{_model_path(index)}.adapters", [a.name for a in model.adapters],
+                          f"are adapters of {model.model}, a mixture of experts or MLA model, whose LoRA slots "
+                          "Triarch does not size (it sizes dense attention models' only)",
+                          "a dense model, or remove adapters")
+    if arch.vocab_size > MAX_LORA_VOCAB:
+        raise ConfigError(f"{_model_path(index)}.adapters", [a.name for a in model.adapters],
+                          f"need LoRA, which vLLM refuses for a vocabulary above {MAX_LORA_VOCAB} "
+                          f"({model.model}: {arch.vocab_size})", "a model with a smaller vocabulary, or remove "
+                          "adapters")
+
+
 def plan_model(stack: StackConfig, index: int, facts: Catalog, token: str | None = None,
                model: ModelConfig | None = None, **tuned: Any) -> ModelPlan:
     """The plan of models[index], or of `model` in its place (a split model's role); `tuned` are tuner options the
@@ -95,6 +114,7 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog, token: str | None
                               "the path (from the project's root) of a Hugging Face config.json") from None
         raise ConfigError(f"{_model_path(index)}.model", model.model, "has no known architecture",
                           f"a model of templates/models, or modelConfig: path/to/config.json ({error})") from None
+    _check_adapters_fit(arch, model, index)
     share = pool.time_slicing_replicas or 1
     if share > 1 and (model.tensor_parallel_size or 1) > 1:
         raise ConfigError(f"{_model_path(index)}.tensorParallelSize", model.tensor_parallel_size,
@@ -109,6 +129,8 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog, token: str | None
                                    "max_model_len": model.max_model_len,
                                    "kv_cache_dtype": model.kv_cache_dtype, "task": model.resolved_task}
         options.update(tuned)
+        if model.adapters:  # the LoRA slots come out before the KV cache (tuner/lora.py)
+            options["lora"] = lora_slots(model)
         if share > 1:  # a slice of one GPU: no replica spans slices
             sizing = tune(arch, pool.gpu, tensor_parallel_size=model.tensor_parallel_size, gpus_available=1,
                           **options)
@@ -148,6 +170,10 @@ def plan_model(stack: StackConfig, index: int, facts: Catalog, token: str | None
     if sizing.sized_for != "pessimistic":
         raise _may_not_start(index, model.model, f"node group '{group.name}' ({pool.gpu.product})", sizing,
                              sliced=share > 1)
+    if model.adapters and sizing.nodes > 1:
+        raise ConfigError(f"{_model_path(index)}.adapters", [a.name for a in model.adapters],
+                          f"are planned for a replica within one node, and this one spans {sizing.nodes} nodes",
+                          "a pool with more GPUs per node, or remove adapters")
     cache = model.cache_gib or max(MIN_CACHE_GIB, math.ceil(2 * sizing.weights_bytes / GIB))
     instance = facts.instances.get(group.instance_type) if group.instance_type else None
     release = images_by_engine(stack, facts)[model.engine]

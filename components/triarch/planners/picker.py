@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from triarch.catalog import charts
 from triarch.config import StackConfig
 from triarch.images import parse
@@ -119,6 +121,33 @@ def proxy_config_map(model: str) -> str:
     return f"{release_name(model)}-envoy"
 
 
+LORA_PLUGINS_FILE = "lora-plugins.yaml"
+"""The picker's config for a model with adapters (router.epp.pluginsCustomConfig, a file of the chart's ConfigMap
+that router.epp.pluginsConfigFile names)."""
+DEFAULT_SCORERS = (("queue-scorer", 2), ("kv-cache-utilization-scorer", 2), ("prefix-cache-scorer", 3))
+"""The chart's default profile (llm-d-router-standalone v0.10.0, charts/router/templates/_config.yaml,
+default-plugins.yaml without the latency predictor): its scorers and weights, kept as they are."""
+LORA_SCORER = ("lora-affinity-scorer", 1)
+"""llm-d-router's LoRA-aware scorer (pkg/epp/framework/plugins/.../loraaffinity, type `lora-affinity-scorer`): 1.0
+for a pod with the request's adapter active, 0.8 where one more adapter fits, read from vllm:lora_requests_info by the
+core-metrics-extractor. The chart's default profile leaves it out. Weight 1 (Triarch's choice): with every adapter
+loaded at start and a slot for each, every pod can take any adapter, so it only breaks ties toward a pod already
+running the adapter."""
+
+
+def lora_plugins() -> dict[str, Any]:
+    """The chart's default picker config (vLLM over HTTP, no latency predictor, no parsers) with the LoRA-aware
+    scorer added to its profile."""
+    scorers = (*DEFAULT_SCORERS, LORA_SCORER)
+    return {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig",
+            "plugins": [*({"type": name} for name, _ in scorers),
+                        {"type": "metrics-data-source",
+                         "parameters": {"scheme": "http", "path": "/metrics", "insecureSkipVerify": True}},
+                        {"type": "core-metrics-extractor"}],
+            "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": name, "weight": weight}
+                                                                   for name, weight in scorers]}]}
+
+
 def picker_values(stack: StackConfig, plan: ModelPlan) -> dict[str, Any]:
     """The chart's values for one model. Every key exists in the chart's values (v0.10.0, standalone values.yaml
     and routerlib's under `router`): the pool over the model's pods on vLLM's port, the picker's image at the pinned
@@ -150,6 +179,9 @@ def picker_values(stack: StackConfig, plan: ModelPlan) -> dict[str, Any]:
         # them as it does vLLM's, inside a namespace whose policies admit only Prometheus' namespace there.
         "monitoring": {"prometheus": {"auth": {"enabled": False}}},
     }
+    if plan.config.adapters:  # the chart's default profile leaves the LoRA-aware scorer out
+        router["epp"].update(pluginsConfigFile=LORA_PLUGINS_FILE,
+                             pluginsCustomConfig={LORA_PLUGINS_FILE: yaml.safe_dump(lora_plugins(), sort_keys=False)})
     if stack.cluster.create:
         router["epp"]["affinity"]["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": [

@@ -25,6 +25,7 @@ from triarch.disaggregation import facts as pd_facts
 from triarch.kv_offload import with_offload
 from triarch.paths import TEMPLATES_DIR
 from triarch.planners import pods
+from triarch.planners.adapters import adapter_root, engine_lora_args, ray_lora_config
 from triarch.planners.kv_offload import engine_offload_args, shm_gib
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import efa_share, pod_resources, replica_bounds, uses_efa
@@ -181,6 +182,7 @@ def llm_config(plan: ModelPlan) -> dict[str, Any]:
         engine_kwargs["enable_prefix_caching"] = False
     if plan.role is None:  # a split's role offloads beside NIXL instead (role_llm_config)
         engine_kwargs.update(engine_offload_args(plan.kv_offload_gib))
+    engine_kwargs.update(engine_lora_args(plan.config))  # adapters: the slots the tuner took out before the KV cache
     source = plan.config.model
     if plan.config.weights_uri:
         # Ray Serve LLM hands an s3:// source to vLLM as the model when the load format streams (Ray 2.60,
@@ -193,6 +195,9 @@ def llm_config(plan: ModelPlan) -> dict[str, Any]:
         "engine_kwargs": engine_kwargs,
         "deployment_config": deployment,
     }
+    lora = ray_lora_config(plan.config)
+    if lora is not None:  # adapters: loaded from their S3 root on a replica's first request for <model>:<adapter>
+        config["lora_config"] = lora
     if plan.pool.gpu.ray_accelerator_type:
         config["accelerator_type"] = plan.pool.gpu.ray_accelerator_type
     return config
@@ -346,8 +351,10 @@ def weights_account(key: WorkerGroupKey) -> str:
 
 
 def weights_uris(plans: list[ModelPlan]) -> list[str]:
-    """The S3 prefixes a worker group's models stream from (sorted: a reordered stack changes nothing)."""
-    return sorted({p.config.weights_uri for p in plans if p.config.weights_uri})
+    """The S3 prefixes a worker group's models read: the weights they stream and their adapters' root (sorted: a
+    reordered stack changes nothing). The one list the group's read-only role is scoped to."""
+    roots = {adapter_root(p.config) for p in plans}
+    return sorted({p.config.weights_uri for p in plans if p.config.weights_uri} | {r for r in roots if r})
 
 
 def worker_groups(plans: list[ModelPlan]) -> dict[WorkerGroupKey, list[ModelPlan]]:

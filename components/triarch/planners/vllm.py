@@ -13,6 +13,7 @@ from typing import Any
 
 from triarch.coldfacts import cold_start_facts
 from triarch.planners import picker, pods
+from triarch.planners.adapters import fetch_container, vllm_lora_flags
 from triarch.planners.kv_offload import engine_offload_args, shm_gib
 from triarch.planners.model_plan import ModelPlan
 from triarch.planners.models import pod_resources, replica_bounds, uses_efa
@@ -48,7 +49,7 @@ def engine_flags(plan: ModelPlan) -> list[str]:
         args.append(NO_PREFIX_CACHING)
     for key, value in engine_offload_args(plan.kv_offload_gib).items():  # kvOffload: GiB for the whole instance
         args += ["--" + key.replace("_", "-"), str(value)]
-    return args
+    return args + vllm_lora_flags(plan.config)  # adapters: the slots, and those loaded at start
 
 
 STREAMER_LOAD_FORMAT = "runai_streamer"
@@ -169,6 +170,8 @@ def _server_container(plan: ModelPlan, settings: pods.ServingSettings) -> dict[s
 
 def _pod_spec(plan: ModelPlan, settings: pods.ServingSettings, container: dict[str, Any],
               placement: dict[str, Any]) -> dict[str, Any]:
+    # adapters: the Hub adapters fetched at their commits into the model cache before vLLM starts
+    fetch = fetch_container(plan.config, plan.image, pods.serving_env(settings.with_token))
     return {
         **placement,
         "terminationGracePeriodSeconds": grace_period_seconds(),
@@ -178,6 +181,7 @@ def _pod_spec(plan: ModelPlan, settings: pods.ServingSettings, container: dict[s
         **pods.pull_secrets(settings),
         "securityContext": pods.pod_security(),
         "containers": [container],
+        **({"initContainers": [fetch]} if fetch else {}),
         "volumes": pods.volumes(pods.cache_claim_name(plan.name), shm_gib=shm_gib(plan.gpus_per_pod,
                                                                                 plan.kv_offload_gib)),
     }

@@ -11,6 +11,7 @@ from triarch.config import NodeGroupConfig, StackConfig, driver_of, pool_provisi
 from triarch.cost import COST_COLUMNS, at_least_line, price_gap_line
 from triarch.offline import Registered
 from triarch.planners import repair
+from triarch.planners.adapters import adapter_line
 from triarch.planners.coldstart import duration, span
 from triarch.planners.karpenter import CONSOLIDATE_AFTER, pool_limits
 from triarch.planners.kv_offload import offload_cost_line, offload_line
@@ -142,6 +143,10 @@ def summary(result: PlanResult, facts: Catalog | None = None) -> str:
         if offloads:
             lines += ["  KV offload to host memory (vLLM's native offloading; /dev/shm and memory limit raised to "
                       "match):", *(f"    {x}" for x in offloads)]
+        adapters = [adapter_line(p.config, p.sizing.memory.lora_slots) for p in result.models if p.config.adapters]
+        if adapters:
+            lines += ["  LoRA adapters (served under their own names; no cost beyond the replicas' GPUs):",
+                      *(f"    {x}" for x in adapters)]
         read = hub_lines(result.models)
         if read:
             lines += ["  Read from the Hugging Face Hub (the commit each was sized at):", *(f"    {x}" for x in read)]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from triarch.tuner.arch import ModelArch, Task
 from triarch.tuner.kv import kv_heads_per_gpu, layers_per_gpu
+from triarch.tuner.lora import LoraSlots, lora_slot_bytes
 from triarch.tuner.releases import Spread, VllmRelease
 from triarch.tuner.units import MIB
 from triarch.tuner.weights import stage_weight_bytes, weight_bytes
@@ -59,11 +60,14 @@ class MemoryBudget:
     graphs_before_kv: bool = True
     """Whether the release took ``cuda_graphs`` out before sizing the KV cache (else they come out of the
     headroom above ``requested``, captured after the KV cache is allocated)."""
+    lora_slots: int = 0
+    """The LoRA adapter slots' buffers (tuner/lora.py), allocated with the weights."""
 
     @property
     def overhead(self) -> int:
         """Everything but weights and KV cache that comes out of ``requested``."""
-        return self.non_torch + self.activation_peak + (self.cuda_graphs if self.graphs_before_kv else 0)
+        return (self.non_torch + self.activation_peak + (self.cuda_graphs if self.graphs_before_kv else 0)
+                + self.lora_slots)
 
     @property
     def spare(self) -> int:
@@ -150,11 +154,13 @@ def memory_budget(
     kv_cache_memory_bytes: int | None = None,
     enforce_eager: bool = False,
     spread: Spread | None = None,
+    lora: LoraSlots | None = None,
 ) -> MemoryBudget:
     """``available = ceil(total x gpu_memory_utilization) - (weights/(tp x pp) + non-torch + activation peak)``,
     minus the CUDA-graph estimate where ``release`` takes it out before the KV cache; ``total`` is torch's device
     total. Or ``kv_cache_memory_bytes`` as given (vLLM then ignores the utilization). With ``spread``, each
-    component at the pessimistic end of the estimate."""
+    component at the pessimistic end of the estimate. With ``lora``, the adapter slots come out too (exact: vLLM
+    allocates them with the weights, tuner/lora.py)."""
     weights = weights_per_gpu(arch, tensor_parallel_size, pipeline_parallel_size, task=task)
     non_torch = non_torch_bytes(tensor_parallel_size, pipeline_parallel_size)
     activation = activation_peak_bytes(
@@ -165,6 +171,8 @@ def memory_budget(
         task=task,
     )
     graphs = cuda_graph_bytes(arch, pipeline_parallel_size=pipeline_parallel_size, enforce_eager=enforce_eager)
+    adapters = lora_slot_bytes(arch, lora, tensor_parallel_size=tensor_parallel_size,
+                               pipeline_parallel_size=pipeline_parallel_size)
     if spread is not None:  # the pessimistic end: every component at its worst calibrated underestimate
         estimated = arch.quant_method is not None or arch.tower_parameters > 0
         weights = math.ceil(weights * (spread.weights_estimated if estimated else spread.weights))
@@ -173,9 +181,10 @@ def memory_budget(
         graphs = math.ceil(graphs * spread.cuda_graphs)
     if kv_cache_memory_bytes is not None:
         return MemoryBudget(gpu_memory_bytes, 1.0, gpu_memory_bytes, weights, non_torch, activation, graphs,
-                            kv_cache_memory_bytes, kv_cache_memory_bytes, graphs_before_kv=False)
+                            kv_cache_memory_bytes, kv_cache_memory_bytes, graphs_before_kv=False,
+                            lora_slots=adapters)
     requested = math.ceil(gpu_memory_bytes * gpu_memory_utilization)
     before_kv = release.cuda_graphs_before_kv_cache
-    available = requested - weights - non_torch - activation - (graphs if before_kv else 0)
+    available = requested - weights - adapters - non_torch - activation - (graphs if before_kv else 0)
     return MemoryBudget(gpu_memory_bytes, gpu_memory_utilization, requested, weights, non_torch, activation, graphs,
-                        available, graphs_before_kv=before_kv)
+                        available, graphs_before_kv=before_kv, lora_slots=adapters)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from triarch.tuner.arch import ModelArch, Task
 from triarch.tuner.kv import KvLayout, kv_bytes_per_token, kv_layout
+from triarch.tuner.lora import LoraSlots
 from triarch.tuner.memory import MemoryBudget, memory_budget
 from triarch.tuner.releases import Spread, VllmRelease
 from triarch.tuner.units import GIB
@@ -93,6 +94,7 @@ def plan_for(
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     spread: Spread | None = None,
+    lora: LoraSlots | None = None,
 ) -> Plan:
     if task == "embed":
         # Pooling runs without chunked prefill: a whole request (up to the longest max_model_len this plan may
@@ -107,7 +109,7 @@ def plan_for(
     budget = memory_budget(
         arch, total, release=release, tensor_parallel_size=tp, pipeline_parallel_size=pp,
         gpu_memory_utilization=util, max_num_batched_tokens=batched, max_num_seqs=seqs_cap, task=task,
-        kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager, spread=spread,
+        kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager, spread=spread, lora=lora,
     )
     per_token = kv_bytes_per_token(arch, tensor_parallel_size=tp, pipeline_parallel_size=pp,
                                    kv_cache_dtype=kv_cache_dtype)

@@ -9,6 +9,7 @@ from triarch.catalog import Gpu
 from triarch.tuner.arch import TASKS, LengthRefused, ModelArch, Task, TuneError
 from triarch.tuner.context import derive_context, refuse_longer
 from triarch.tuner.kv import DEFAULT_BLOCK_SIZE, kv_dtype_bytes
+from triarch.tuner.lora import LoraSlots
 from triarch.tuner.plan import DEFAULT_CONTEXT_TARGET, Plan, plan_for
 from triarch.tuner.releases import estimate_spread, modelled_releases, release_for
 from triarch.tuner.remedies import (
@@ -69,6 +70,7 @@ def tune(
     remedies: bool = True,
     tp_limit: int | None = None,
     typical_tokens: int | None = None,
+    lora: LoraSlots | None = None,
 ) -> Sizing:
     """Engine args for serving ``arch`` on GPUs of type ``gpu``.
 
@@ -147,7 +149,7 @@ def tune(
         return plan_for(arch, total, tp, release=release, pp=pipeline_parallel_size, util=gpu_memory_utilization,
                      kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, task=task,
                      block_size=block_size, longest=ceiling, enforce_eager=eager, max_num_seqs=seqs,
-                     max_num_batched_tokens=batched)
+                     max_num_batched_tokens=batched, lora=lora)
 
     spread = estimate_spread()
     # A release the tuner does not model is sized, at the pessimistic end, under every modelled release's rules and
@@ -160,7 +162,7 @@ def tune(
                             kv_cache_dtype=kv_dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, task=task,
                             block_size=block_size, longest=ceiling, enforce_eager=p.enforce_eager,
                             max_num_seqs=p.max_num_seqs_cap, max_num_batched_tokens=p.max_num_batched_tokens,
-                            spread=spread)
+                            spread=spread, lora=lora)
                    for r in pessimists]
         return min(options, key=lambda q: q.blocks)
 
