@@ -82,10 +82,11 @@ class DataPlane:
 
     def command(self, container: dict[str, Any], model: str, name: str,
                 pod_env: Mapping[str, str] | None = None, host: str | None = None,
-                kv_blocks: int | None = None) -> CpuCommand:
+                kv_blocks: int | None = None, adapters: Mapping[str, Path] | None = None) -> CpuCommand:
         """A planned vLLM container as the CPU engine closest to its image's vLLM release runs it."""
         python = dataplane.python(dataplane.for_vllm_release(image_vllm_release(container["image"])))
-        return cpu_command(container, self.tiny_model(model), python, self.work / name, pod_env, host, kv_blocks)
+        return cpu_command(container, self.tiny_model(model), python, self.work / name, pod_env, host, kv_blocks,
+                           adapters)
 
     def start(self, command: CpuCommand, name: str, healthy: bool = True) -> Server:
         """Start an engine; with `healthy`, wait until its /health answers 200 (EngineFailed otherwise, with the

@@ -14,7 +14,7 @@ from conftest import StackPlan, compat_data
 from triarch import cli
 from triarch.local import dataplane
 from triarch.local.cpu_serving import EngineFailed, cpu_command, engine_error, expand
-from triarch.local.tiny_models import VOCABULARY, make, prompt, shared, tiny_config
+from triarch.local.tiny_models import VOCABULARY, make, make_adapter, prompt, shared, tiny_config
 
 PYTHON = Path("/venv/bin/python")
 
@@ -157,6 +157,38 @@ def test_pods_sharing_a_namespace_each_bind_their_own_address(tmp_path: Path) ->
     argv = argv_after_serve(command.argv)
     assert argv[argv.index("--host") + 1] == "198.18.128.7"
     assert (command.host, command.port) == ("198.18.128.7", 8000)
+
+
+def test_only_the_given_adapters_paths_are_replaced_and_the_slots_kept(tmp_path: Path) -> None:
+    model = make("Qwen/Qwen3-8B", tmp_path / "m")
+    planned = ["Qwen/Qwen3-8B", "--enable-lora", "--max-loras", "2", "--max-lora-rank", "16", "--lora-modules",
+               "support=/models/adapters/support", "legal=/models/adapters/legal", "--port", "8000"]
+    command = cpu_command(container(planned), model, PYTHON, tmp_path / "w", adapters={"support": tmp_path / "a"})
+    argv = argv_after_serve(command.argv)
+    at = argv.index("--lora-modules")
+    assert argv[at + 1:at + 4] == [f"support={tmp_path / 'a'}", "legal=/models/adapters/legal", "--port"]
+    assert argv[argv.index("--max-loras") + 1] == "2" and argv[argv.index("--max-lora-rank") + 1] == "16"
+    [replaced] = [r for r in command.replacements if "lora" in r.what]
+    assert (replaced.what, replaced.planned, replaced.used) == (
+        "--lora-modules support", "/models/adapters/support", str(tmp_path / "a"))
+
+
+def test_a_tiny_adapter_is_a_peft_lora_of_the_tiny_models_shapes(tmp_path: Path) -> None:
+    """Qwen3's tiny model: hidden 128, two query heads and one KV head of 128 (its real head size)."""
+    model = make("Qwen/Qwen3-8B", tmp_path / "m")
+    adapter = make_adapter(model, tmp_path / "a", rank=8)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["r"], config["target_modules"]) == ("LORA", 8, ["q_proj", "v_proj"])
+    raw = (adapter / "adapter_model.safetensors").read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    assert (8 + length) % 8 == 0
+    shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+    assert shapes["base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight"] == [256, 8]
+    assert shapes["base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight"] == [128, 8]
+    assert shapes["base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight"] == [8, 128]
+    assert len(shapes) == 8  # two layers, two modules, A and B
+    assert len(raw) == 8 + length + 4 * sum(a * b for a, b in shapes.values())
 
 
 def test_a_container_that_is_not_vllm_serve_is_refused(tmp_path: Path) -> None:

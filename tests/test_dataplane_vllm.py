@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from conftest import STACK_NAMES, StackPlan, stack_document
+from conftest import STACK_NAMES, StackPlan, plan_config, stack_document
 from dataplane import DataPlane
 from triarch.local.cpu_serving import CpuCommand, EngineFailed
 from triarch.local.inside import Answer
-from triarch.local.tiny_models import SHRUNK, prompt
+from triarch.local.tiny_models import SHRUNK, make_adapter, prompt
 
 PLAIN_VLLM = [(stack, model["name"]) for stack in STACK_NAMES
               for model in stack_document(stack).get("triarch:models", []) if model["engine"] == "vllm"]
@@ -213,3 +213,94 @@ def test_a_context_longer_than_the_model_holds_fails_with_the_engines_reason(dat
     assert "\n" not in line
     assert "max_model_len" in line.lower() or "max-model-len" in line.lower(), line
     assert "40960" in line, line
+
+
+# --- LoRA adapters (issue 52) ---------------------------------------------------------------------------------------
+
+ADAPTERS = {"support": 8, "legal": 16}
+"""lab's chat with two Hub adapters, by name and rank: two slots of rank 16 (planners/adapters.py)."""
+ADAPTER_REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+@dataclass
+class AdapterRun:
+    work: Workload
+    command: CpuCommand
+    models: Answer
+    answers: dict[str, Answer]
+    """Served name -> a greedy completion of the same prompt, with its tokens' log-probabilities."""
+    unknown: Answer
+    metrics: str
+
+
+@pytest.fixture(scope="module")
+def adapter_run(data_plane: DataPlane, tmp_path_factory: pytest.TempPathFactory) -> AdapterRun:
+    """lab's chat planned with two Hub adapters and started from its planned container, each adapter a tiny one
+    Triarch makes for the tiny model in place of what the pod's init container fetches; one greedy completion of the
+    same prompt from the base model and from each adapter."""
+    config = stack_document("lab")
+    [chat] = [m for m in config["triarch:models"] if m["name"] == "chat"]
+    chat["adapters"] = [{"name": name, "rank": rank, "hub": {"id": f"my-org/{name}-lora", "revision": ADAPTER_REVISION}}
+                        for name, rank in ADAPTERS.items()]
+    work = workload(plan_config("adapters", config, tmp_path_factory.mktemp("adapters-plan")), "chat")
+    tiny = data_plane.tiny_model("Qwen/Qwen3-8B")
+    made = {name: make_adapter(tiny, data_plane.work / "adapters" / name, rank, seed)
+            for seed, (name, rank) in enumerate(ADAPTERS.items())}
+    command = data_plane.command(work.leader, "Qwen/Qwen3-8B", "adapters", adapters=made)
+    server = data_plane.start(command, "adapters")
+    try:
+        body = {"prompt": prompt(24), "max_tokens": 8, "temperature": 0, "logprobs": 1}
+        answers = {name: data_plane.post(server, "/v1/completions", {**body, "model": name})
+                   for name in ("chat", *ADAPTERS)}
+        unknown = data_plane.post(server, "/v1/completions", {**body, "model": "not-loaded"})
+        return AdapterRun(work, command, data_plane.client.get(server.url + "/v1/models"), answers, unknown,
+                          data_plane.client.get(server.url + "/metrics").body)
+    finally:
+        data_plane.stop(server)
+
+
+def test_each_adapter_serves_under_its_name_beside_the_base_model(adapter_run: AdapterRun) -> None:
+    """/v1/models lists the base model and each adapter with the base as its parent; a completion asked of an
+    adapter answers under its name."""
+    cards = {card["id"]: card for card in adapter_run.models.json()["data"]}
+    assert set(cards) == {"chat", *ADAPTERS}
+    assert {name: cards[name]["parent"] for name in ADAPTERS} == {name: "chat" for name in ADAPTERS}
+    for name, answer in adapter_run.answers.items():
+        assert answer.status == 200, answer.body
+        assert answer.json()["model"] == name
+        assert answer.json()["usage"]["completion_tokens"] == 8
+
+
+def test_an_adapter_changes_what_the_model_answers(adapter_run: AdapterRun) -> None:
+    """The same greedy request gives other log-probabilities under each adapter than under the base model and the
+    other adapter: the adapter's weights are applied, not only its name accepted. The random model's logits are
+    nearly flat (vLLM's dummy weights), so the differences are in the sixth decimal, exact floats compared: a request
+    that ran without its adapter would give the base model's to the bit."""
+    def logprobs(name: str) -> list[float]:
+        return list(adapter_run.answers[name].json()["choices"][0]["logprobs"]["token_logprobs"])
+
+    seen = {name: logprobs(name) for name in adapter_run.answers}
+    assert len({tuple(v) for v in seen.values()}) == len(seen), seen
+
+
+def test_a_name_no_adapter_has_is_refused_by_the_engine(adapter_run: AdapterRun) -> None:
+    assert adapter_run.unknown.status == 404, adapter_run.unknown.body
+    assert "not-loaded" in adapter_run.unknown.body
+
+
+def test_the_adapters_run_with_the_planned_slots_as_the_picker_reads_them(adapter_run: AdapterRun) -> None:
+    """The engine took the planned --max-loras and --max-lora-rank as they are (no replacement touches them) and
+    loaded each adapter from the path --lora-modules names, the planned one but for the fetch; it reports its slots
+    in vllm:lora_requests_info{max_lora}, and each adapter it ran in running_lora_adapters: what the endpoint
+    picker's lora-affinity-scorer reads."""
+    args = adapter_run.work.leader["args"]
+    slots = args[args.index("--max-loras") + 1]
+    assert (slots, args[args.index("--max-lora-rank") + 1]) == ("2", "16")
+    replaced = {r.what: (r.planned, r.used) for r in adapter_run.command.replacements if "lora" in r.what}
+    assert set(replaced) == {f"--lora-modules {name}" for name in ADAPTERS}
+    assert {what: planned for what, (planned, _) in replaced.items()} == {
+        f"--lora-modules {name}": f"/models/adapters/{name}" for name in ADAPTERS}
+    series = [line for line in adapter_run.metrics.splitlines() if line.startswith("vllm:lora_requests_info{")]
+    assert series and all(f'max_lora="{slots}"' in line for line in series), series
+    running = {line.split('running_lora_adapters="', 1)[1].split('"', 1)[0] for line in series}
+    assert set(ADAPTERS) <= running, f"each adapter seen running by the engine's own gauge: {series}"

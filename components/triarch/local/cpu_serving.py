@@ -5,7 +5,8 @@ awaited and stopped inside a network namespace (`Server`).
 What is replaced: the `vllm` script (vLLM's CPU build is another distribution), the model (a tiny model of the same
 architecture, random weights), what reaches the model's weights (a Hub revision, the object-store streamer), what
 only a GPU runs (CUDA graphs and compilation, block sizes the CPU kernels lack, tensor-parallel ranks two cores cannot
-hold), where files go (the pod's volumes) and, where several pods share one namespace, the address each binds.
+hold), where a LoRA adapter is loaded from (a tiny one in place of the init container's download), where files go
+(the pod's volumes) and, where several pods share one namespace, the address each binds.
 Everything else (the served name, the port, the drain window, every tuned engine arg) reaches `vllm serve` as
 planned, and a flag the engine refuses fails the start with the engine's own message."""
 
@@ -222,10 +223,12 @@ def model_replacement(planned: str, model: TinyModel, what: str = "model") -> li
 
 def cpu_command(container: dict[str, Any], model: TinyModel, python: Path, work: Path,
                 pod_env: Mapping[str, str] | None = None, host: str | None = None,
-                kv_blocks: int | None = None) -> CpuCommand:
+                kv_blocks: int | None = None, adapters: Mapping[str, Path] | None = None) -> CpuCommand:
     """The argv and environment that run a planned vLLM container here. `pod_env` is what Kubernetes (and an
     admission webhook, as LeaderWorkerSet's) adds to the container's environment; `host` the address the pod would
-    have, where several pods share the namespace; `kv_blocks` caps the KV cache, so a test's load can fill it."""
+    have, where several pods share the namespace; `kv_blocks` caps the KV cache, so a test's load can fill it;
+    `adapters` the directory of each LoRA adapter --lora-modules names, in place of where the pod's init container
+    fetched it."""
     variables = {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
     variables.update(pod_env or {})
     command = [expand(c, variables) for c in container.get("command", [])]
@@ -247,6 +250,7 @@ def cpu_command(container: dict[str, Any], model: TinyModel, python: Path, work:
         flags.set("host", host)
         done.append(Replacement("--host", planned_host, host,
                                 "the pods share one network namespace here; each binds the address its pod has"))
+    done += lora_module_paths(args, adapters or {})
     port = int(flags.get("port") or 8000)
 
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **variables}
@@ -271,6 +275,25 @@ def cpu_command(container: dict[str, Any], model: TinyModel, python: Path, work:
     argv = [str(python), str(VLLM_COMMAND), "serve", *args[0:]]
     reach = host if host is not None else "127.0.0.1" if planned_host in (None, "0.0.0.0") else planned_host
     return CpuCommand(argv, env, done, port, reach)
+
+
+def lora_module_paths(args: list[str], adapters: Mapping[str, Path]) -> list[Replacement]:
+    """Each `--lora-modules name=path` whose adapter is in `adapters` pointed at that directory, in place (the flag
+    takes several values, up to the next flag); a module not given keeps its planned path, which vLLM then refuses."""
+    if "--lora-modules" not in args:
+        return []
+    done = []
+    at = args.index("--lora-modules") + 1
+    while at < len(args) and not args[at].startswith("--"):
+        name, _, planned = args[at].partition("=")
+        if name in adapters:
+            args[at] = f"{name}={adapters[name]}"
+            done.append(Replacement(f"--lora-modules {name}", planned, str(adapters[name]),
+                                    "the adapter the pod's init container fetches from the Hub at its commit cannot "
+                                    "be downloaded here: a tiny adapter of the same rank for the tiny model "
+                                    "(local/tiny_models.py make_adapter)"))
+        at += 1
+    return done
 
 
 def cpu_llm_config(config: dict[str, Any], model: TinyModel, where: str) -> list[Replacement]:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,3 +162,49 @@ def prompt(words: int, seed: int = 0) -> str:
     """A prompt of exactly `words` tokens (the tokenizer splits on whitespace; no word is a special token)."""
     body = VOCABULARY[len(SPECIAL):]
     return " ".join(body[(seed * 7919 + i * 31) % len(body)] for i in range(words))
+
+
+ADAPTER_MODULES = ("q_proj", "v_proj")
+"""The projections a tiny adapter adapts: the pair PEFT's LoRA targets by default for Llama and Qwen models."""
+ADAPTER_SCALE = 16
+"""lora_alpha over the rank: large, so the adapter visibly changes what the random model answers (vLLM's dummy
+weights are uniform in +-0.001, a trained adapter's lora_B starts at zero)."""
+
+
+def safetensors_bytes(tensors: dict[str, tuple[list[int], list[float]]]) -> bytes:
+    """A safetensors file of float32 tensors (name -> (shape, values)): an 8-byte little-endian header length, the
+    JSON header padded to 8 bytes, the tensors' bytes in order (huggingface/safetensors' format)."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    data = bytearray()
+    for name, (shape, values) in tensors.items():
+        start = len(data)
+        data += struct.pack(f"<{len(values)}f", *values)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [start, len(data)]}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + bytes(data)
+
+
+def make_adapter(model: TinyModel, directory: Path, rank: int, seed: int = 0) -> Path:
+    """A LoRA adapter for a tiny model, in PEFT's layout (adapter_config.json, adapter_model.safetensors): rank
+    `rank` on every layer's ADAPTER_MODULES, values drawn from `seed`. What vLLM loads from --lora-modules, where a
+    pod loads the adapter its init container fetched."""
+    config = json.loads((model.directory / "config.json").read_text())
+    hidden, head = config["hidden_size"], config.get("head_dim") or config["hidden_size"] // config[
+        "num_attention_heads"]
+    outputs = {"q_proj": config["num_attention_heads"] * head, "v_proj": config["num_key_value_heads"] * head}
+    draw = random.Random(seed)
+    tensors: dict[str, tuple[list[int], list[float]]] = {}
+    for layer in range(config["num_hidden_layers"]):
+        for module in ADAPTER_MODULES:
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = ([rank, hidden], [draw.uniform(-1, 1) for _ in range(rank * hidden)])
+            tensors[f"{prefix}.lora_B.weight"] = (
+                [outputs[module], rank], [draw.uniform(-1, 1) for _ in range(outputs[module] * rank)])
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank * ADAPTER_SCALE,
+        "lora_dropout": 0.0, "bias": "none", "target_modules": list(ADAPTER_MODULES),
+        "base_model_name_or_path": str(model.directory)}, indent=1))
+    (directory / "adapter_model.safetensors").write_bytes(safetensors_bytes(tensors))
+    return directory
