@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import stack_path
+from conftest import stack_document, stack_path, write_stack_file
 from engine_tier import eventually, require_engines
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
@@ -31,8 +31,9 @@ from triarch.guardrails.check import resources_of_plan
 from triarch.guardrails.placement import prove
 from triarch.local.lifecycle import down, start_operator, stop_operator, up
 from triarch.local.plane import Plane, PlaneSpec
-from triarch.local.stack import spec_for_stack
+from triarch.local.stack import on_kwok, spec_for_stack
 from triarch.offline import read_stack_config
+from triarch.planners.karpenter import RESERVED_NODES_ANNOTATION
 from triarch.planners.models import plan_models
 from triarch.planners.objects import plan_kubernetes
 from triarch.report.planning import plan_stack
@@ -310,6 +311,70 @@ def test_the_nodepool_limit_holds_where_the_plan_refuses(from_zero: FromZero, tm
     assert len(_pending(from_zero.pods("embed"))) == 1
 
 
+RESERVATION = "cr-0123456789abcdef0"
+RESERVATION_ID_LABEL = "karpenter.k8s.aws/capacity-reservation-id"
+"""The AWS provider's label for a node's capacity reservation, which Triarch's karpenter-kwok main names as the
+core's ReservationIDLabel (tools/engines/karpenter-kwok)."""
+CAPACITY_TYPE = "karpenter.sh/capacity-type"
+
+
+def test_a_pools_reservation_is_filled_before_on_demand(from_zero: FromZero, tmp_path: Path) -> None:
+    """Reserved GPUs on real Karpenter (issue 52 D3): prod's l4 pool planned with one capacity reservation of one
+    node, its NodePool applied as planned (capacity types reserved, then the pool's own), and Karpenter's kwok
+    provider offering the pool's instance type reserved in the first zone (one instance, at the on-demand price: only
+    its being reserved sets it apart). The first replica's node is the reservation's; the second, with the
+    reservation full and the spread asking for another zone, is on-demand; the reserved nodes are as many as the
+    plan says the reservations hold."""
+    from_zero.empty_l4()
+    config = stack_document(STACK)
+    next(g for g in config["triarch:nodeGroups"] if g["name"] == "l4")["reservations"] = [
+        {"id": RESERVATION, "count": 1}]
+    out = tmp_path / "plan"
+    plan_stack(validate_stack_file(STACK, write_stack_file(tmp_path / f"Pulumi.{STACK}.yaml", config)), out)
+    planned = [yaml.safe_load(p.read_text()) for p in sorted((out / "manifests").glob("*.yaml"))]
+    [pool] = [m for m in on_kwok(planned) if m["kind"] == "NodePool" and m["metadata"]["name"] == "l4"]
+    requirements = pool["spec"]["template"]["spec"]["requirements"]
+    [capacity_types] = [r["values"] for r in requirements if r["key"] == CAPACITY_TYPE]
+    assert capacity_types[0] == "reserved" and len(capacity_types) == 2, capacity_types
+    [zones] = [r["values"] for r in requirements if r["key"] == ZONE]
+    [[instance_type]] = [r["values"] for r in requirements if r["key"] == "node.kubernetes.io/instance-type"]
+    offered = json.loads(json.dumps(from_zero.instance_types))
+    [kind] = [t for t in offered if t["name"] == instance_type]
+    price = kind["offerings"][0]["Price"]
+    kind["offerings"].append({"Price": price, "Available": True, "ReservationCapacity": 1, "Requirements": [
+        {"key": CAPACITY_TYPE, "operator": "In", "values": ["reserved"]},
+        {"key": ZONE, "operator": "In", "values": [zones[0]]},
+        {"key": RESERVATION_ID_LABEL, "operator": "In", "values": [RESERVATION]}]})
+    [original] = [m for m in on_kwok(from_zero.manifests) if m["kind"] == "NodePool" and m["metadata"]["name"] == "l4"]
+    plane = from_zero.plane
+    plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump(pool))
+    stop_operator(plane, "karpenter")
+    start_operator(plane, "karpenter", PlaneSpec(plane.name, "", [], instance_types=offered))
+    try:
+        plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=1")
+        from_zero.wait("one embed replica Running", lambda: _running(from_zero.pods("embed")) == 1)
+        [first] = from_zero.pool_nodes("l4")
+        labels = first["metadata"]["labels"]
+        launches = [line for line in (plane.directory / "logs" / "karpenter.log").read_text().splitlines()
+                    if "nodeclaim" in line and ("created" in line or "launched" in line)]
+        assert (labels[CAPACITY_TYPE], labels.get(RESERVATION_ID_LABEL), labels[ZONE]) == (
+            "reserved", RESERVATION, zones[0]), "\n".join([json.dumps(labels), *launches[-6:]])
+        plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=2")
+        from_zero.wait("two embed replicas Running", lambda: _running(from_zero.pods("embed")) == 2)
+        nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in from_zero.pool_nodes("l4")}
+        assert sorted(v[CAPACITY_TYPE] for v in nodes.values()) == ["on-demand", "reserved"], nodes
+        [second] = [v for name, v in nodes.items() if name != first["metadata"]["name"]]
+        assert second[ZONE] != zones[0] and RESERVATION_ID_LABEL not in second
+        reserved = [v for v in nodes.values() if v[CAPACITY_TYPE] == "reserved"]
+        assert len(reserved) == int(pool["metadata"]["annotations"][RESERVED_NODES_ANNOTATION])
+        [claim] = [c for c in from_zero.get("nodeclaims", "-l", "karpenter.sh/nodepool=l4")
+                   if c["status"].get("nodeName") == first["metadata"]["name"]]
+        assert {"key": RESERVATION_ID_LABEL, "operator": "In", "values": [RESERVATION]} in claim["spec"]["requirements"]
+    finally:  # the pool and the offerings as the plane started
+        plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump(original))
+        from_zero.offer_only_in(instance_type, None)
+
+
 def test_warm_capacity_keeps_a_node_that_the_next_replica_takes(from_zero: FromZero) -> None:
     """The plan's CapacityBuffer on real Karpenter: with the pool empty and no replica asking, Karpenter launches a
     node for the buffer, keeps it although it is empty past consolidateAfter, and the next replica binds there."""
@@ -345,3 +410,4 @@ def test_warm_capacity_keeps_a_node_that_the_next_replica_takes(from_zero: FromZ
         assert pod["spec"]["nodeName"] == warm_node["metadata"]["name"]
     finally:
         plane.kubectl("delete", "-f", "-", "--ignore-not-found", input=yaml.safe_dump_all(warm))
+
