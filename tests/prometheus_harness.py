@@ -1,6 +1,6 @@
 """A real Prometheus (3.14.0, the release kube-prometheus-stack 88.5.3 runs, built by `triarch local build`) inside a
-network namespace, scraping targets labelled as prometheus-operator labels a PodMonitor's (`scrape_targets`), with
-rule files made from a PrometheusRule; asked through a client inside the namespace, as KEDA and Grafana ask it."""
+network namespace, running the configuration a real Prometheus Operator generated (`operator_config`), or scraping
+targets a test writes; asked through a client inside the namespace, as KEDA and Grafana ask it."""
 
 from __future__ import annotations
 
@@ -15,45 +15,6 @@ from typing import Any
 from engine_tier import eventually
 from triarch.local import engines
 from triarch.local.inside import Client
-
-MODELLED_SPEC = {"selector", "podMetricsEndpoints", "jobLabel"}
-MODELLED_ENDPOINT = {"port", "path", "interval", "scrapeTimeout"}
-"""The PodMonitor fields `scrape_targets` derives the targets' labels from (or that change no label: how often, how
-long); a monitor with another (relabelings, honorLabels, portNumber, podTargetLabels, a namespaceSelector, ...)
-fails the scenario rather than be scraped as it would not be."""
-
-
-def scrape_targets(monitor: dict[str, Any], pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The targets, as Prometheus file_sd target groups, that prometheus-operator v0.93.1's scrape config for this
-    PodMonitor gives Prometheus (pkg/prometheus/promcfg.go, ConfigGenerator.generatePodMonitorConfig). Prometheus
-    3.14.0's Kubernetes discovery (role pod) makes a target of each container port of a pod that has an IP,
-    `__address__` the pod's IP and port (discovery/kubernetes/pod.go, Pod.buildPod); the operator's relabeling keeps
-    the pods not Failed or Succeeded (generateRunningFilter) and the ports named as the endpoint's `port`, and sets
-    `namespace`, `container` and `pod` from the pod, `job` to <monitor's namespace>/<monitor's name> (to the pod's
-    label named by `jobLabel`, where set and the pod has it) and `endpoint` to the port's name; Prometheus sets
-    `instance` to the address. Each target is the pod's own address: whatever serves there (a real engine) is
-    scraped."""
-    spec = monitor["spec"]
-    meta = monitor["metadata"]
-    assert set(spec) <= MODELLED_SPEC, f"the targets here do not model {sorted(set(spec) - MODELLED_SPEC)}"
-    groups = []
-    for endpoint in spec["podMetricsEndpoints"]:
-        assert set(endpoint) <= MODELLED_ENDPOINT, f"the targets here do not model {endpoint}"
-        for pod in pods:
-            if pod["status"].get("phase") in ("Failed", "Succeeded") or not pod["status"].get("podIP"):
-                continue
-            for container in pod["spec"]["containers"]:
-                for port in container.get("ports", []):
-                    if port.get("name") != endpoint["port"]:
-                        continue
-                    job = pod["metadata"].get("labels", {}).get(spec.get("jobLabel", ""), "")
-                    address = f"{pod['status']['podIP']}:{port['containerPort']}"
-                    labels = {"namespace": pod["metadata"]["namespace"], "container": container["name"],
-                              "pod": pod["metadata"]["name"], "job": job or f"{meta['namespace']}/{meta['name']}",
-                              "endpoint": endpoint["port"], "__metrics_path__": endpoint.get("path", "/metrics")}
-                    groups.append({"targets": [address], "labels": labels})
-    return groups
-
 
 KUBE_PROMETHEUS_STACK_SELECTOR = {"matchLabels": {"release": "kube-prometheus-stack"}}
 """What the Prometheus kube-prometheus-stack 88.5.3 renders selects monitors and rules by, for a release named
@@ -98,18 +59,6 @@ def write_atomically(path: Path, text: str) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(text)
     partial.replace(path)
-
-
-def rule_file(prometheus_rule: dict[str, Any], hold: str | None = None) -> dict[str, Any]:
-    """A PrometheusRule's groups as a Prometheus rule file (what the operator mounts into Prometheus); with `hold`,
-    every alert's `for` replaced by it (a test cannot wait the planned minutes; promtool's tests hold those)."""
-    groups = json.loads(json.dumps(prometheus_rule["spec"]["groups"]))
-    if hold is not None:
-        for group in groups:
-            for rule in group["rules"]:
-                if "alert" in rule:
-                    rule["for"] = hold
-    return {"groups": groups}
 
 
 class Prometheus:

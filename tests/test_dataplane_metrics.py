@@ -1,18 +1,24 @@
 """The metrics are the engine's: a real Prometheus scrapes a real vLLM engine started from the `fresh` stack's `chat`
-Deployment (with a first-token SLO set, so every alert a plain vLLM model can have is planned), labelled as
-prometheus-operator labels the plan's PodMonitor's targets; the plan's PrometheusRule is loaded as Prometheus's rule
-file. Under a load that overflows the tuned batch and fills a capped KV cache, every query Triarch ships for the
-model (its alerts, its KEDA triggers, its dashboard panels) returns samples; the queue and KV-cache alerts fire and,
-once the load ends, resolve.
+Deployment (with a first-token SLO set, so every alert a plain vLLM model can have is planned). The Deployment, its
+PodMonitors and PrometheusRule run on a plane of their own: the engine listens on the address kwok gave the
+Deployment's pod, and a real Prometheus Operator (0.93.1) turns the monitors and the rule into the configuration and
+rule files of a Prometheus resource selecting as kube-prometheus-stack's does; Prometheus runs them, discovering the
+pod through the plane's API server. Under a load that overflows the tuned batch and fills a capped KV cache, every
+query Triarch ships for the model (its alerts, its KEDA triggers, its dashboard panels) returns samples; the queue and
+KV-cache alerts fire and, once the load ends, resolve.
 
 What cannot be real here, and stands in: the GPU. The queue alert joins vLLM's queue with the DCGM exporter's GPU
 utilisation (`and on() avg(DCGM_FI_DEV_GPU_UTIL{...}) < 50`); with no GPU there is no exporter, so a fixed
-exposition says the model's pod's GPU is idle (`DCGM_STAND_IN`). The `for` of every alert is held to 0 s: the planned
-minutes are Prometheus's to count (tests/test_alert_rules.py holds each rule's duration with promtool)."""
+exposition, scraped by a static job added to the operator's configuration, says the model's pod's GPU is idle
+(`dcgm_stand_in`). The `for` of every alert is held to 0 s: the planned minutes are Prometheus's to count
+(tests/test_alert_rules.py holds each rule's duration with promtool)."""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
+import os
 import re
 import subprocess
 import sys
@@ -28,16 +34,24 @@ import yaml
 
 from conftest import STACK_NAMES, StackPlan, plan_config, stack_document
 from dataplane import DataPlane
-from engine_tier import eventually
-from prometheus_harness import Prometheus, rule_file, scrape_targets
-from triarch.local.inside import Answer
+from engine_tier import eventually, require_engines
+from prometheus_harness import Prometheus, operator_config, prometheus_resource
+from triarch.catalog import catalog
+from triarch.config import from_pulumi_config
+from triarch.local.crds import crd_files
+from triarch.local.inside import Answer, Client
+from triarch.local.lifecycle import down, up
+from triarch.local.plane import Plane, PlaneSpec
+from triarch.local.stack import plane_nodes
 from triarch.local.tiny_models import prompt
+from triarch.offline import read_stack_config
 from triarch.planners.queries import selected_metrics, shipped_queries
 
 MODEL = "chat"
 NAMESPACE = "llm"
-POD = "chat-6d9f8b7c5d-x7k2q"
-"""The pod the engine stands for: a Deployment's pod name, as the DCGM regex of the model's alert expects."""
+MONITORING = "monitoring"
+PROMETHEUS = "kube-prometheus-stack-prometheus"
+"""The Prometheus resource kube-prometheus-stack renders for a release named kube-prometheus-stack."""
 SLO_SECONDS = 1
 PROMETHEUS_PORT = 9090
 DCGM_PORT = 9400
@@ -70,9 +84,9 @@ def metrics_config() -> dict[str, Any]:
     return config
 
 
-def dcgm_stand_in() -> str:
+def dcgm_stand_in(pod: str) -> str:
     return (f'# TYPE DCGM_FI_DEV_GPU_UTIL gauge\nDCGM_FI_DEV_GPU_UTIL{{gpu="0",Hostname="gpu-node-1",'
-            f'exported_namespace="{NAMESPACE}",exported_pod="{POD}"}} 0\n')
+            f'exported_namespace="{NAMESPACE}",exported_pod="{pod}"}} 0\n')
 
 
 def model_queries(plan: StackPlan) -> list[tuple[str, str]]:
@@ -97,48 +111,81 @@ class Observed:
     resolved: dict[str, float] = field(default_factory=dict)
     """alert -> seconds after the last request ended when it was no longer firing."""
     series: list[dict[str, Any]] = field(default_factory=list)
+    pod: str = ""
+    """The kwok pod the engine stands in, named by its ReplicaSet."""
+    address: str = ""
+    """The pod's address on the plane, where its engine listens."""
 
 
 @pytest.fixture(scope="module")
 def observed(data_plane: DataPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
+    """The module's data-plane lock is held (data_plane); the engine runs on a plane of its own, where the Prometheus
+    Operator turns the plan's monitors and rules into Prometheus's configuration."""
+    require_engines()
     work = tmp_path_factory.mktemp("metrics")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRIARCH_LOCAL_HOME", str(work / "planes"))
+        yield from _observed(work)
+
+
+def _observed(work: Path) -> Iterator[Observed]:
     plan = plan_config("fresh", metrics_config(), work / "plan")
-    [deployment] = [d for d in plan.objects("Deployment") if d["metadata"]["name"] == MODEL]
-    [container] = deployment["spec"]["template"]["spec"]["containers"]
-    server = data_plane.start(data_plane.command(container, "Qwen/Qwen3-8B", MODEL, kv_blocks=KV_BLOCKS), MODEL)
-    [rule] = plan.objects("PrometheusRule")
-    rules = work / "rules.yml"
-    rules.write_text(yaml.safe_dump(rule_file(rule, hold="0s"), sort_keys=False))
-    (work / "dcgm").mkdir()
-    (work / "dcgm" / "metrics.txt").write_text(dcgm_stand_in())  # text/plain: Prometheus 3 refuses a scrape
-    # whose Content-Type is not an exposition format's (scrape.fallback_scrape_protocol is unset)
-    dcgm = subprocess.Popen(data_plane.namespace.command([sys.executable, "-m", "http.server", str(DCGM_PORT),
-                                                          "--bind", "127.0.0.1", "--directory", str(work / "dcgm")]),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    prometheus = Prometheus(data_plane.inside(), data_plane.client, work / "prometheus", PROMETHEUS_PORT, [rules])
+    stack = from_pulumi_config(read_stack_config(work / "plan" / "Pulumi.fresh.yaml")[0])
+    name = f"m{os.getpid()}"
+    plane = up(PlaneSpec(name, "", plane_nodes(stack, catalog()), crds=crd_files(["prometheus"], []),
+                         namespaces=(MONITORING,), operators=("prometheus-operator",)), log=lambda _: None)
+    client = Client(lambda argv: plane.command(argv))
+    engines_here = DataPlane(plane.namespace(), client, work / "engines")
+    prometheus: Prometheus | None = None
+    dcgm: subprocess.Popen[bytes] | None = None
     try:
-        [monitor] = [m for m in plan.objects("PodMonitor") if m["metadata"]["name"] == "vllm"]
-        pod = {"metadata": {"name": POD, "namespace": NAMESPACE, "labels": deployment["spec"]["template"]["metadata"]
-                            ["labels"]}, "spec": {"containers": [container]},
-               "status": {"phase": "Running", "podIP": server.command.host}}
-        prometheus.scrape([*scrape_targets(monitor, [pod]),
-                           {"targets": [f"127.0.0.1:{DCGM_PORT}"],
-                            "labels": {"job": "dcgm-exporter", "__metrics_path__": "/metrics.txt"}}])
-        if not eventually(lambda: bool(prometheus.query(f'vllm:num_requests_waiting{{pod="{POD}"}}')), 60, 0.5):
+        [deployment] = [d for d in plan.objects("Deployment") if d["metadata"]["name"] == MODEL]
+        [claim] = [c for c in plan.objects("PersistentVolumeClaim")
+                   if c["metadata"]["name"] == deployment["spec"]["template"]["spec"]["volumes"][0][
+                       "persistentVolumeClaim"]["claimName"]]
+        applied = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}, claim,
+                   {**deployment, "spec": {**deployment["spec"], "replicas": 1}},
+                   *plan.objects("PodMonitor"), *plan.objects("PrometheusRule"),
+                   prometheus_resource(PROMETHEUS, MONITORING)]
+        plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(applied))
+        pod = running_pod(plane)
+        [container] = pod["spec"]["containers"]
+        server = engines_here.start(engines_here.command(container, "Qwen/Qwen3-8B", MODEL, host=pod["status"][
+            "podIP"], kv_blocks=KV_BLOCKS), MODEL)
+        generated, rules = operator_output(plane)
+        rule_dir = work / "rules"
+        rule_dir.mkdir()
+        for file, text in rules.items():  # the operator's rule files, each alert's `for` held (module docstring)
+            (rule_dir / file).write_text(yaml.safe_dump(held(yaml.safe_load(text)), sort_keys=False))
+        config = operator_config(generated, plane.kubeconfig, f"prometheus-{PROMETHEUS}-0")
+        config["rule_files"] = [str(rule_dir / "*.yaml")]
+        config["scrape_configs"].append({"job_name": "dcgm-exporter", "metrics_path": "/metrics.txt",
+                                         "static_configs": [{"targets": [f"127.0.0.1:{DCGM_PORT}"]}]})
+        (work / "dcgm").mkdir()
+        (work / "dcgm" / "metrics.txt").write_text(dcgm_stand_in(pod["metadata"]["name"]))  # text/plain:
+        # Prometheus 3 refuses a scrape whose Content-Type is not an exposition format's
+        dcgm = subprocess.Popen(plane.command([sys.executable, "-m", "http.server", str(DCGM_PORT), "--bind",
+                                               "127.0.0.1", "--directory", str(work / "dcgm")]),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        prometheus = Prometheus(lambda argv: plane.command(argv), client, work / "prometheus", PROMETHEUS_PORT,
+                                config=config)
+        pod_name = pod["metadata"]["name"]
+        if not eventually(lambda: bool(prometheus.query(f'vllm:num_requests_waiting{{pod="{pod_name}"}}')), 60, 0.5):
             raise AssertionError(f"Prometheus never scraped the engine:\n{prometheus.log.read_text()[-2000:]}")
+        [rule] = plan.objects("PrometheusRule")
         seen = Observed(plan, prometheus)
         queries = model_queries(plan)
         alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if r["alert"].startswith("Chat")}
         liveness = container["livenessProbe"]
         start = time.time()
-        load: list[Future[Answer]] = [data_plane.client.submit(
+        load: list[Future[Answer]] = [client.submit(
             "POST", server.url + "/v1/completions",
             {"model": MODEL, "prompt": prompt(PROMPT_WORDS, seed=i), "max_tokens": MAX_TOKENS, "ignore_eos": True},
             timeout=600) for i in range(LOAD)]
 
         def watch() -> bool:
-            seen.health.append(data_plane.client.get(server.url + liveness["httpGet"]["path"],
-                                                     timeout=liveness["timeoutSeconds"]))
+            seen.health.append(client.get(server.url + liveness["httpGet"]["path"],
+                                          timeout=liveness["timeoutSeconds"]))
             for name in prometheus.firing() & alerts:
                 seen.fired.setdefault(name, time.time() - start)
             for query in queries:  # each asked until it answers with samples while the load lasts
@@ -148,7 +195,8 @@ def observed(data_plane: DataPlane, tmp_path_factory: pytest.TempPathFactory) ->
             return everything or all(f.done() for f in load)
 
         eventually(watch, ALERT_TIMEOUT, 1)
-        seen.series = prometheus.query(f'vllm:kv_cache_usage_perc{{pod="{POD}"}}')
+        seen.series = prometheus.query(f'vllm:kv_cache_usage_perc{{pod="{pod_name}"}}')
+        seen.pod, seen.address = pod_name, server.command.host
         seen.answers = [f.result(600) for f in load]
         ended = time.time()
         pending = {"ChatKvCacheFull", "ChatRequestsQueuedGpusIdle"}
@@ -162,10 +210,70 @@ def observed(data_plane: DataPlane, tmp_path_factory: pytest.TempPathFactory) ->
         eventually(resolved, RESOLVE_TIMEOUT, 1)
         yield seen
     finally:
-        prometheus.stop()
-        dcgm.terminate()  # SIGTERM, which sudo (the non-root way into the namespace) passes on; SIGKILL would
-        dcgm.wait(timeout=10)  # end sudo alone and leave the server in the namespace
-        data_plane.stop(server)
+        if prometheus is not None:
+            prometheus.stop()
+        if dcgm is not None:
+            dcgm.terminate()  # SIGTERM, which sudo (the non-root way into the namespace) passes on; SIGKILL would
+            dcgm.wait(timeout=10)  # end sudo alone and leave the server in the namespace
+        for engine in list(engines_here.servers):
+            engines_here.stop(engine)
+        client.close()
+        down(name, quiet=True)
+
+
+def running_pod(plane: Plane) -> dict[str, Any]:
+    """The model's one pod, once kwok runs it on a node of its pool and gives it an address."""
+    found: list[dict[str, Any]] = []
+
+    def running() -> bool:
+        pods = json.loads(plane.kubectl("get", "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={MODEL}",
+                                        "-o", "json").stdout)["items"]
+        found[:] = [p for p in pods if p["status"].get("phase") == "Running" and p["status"].get("podIP")]
+        return len(found) == 1
+
+    if not eventually(running, 120, 0.5):
+        raise AssertionError(plane.kubectl("describe", "pods", "-n", NAMESPACE, check=False).stdout[-3000:])
+    return found[0]
+
+
+def operator_output(plane: Plane) -> tuple[dict[str, Any], dict[str, str]]:
+    """What the Prometheus Operator generated for the scenario's Prometheus, once it holds the vLLM PodMonitor's
+    job and the plan's rules: its configuration (Secret prometheus-<name>, prometheus.yaml.gz) and its rule files
+    (ConfigMap prometheus-<name>-rulefiles-0, a file per PrometheusRule)."""
+    config: dict[str, Any] = {}
+    rules: dict[str, str] = {}
+
+    def generated() -> bool:
+        secret = plane.kubectl("get", "secret", f"prometheus-{PROMETHEUS}", "-n", MONITORING, "-o", "json",
+                               check=False)
+        files = plane.kubectl("get", "configmap", f"prometheus-{PROMETHEUS}-rulefiles-0", "-n", MONITORING, "-o",
+                              "json", check=False)
+        if secret.returncode != 0 or files.returncode != 0:
+            return False
+        data = json.loads(secret.stdout).get("data", {})
+        if "prometheus.yaml.gz" not in data:
+            return False
+        config.clear()
+        config.update(yaml.safe_load(gzip.decompress(base64.b64decode(data["prometheus.yaml.gz"]))))
+        rules.clear()
+        rules.update(json.loads(files.stdout).get("data", {}))
+        return bool(rules) and any(j["job_name"] == f"podMonitor/{NAMESPACE}/vllm/0"
+                                   for j in config.get("scrape_configs", []))
+
+    if not eventually(generated, 120, 1):
+        log = (plane.directory / "logs" / "prometheus-operator.log").read_text()[-3000:]
+        raise AssertionError(f"the operator never generated the vLLM job and the rules: "
+                             f"{[j['job_name'] for j in config.get('scrape_configs', [])]}, {sorted(rules)}\n{log}")
+    return config, rules
+
+
+def held(rule_file: dict[str, Any]) -> dict[str, Any]:
+    """A rule file with every alert's `for` held to 0 s."""
+    for group in rule_file["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                rule["for"] = "0s"
+    return rule_file
 
 
 def test_the_load_was_served(observed: Observed) -> None:
@@ -200,10 +308,11 @@ def test_the_liveness_probe_answers_within_its_timeout_under_load(observed: Obse
 
 
 def test_the_series_carry_vllms_labels_and_the_operators(observed: Observed) -> None:
+    """Labelled by Prometheus's own pod discovery through the operator's relabelling of the plan's PodMonitor."""
     [series] = observed.series
     assert series["metric"] | {"__name__": ""} == {
-        "__name__": "", "model_name": MODEL, "engine": "0", "namespace": NAMESPACE, "pod": POD, "container": "vllm",
-        "endpoint": "http", "job": f"{NAMESPACE}/vllm", "instance": f"127.0.0.1:{8000}"}
+        "__name__": "", "model_name": MODEL, "engine": "0", "namespace": NAMESPACE, "pod": observed.pod,
+        "container": "vllm", "endpoint": "http", "job": f"{NAMESPACE}/vllm", "instance": f"{observed.address}:8000"}
 
 
 def normalised(expr: str) -> str:
@@ -245,9 +354,12 @@ def test_every_series_family_a_query_reads_is_evaluated_here_or_named_with_why(s
 
 
 def test_the_planned_alert_durations_are_what_promtool_tests(observed: Observed) -> None:
-    """The rule file Prometheus evaluated here is the plan's with `for` held to 0 s, nothing else changed."""
+    """The rule file Prometheus evaluated here is the one the operator generated from the plan's PrometheusRule,
+    the plan's groups with `for` held to 0 s, nothing else changed."""
     [rule] = observed.plan.objects("PrometheusRule")
-    loaded = yaml.safe_load(Path(observed.prometheus.work.parent / "rules.yml").read_text())
+    [file] = list((observed.prometheus.work.parent / "rules").glob("*.yaml"))
+    assert file.name.startswith(f"{NAMESPACE}-{rule['metadata']['name']}-"), file.name  # <namespace>-<name>-<uid>
+    loaded = yaml.safe_load(file.read_text())
     planned = rule["spec"]["groups"]
     assert [[{k: v for k, v in r.items() if k != "for"} for r in g["rules"]] for g in loaded["groups"]] == [
         [{k: v for k, v in r.items() if k != "for"} for r in g["rules"]] for g in planned]

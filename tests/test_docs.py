@@ -233,7 +233,6 @@ STAND_INS: dict[str, tuple[str, str]] = {
     "`pulumi.runtime.set_mocks`": ("components/triarch/offline.py", "pulumi.runtime.set_mocks("),
     "`tests/aws_standin.py`": ("tests/test_real_policy.py", "aws_standin.py"),
     "`tests/ray_standin.py`": ("tests/test_real_ray.py", "ray_standin.py"),
-    "`scrape_targets` in `tests/prometheus_harness.py`": ("tests/test_dataplane_metrics.py", "scrape_targets("),
     "`triarch.local.tiny_models`": ("tests/dataplane.py", "tiny_models"),
     "`triarch.local.cpu_serving`": ("tests/test_dataplane_ray.py", "cpu_serve_config("),
     "`tests/hub_server.py`": ("tests/conftest.py", "hub_server"),
@@ -245,6 +244,7 @@ NOT_STAND_INS = {
     "engine_tier.py": "starts and waits on the real engines of the tier",
     "dataplane.py": "starts the real vLLM and Ray Serve of the data plane",
     "ray_balance_probe.py": "a driver of Ray Serve's real router, with no engine behind it by design",
+    "prometheus_harness.py": "runs the real Prometheus on what the real Prometheus Operator generated",
 }
 """The tests' helper modules that stand in for nothing, with what they are."""
 

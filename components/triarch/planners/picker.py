@@ -132,9 +132,9 @@ LORA_SCORER = ("lora-affinity-scorer", 1)
 registered by v0.10.0's runner, cmd/epp/runner/runner.go): 1.0 for a pod with the request's adapter active, 0.8 where
 one more adapter fits, read from vllm:lora_requests_info's running_lora_adapters, waiting_lora_adapters and max_lora
 labels by the core-metrics-extractor (extractor/metrics, v0.10.0), the labels vLLM's CPU engine was seen to emit
-(tests/test_dataplane_vllm.py). The chart's default profile leaves it out. Weight 1 (Triarch's choice): with every adapter
-loaded at start and a slot for each, every pod can take any adapter, so it only breaks ties toward a pod already
-running the adapter."""
+(tests/test_dataplane_vllm.py). The chart's default profile leaves it out. Weight 1 (Triarch's choice): with every
+adapter loaded at start and a slot for each, every pod can take any adapter, so it only breaks ties toward a pod
+already running the adapter."""
 
 
 def lora_plugins() -> dict[str, Any]:
