@@ -363,18 +363,26 @@ def test_a_pools_reservations_are_launched_into_before_on_demand(from_zero: From
     try:
         plane.kubectl("scale", "deployment", "embed", "-n", "llm", "--replicas=3")
         from_zero.wait("three embed replicas Running", lambda: _running(from_zero.pods("embed")) == 3)
+        # The replicas' nodes: Karpenter may launch a node more while the pods bind (seen once in CI, an empty
+        # reserved node beside them, consolidated later), and kwok's reservations never fill, so the nodes the
+        # replicas run on are what the scenario holds, and every node's labels and claim agree with its zone.
         nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in from_zero.pool_nodes("l4")}
         launches = [line for line in (plane.directory / "logs" / "karpenter.log").read_text().splitlines()
                     if "launched nodeclaim" in line]
-        found = sorted((v[ZONE], v[CAPACITY_TYPE], v.get(RESERVATION_ID_LABEL)) for v in nodes.values())
+        serving = [nodes[p["spec"]["nodeName"]] for p in _serving(from_zero.pods("embed"))]
+        found = sorted((v[ZONE], v[CAPACITY_TYPE], v.get(RESERVATION_ID_LABEL)) for v in serving)
         assert found == [(zones[0], "reserved", RESERVATIONS[0]), (zones[1], "reserved", RESERVATIONS[1]),
                          (zones[2], "on-demand", None)], "\n".join([json.dumps(found), *launches[-6:]])
-        assert len([v for v in nodes.values() if v[CAPACITY_TYPE] == "reserved"]) == int(
+        assert len([v for v in serving if v[CAPACITY_TYPE] == "reserved"]) == int(
             pool["metadata"]["annotations"][RESERVED_NODES_ANNOTATION])
         for claim in from_zero.get("nodeclaims", "-l", "karpenter.sh/nodepool=l4"):
-            zone = nodes[claim["status"]["nodeName"]][ZONE]
+            if claim["status"].get("nodeName") not in nodes:
+                continue
+            labels = nodes[claim["status"]["nodeName"]]
             pinned = [r["values"] for r in claim["spec"]["requirements"] if r["key"] == RESERVATION_ID_LABEL]
-            assert pinned == ([[reserved_in[zone]]] if zone in reserved_in else []), (zone, pinned)
+            expected = [[reserved_in[labels[ZONE]]]] if labels[CAPACITY_TYPE] == "reserved" else []
+            assert pinned == expected and labels.get(RESERVATION_ID_LABEL) == reserved_in.get(
+                labels[ZONE] if labels[CAPACITY_TYPE] == "reserved" else ""), (labels, pinned)
     finally:  # the pool and the offerings as the plane started
         plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump(original))
         from_zero.offer_only_in(instance_type, None)
