@@ -54,6 +54,21 @@ def operator_config(generated: dict[str, Any], kubeconfig: Path, pod: str, inter
     return config
 
 
+def generated_secret(secret: dict[str, Any]) -> dict[str, Any] | None:
+    """The configuration in the Secret a Prometheus Operator writes for a Prometheus resource (prometheus-<name>,
+    key prometheus.yaml.gz, gzipped YAML), or None before it wrote one."""
+    import base64
+    import gzip
+
+    import yaml
+
+    data = secret.get("data", {})
+    if "prometheus.yaml.gz" not in data:
+        return None
+    loaded: dict[str, Any] = yaml.safe_load(gzip.decompress(base64.b64decode(data["prometheus.yaml.gz"])))
+    return loaded
+
+
 def write_atomically(path: Path, text: str) -> None:
     """Readers (Prometheus's file watch) see the old file or the new one, never half of one."""
     partial = path.with_name(path.name + ".partial")

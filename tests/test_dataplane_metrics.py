@@ -15,8 +15,6 @@ exposition, scraped by a static job added to the operator's configuration, says 
 
 from __future__ import annotations
 
-import base64
-import gzip
 import json
 import os
 import re
@@ -35,7 +33,7 @@ import yaml
 from conftest import STACK_NAMES, StackPlan, plan_config, stack_document
 from dataplane import DataPlane
 from engine_tier import eventually, require_engines
-from prometheus_harness import Prometheus, operator_config, prometheus_resource
+from prometheus_harness import Prometheus, generated_secret, operator_config, prometheus_resource
 from triarch.catalog import catalog
 from triarch.config import from_pulumi_config
 from triarch.local.crds import crd_files
@@ -250,11 +248,11 @@ def operator_output(plane: Plane) -> tuple[dict[str, Any], dict[str, str]]:
                               "json", check=False)
         if secret.returncode != 0 or files.returncode != 0:
             return False
-        data = json.loads(secret.stdout).get("data", {})
-        if "prometheus.yaml.gz" not in data:
+        generated = generated_secret(json.loads(secret.stdout))
+        if generated is None:
             return False
         config.clear()
-        config.update(yaml.safe_load(gzip.decompress(base64.b64decode(data["prometheus.yaml.gz"]))))
+        config.update(generated)
         rules.clear()
         rules.update(json.loads(files.stdout).get("data", {}))
         return bool(rules) and any(j["job_name"] == f"podMonitor/{NAMESPACE}/vllm/0"

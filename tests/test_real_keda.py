@@ -21,9 +21,7 @@ the A10G pool the lab's Ray model leaves idle (no KubeRay runs there)."""
 
 from __future__ import annotations
 
-import base64
 import copy
-import gzip
 import json
 import subprocess
 from collections.abc import Iterator
@@ -37,7 +35,7 @@ import yaml
 
 from dataplane import DataPlane, counter, one_module_of_engines_at_a_time, require_dataplane
 from engine_tier import Lab, eventually, scratch_project
-from prometheus_harness import Prometheus, operator_config, prometheus_resource
+from prometheus_harness import Prometheus, generated_secret, operator_config, prometheus_resource
 from triarch.datafiles import read_yaml_documents
 from triarch.local import dataplane, engines
 from triarch.local.cpu_serving import Server
@@ -279,10 +277,10 @@ def generated_config(lab: Lab, job: str) -> dict[str, Any]:
                                    check=False)
         if secret.returncode != 0:
             return False
-        data = json.loads(secret.stdout).get("data", {})
-        if "prometheus.yaml.gz" not in data:
+        config = generated_secret(json.loads(secret.stdout))
+        if config is None:
             return False
-        found.update(yaml.safe_load(gzip.decompress(base64.b64decode(data["prometheus.yaml.gz"]))))
+        found.update(config)
         return any(j["job_name"] == job for j in found.get("scrape_configs", []))
 
     if not eventually(holds, 120, 1):
