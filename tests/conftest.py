@@ -11,7 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -332,11 +332,49 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.dataplane)
         if (group := plane_group(fixtures, item.nodeid.split("::")[0])) is not None:
             groups[item.nodeid] = group
+    items[:] = contiguous(items, groups)
     shared = getattr(config, "workerinput", {}).get(GROUPS_FILE)
     if shared:  # a worker tells the controller's scheduler (every worker collects the same; the last write wins)
         partial = Path(f"{shared}.{os.getpid()}")
         partial.write_text(json.dumps(groups))
         partial.replace(shared)
+
+
+def contiguous(items: list[pytest.Item], groups: Mapping[str, str]) -> list[pytest.Item]:
+    """The items with each group's tests moved up to where the group's first test stands, in their order: a plane
+    comes up once and goes as soon as its last test ends (`pytest_runtest_teardown`), also in one process (-n 0), where
+    the files' order would interleave the lab's modules with other planes'. Under pytest-xdist every worker orders the
+    same way (the scheduler sends a group's tests to one worker, in this order)."""
+    first: dict[str, int] = {}
+    for at, item in enumerate(items):
+        if (group := groups.get(item.nodeid)) is not None:
+            first.setdefault(group, at)
+    ranked = {item.nodeid: first[groups[item.nodeid]] if item.nodeid in groups else at for at, item in enumerate(items)}
+    return sorted(items, key=lambda item: ranked[item.nodeid])
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A plane's fixtures end as soon as the next test uses none of its group, not at the end of the session: an idle
+    plane (its API server, etcd, controllers, kwok's heartbeats and the operators' loops) costs CPU the rest of the
+    run on two cores needs. A later test that needs the plane again would bring it up again (`contiguous` orders the
+    tests so that none does)."""
+    try:
+        yield
+    finally:
+        if nextitem is not None:  # else the session's own teardown follows
+            release_planes(item, nextitem)
+
+
+def release_planes(item: pytest.Item, nextitem: pytest.Item) -> None:
+    used = set(getattr(item, "fixturenames", ()))
+    needed = {PLANE_GROUPS[f] for f in getattr(nextitem, "fixturenames", ()) if f in PLANE_GROUPS}
+    ending = [f for f in PLANE_GROUPS if f in used and PLANE_GROUPS[f] not in needed]
+    definitions = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]
+    request = item._request  # type: ignore[attr-defined]
+    for name in ending:
+        for definition in reversed(definitions.get(name, ())):
+            definition.finish(request)
 
 
 # --- pytest-xdist: a plane's tests on one worker --------------------------------------------------------------------

@@ -5,6 +5,7 @@ the real ones (the module's own fixtures shadow conftest's)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -81,3 +82,75 @@ def test_each_planes_tests_run_on_one_worker_and_the_rest_spread(tmp_path: Path)
     assert len(workers["test_from_zero"]) == 1
     assert lab != workers["test_from_zero"], "two planes share one worker while a third does nothing else"
     assert len(workers["test_on_the_review"]) == 1, "the review's fixture was made on each worker its tests ran on"
+
+
+EVENTS_SUITE = '''
+import os
+import pytest
+
+EVENTS = os.environ["EVENTS"]
+
+
+def note(what):
+    with open(EVENTS, "a") as handle:
+        handle.write(what + "\\n")
+
+
+def plane(name):
+    note(f"up {name}")
+    yield name
+    note(f"down {name}")
+
+
+@pytest.fixture(scope="session")
+def lab():
+    yield from plane("lab")
+
+
+@pytest.fixture(scope="session")
+def deployed(lab):
+    yield from plane("deployed")
+
+
+@pytest.fixture(scope="session")
+def from_zero():
+    yield from plane("from_zero")
+
+
+def test_lab_first(lab):
+    note("test lab_first")
+
+
+def test_from_zero(from_zero):
+    note("test from_zero")
+
+
+def test_without_a_plane():
+    note("test without_a_plane")
+
+
+def test_on_what_the_lab_deployed(deployed):
+    note("test deployed")
+
+
+def test_lab_last(lab):
+    note("test lab_last")
+'''
+
+
+def test_a_plane_comes_up_once_and_goes_when_its_last_test_ends(tmp_path: Path) -> None:
+    """In one process (-n 0), the file's order interleaves the lab's tests with another plane's: the lab's are run
+    together where the first stands, its fixtures end as soon as the next test uses none of them (not at the end of
+    the session), and each plane comes up once."""
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n"
+        f"exec(compile(open({str(TESTS / 'conftest.py')!r}).read(), 'conftest.py', 'exec'))\n")
+    (tmp_path / "test_suite.py").write_text(EVENTS_SUITE)
+    events = tmp_path / "events"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "0", "-p", "no:cacheprovider",
+                           "--rootdir", str(tmp_path), str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, "EVENTS": str(events)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert events.read_text().splitlines() == [
+        "up lab", "test lab_first", "up deployed", "test deployed", "test lab_last", "down deployed", "down lab",
+        "up from_zero", "test from_zero", "down from_zero", "test without_a_plane"]
