@@ -64,11 +64,16 @@ def test_without_a_plane(n):
 '''
 
 
-def test_each_planes_tests_run_on_one_worker_and_the_rest_spread(tmp_path: Path) -> None:
+def write_suite(tmp_path: Path, suite: str) -> None:
+    """A small suite in `tmp_path` under the project's own conftest (executed, so its hooks and scheduler apply)."""
     (tmp_path / "conftest.py").write_text(
         f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n"
         f"exec(compile(open({str(TESTS / 'conftest.py')!r}).read(), 'conftest.py', 'exec'))\n")
-    (tmp_path / "test_suite.py").write_text(SUITE)
+    (tmp_path / "test_suite.py").write_text(suite)
+
+
+def test_each_planes_tests_run_on_one_worker_and_the_rest_spread(tmp_path: Path) -> None:
+    write_suite(tmp_path, SUITE)
     done = subprocess.run([sys.executable, "-m", "pytest", "-n", "3", "-v", "-p", "no:cacheprovider",
                            "--rootdir", str(tmp_path), str(tmp_path)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
@@ -142,10 +147,7 @@ def test_a_plane_comes_up_once_and_goes_when_its_last_test_ends(tmp_path: Path) 
     """In one process (-n 0), the file's order interleaves the lab's tests with another plane's: the lab's are run
     together where the first stands, its fixtures end as soon as the next test uses none of them (not at the end of
     the session), and each plane comes up once."""
-    (tmp_path / "conftest.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n"
-        f"exec(compile(open({str(TESTS / 'conftest.py')!r}).read(), 'conftest.py', 'exec'))\n")
-    (tmp_path / "test_suite.py").write_text(EVENTS_SUITE)
+    write_suite(tmp_path, EVENTS_SUITE)
     events = tmp_path / "events"
     done = subprocess.run([sys.executable, "-m", "pytest", "-n", "0", "-p", "no:cacheprovider",
                            "--rootdir", str(tmp_path), str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
