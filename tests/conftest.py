@@ -310,14 +310,23 @@ run rather than once per worker its tests land on."""
 
 DATAPLANE_FIXTURES = frozenset({"data_plane"})
 """Fixtures that start real vLLM or Ray Serve engines on CPU: a test using one gets the `dataplane` marker (and
-`engines`: CI's real-engine tier runs it), and a module's tests run on one worker, so its engines start once."""
+`engines`: CI's real-engine tier runs it), and every such test is in one group, run on one worker. Their modules run
+one at a time anyway (tests/dataplane.py's lock, for memory): as one group no second worker sits waiting on that
+lock, with the tests queued behind it idle (CI 2026-12-07: the drain module waited 21 minutes, Ray's 18)."""
+
+DATAPLANE_GROUP = "dataplane"
+
+DATAPLANE_LAST = ("test_dataplane_ray.py", "test_dataplane_drain.py")
+"""Data-plane modules run after the group's others, in this order: the ones whose figures depend most on the CPU
+they get (Ray's deploy and routing deadlines, the drain's streams against its shutdown timeout) at the end, when the
+other workers' planes have mostly ended; the vLLM module's engine starts, which only wait, first."""
 
 
-def plane_group(fixtures: Iterable[str], module: str = "") -> str | None:
+def plane_group(fixtures: Iterable[str]) -> str | None:
     groups = {**PLANE_GROUPS, **SHARED_GROUPS}
     found = [groups[f] for f in fixtures if f in groups]
     if DATAPLANE_FIXTURES.intersection(fixtures):
-        found.append(f"dataplane {module}")
+        found.append(DATAPLANE_GROUP)
     return min(found, default=None)
 
 
@@ -330,7 +339,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.engines)
         if DATAPLANE_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.dataplane)
-        if (group := plane_group(fixtures, item.nodeid.split("::")[0])) is not None:
+        if (group := plane_group(fixtures)) is not None:
             groups[item.nodeid] = group
     items[:] = contiguous(items, groups)
     shared = getattr(config, "workerinput", {}).get(GROUPS_FILE)
@@ -350,7 +359,13 @@ def contiguous(items: list[pytest.Item], groups: Mapping[str, str]) -> list[pyte
         if (group := groups.get(item.nodeid)) is not None:
             first.setdefault(group, at)
     ranked = {item.nodeid: first[groups[item.nodeid]] if item.nodeid in groups else at for at, item in enumerate(items)}
-    return sorted(items, key=lambda item: ranked[item.nodeid])
+    return sorted(items, key=lambda item: (ranked[item.nodeid], last_in_group(item.nodeid)))
+
+
+def last_in_group(nodeid: str) -> int:
+    """0 for most tests; 1, 2, ... for the data-plane modules that run after their group's others (DATAPLANE_LAST)."""
+    module = nodeid.split("::")[0].rsplit("/", 1)[-1]
+    return DATAPLANE_LAST.index(module) + 1 if module in DATAPLANE_LAST else 0
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)

@@ -64,12 +64,15 @@ def test_without_a_plane(n):
 '''
 
 
-def write_suite(tmp_path: Path, suite: str) -> None:
-    """A small suite in `tmp_path` under the project's own conftest (executed, so its hooks and scheduler apply)."""
+def write_suite(tmp_path: Path, suite: str, **modules: str) -> None:
+    """A small suite in `tmp_path` under the project's own conftest (executed, so its hooks and scheduler apply):
+    `suite` as test_suite.py, and each of `modules` as <name>.py."""
     (tmp_path / "conftest.py").write_text(
         f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n"
         f"exec(compile(open({str(TESTS / 'conftest.py')!r}).read(), 'conftest.py', 'exec'))\n")
     (tmp_path / "test_suite.py").write_text(suite)
+    for name, text in modules.items():
+        (tmp_path / f"{name}.py").write_text(text)
 
 
 def test_each_planes_tests_run_on_one_worker_and_the_rest_spread(tmp_path: Path) -> None:
@@ -156,3 +159,36 @@ def test_a_plane_comes_up_once_and_goes_when_its_last_test_ends(tmp_path: Path) 
     assert events.read_text().splitlines() == [
         "up lab", "test lab_first", "up deployed", "test deployed", "test lab_last", "down deployed", "down lab",
         "up from_zero", "test from_zero", "down from_zero", "test without_a_plane"]
+
+
+DATAPLANE_MODULE = '''
+import pytest
+
+
+@pytest.fixture(scope="module")
+def data_plane():
+    return "engines"
+
+
+@pytest.mark.parametrize("n", range(2))
+def test_engine(data_plane, n):
+    pass
+'''
+
+
+def test_the_data_planes_modules_run_on_one_worker_the_drain_last(tmp_path: Path) -> None:
+    """Every module of engines on one worker (they take turns on a lock anyway, and a second worker would wait on it),
+    Ray's and the drain's after the others, the drain at the very end; the rest spread over the other workers."""
+    modules = ["test_dataplane_drain", "test_dataplane_metrics", "test_dataplane_ray", "test_dataplane_vllm"]
+    write_suite(tmp_path, SUITE, **dict.fromkeys(modules, DATAPLANE_MODULE))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "3", "-v", "-p", "no:cacheprovider",
+                           "--rootdir", str(tmp_path), str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ran = re.findall(r"\[(gw\d+)\] \[\s*\d+%\] PASSED (\w+)\.py::(\w+)\[", done.stdout)
+    engines = [(worker, module) for worker, module, _ in ran if module.startswith("test_dataplane_")]
+    assert len(engines) == 8 and len({worker for worker, _ in engines}) == 1, engines
+    order = list(dict.fromkeys(module for _, module in engines))
+    assert order == ["test_dataplane_metrics", "test_dataplane_vllm", "test_dataplane_ray", "test_dataplane_drain"]
+    others = {worker for worker, module, _ in ran if not module.startswith("test_dataplane_")}
+    assert others - {engines[0][0]}, "the engines' worker took the rest as well"
