@@ -4,8 +4,10 @@ targets a test writes; asked through a client inside the namespace, as KEDA and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import signal
 import subprocess
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -76,6 +78,12 @@ def write_atomically(path: Path, text: str) -> None:
     partial.replace(path)
 
 
+READY_TIMEOUT = 300
+"""Seconds for Prometheus to answer /-/ready: under a second alone; on a fresh host's first run its start beside
+Ray's five starting engines did not answer within 60 (2026-12-07, its log ending at its "operational information"
+line), so the wait is long and its end says where Prometheus waited (a goroutine dump)."""
+
+
 class Prometheus:
     """One Prometheus process: a file_sd job over `targets.json`, rule files, 1-second scrapes and evaluations."""
 
@@ -103,9 +111,18 @@ class Prometheus:
                 str(engines.binary("prometheus")), f"--config.file={work / 'prometheus.yml'}",
                 f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"]),
                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        if not eventually(lambda: self.get("/-/ready") is not None, 60, 0.5):
+        up = eventually(lambda: self.process.poll() is not None or self.get("/-/ready") is not None, READY_TIMEOUT,
+                        0.5)
+        if not up or self.process.poll() is not None:
+            if self.process.poll() is None:  # Go prints every goroutine's stack on SIGQUIT: where it waits
+                self.process.send_signal(signal.SIGQUIT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(timeout=10)
             self.stop()
-            raise AssertionError(f"Prometheus is not ready:\n{self.log.read_text()[-3000:]}")
+            log = self.log.read_text(errors="replace")
+            main = log.find("goroutine 1 [")
+            raise AssertionError(f"Prometheus is not ready within {READY_TIMEOUT}s (exit code {self.process.poll()}):"
+                                 f"\n{log[:3000]}" + (f"\n...\n{log[main:main + 4000]}" if main >= 0 else ""))
 
     def scrape(self, groups: list[dict[str, Any]]) -> None:
         write_atomically(self.targets, json.dumps(groups))

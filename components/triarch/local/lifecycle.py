@@ -53,8 +53,10 @@ from triarch.local.processes import (
     wait_ready,
 )
 
-START_TIMEOUT = 90.0
-"""Seconds for the whole plane to answer (a warm start takes 10-20 s)."""
+START_TIMEOUT = 300.0
+"""Seconds for each step of a plane's start to answer: a warm start takes 10-20 s in all, but on a two-core host
+whose suite runs three planes and the data plane side by side, an API server took more than 90 s (2026-12-07). A
+broken plane does not wait this out: `wait_ready` fails as soon as one of its processes exits."""
 
 
 def _netns_exists(p: Plane) -> bool:
