@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,6 +51,21 @@ class Drain:
     after_sigterm: list[tuple[float, Answer]] = field(default_factory=list)
     """(seconds after SIGTERM, answer) of new requests sent once SIGTERM was sent."""
     health_after_sigterm: list[tuple[float, Answer]] = field(default_factory=list)
+    available: dict[str, int] = field(default_factory=dict)
+    """The host's MemAvailable (MiB) at each step: what a stall under memory pressure would show."""
+    engine_log: str = ""
+    """The last lines the engine wrote, once it exited or the wait for it ended."""
+
+    def context(self) -> str:
+        """What a failing assertion adds: the host's memory and the engine's last lines."""
+        return f"MemAvailable MiB {self.available}; the engine's last lines:\n{self.engine_log}"
+
+
+def available_mib() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    return -1
 
 
 def running(plane: DataPlane, url: str) -> float:
@@ -66,6 +82,7 @@ def drain(data_plane: DataPlane, shipped: dict[str, StackPlan]) -> Iterator[Drai
     measured = Drain(pod, container)
     body = {"model": MODEL, "prompt": prompt(16), "max_tokens": 8}
     try:
+        measured.available["deleted"] = available_mib()
         measured.deleted = time.time()  # the pod is deleted: the kubelet runs its preStop hook
         prestop = subprocess.Popen(data_plane.namespace.command(container["lifecycle"]["preStop"]["exec"]["command"]))
         streams: list[Future[Answer]] = []
@@ -85,6 +102,7 @@ def drain(data_plane: DataPlane, shipped: dict[str, StackPlan]) -> Iterator[Drai
         if not eventually(lambda: running(data_plane, server.url) == STREAMS, 10, 0.2):
             raise AssertionError(f"the {STREAMS} streams are not all running when preStop ends")
         measured.running_at_sigterm = running(data_plane, server.url)
+        measured.available["sigterm"] = available_mib()
         server.terminate()  # the kubelet's SIGTERM, once preStop returned
         measured.terminated = time.time()
         late: list[tuple[float, Future[Answer]]] = []
@@ -98,6 +116,8 @@ def drain(data_plane: DataPlane, shipped: dict[str, StackPlan]) -> Iterator[Drai
             time.sleep(0.5)
         measured.exit_code = server.process.poll()
         measured.exited = time.time()
+        measured.available["exited"] = available_mib()
+        measured.engine_log = "\n".join(server.log().splitlines()[-40:])
         measured.during_prestop = [a.result(120) for a in arrivals]
         measured.streams = [s.result(300) for s in streams]
         measured.after_sigterm = [(since, f.result(60)) for since, f in late]
@@ -111,13 +131,13 @@ def test_prestop_holds_the_server_while_endpoints_go_and_serves_what_arrives(dra
     assert planned == ["/bin/sh", "-c", "sleep 15"]
     assert drain.prestop_ended - drain.deleted >= 15
     assert drain.during_prestop and all(a.status == 200 for a in drain.during_prestop), \
-        [a.error or a.status for a in drain.during_prestop]
+        ([a.error or a.status for a in drain.during_prestop], drain.context())
 
 
 def test_every_stream_in_flight_at_sigterm_finishes_whole(drain: Drain) -> None:
     assert drain.running_at_sigterm == STREAMS
     for stream in drain.streams:
-        assert stream.status == 200 and stream.done, stream.error or stream.body[:200]
+        assert stream.status == 200 and stream.done, (stream.error or stream.body[:200], drain.context())
         assert stream.finish_reason == "length" and stream.tokens == STREAM_TOKENS
         assert stream.ended > drain.terminated  # still generating when SIGTERM came
 
@@ -140,7 +160,7 @@ def test_the_engine_exits_within_its_drain_and_the_whole_within_the_grace_period
     args = drain.container["args"]
     shutdown_timeout = int(args[args.index("--shutdown-timeout") + 1])
     grace = drain.pod["terminationGracePeriodSeconds"]
-    assert drain.exit_code == 0, drain.exit_code
+    assert drain.exit_code == 0, (drain.exit_code, drain.context())
     assert drain.exited - drain.terminated <= shutdown_timeout
     assert drain.exited - drain.deleted < grace
     assert max(s.ended for s in drain.streams) <= drain.exited + 1
