@@ -439,7 +439,7 @@ MUTANTS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "fast job without fill": (_drop("test", lambda s: not _runs(s, "refdata", "fill")),
                               "job test (pytest -m \"not engines\"): no `triarch refdata fill` step before pytest"),
     "fast timeout short": (_set_timeout("test", 5),
-                           "job test (pytest -m \"not engines\"): timeout-minutes 5 < 9 = ceil(fast_job 6 * margin "
+                           "job test (pytest -m \"not engines\"): timeout-minutes 5 < 8 = ceil(fast_job 5 * margin "
                            "1.5)"),
 }
 
