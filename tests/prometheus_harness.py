@@ -111,18 +111,20 @@ class Prometheus:
                 str(engines.binary("prometheus")), f"--config.file={work / 'prometheus.yml'}",
                 f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"]),
                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        up = eventually(lambda: self.process.poll() is not None or self.get("/-/ready") is not None, READY_TIMEOUT,
-                        0.5)
-        if not up or self.process.poll() is not None:
-            if self.process.poll() is None:  # Go prints every goroutine's stack on SIGQUIT: where it waits
-                self.process.send_signal(signal.SIGQUIT)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.process.wait(timeout=10)
+        settled = eventually(lambda: self.process.poll() is not None or self.get("/-/ready") is not None,
+                             READY_TIMEOUT, 0.5)
+        if settled and self.process.poll() is not None:
+            raise AssertionError(f"Prometheus exited with code {self.process.poll()} before it was ready:\n"
+                                 f"{self.log.read_text(errors='replace')[-3000:]}")
+        if not settled:
+            self.process.send_signal(signal.SIGQUIT)  # Go prints every goroutine's stack: where it waits
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=10)
             self.stop()
             log = self.log.read_text(errors="replace")
             main = log.find("goroutine 1 [")
-            raise AssertionError(f"Prometheus is not ready within {READY_TIMEOUT}s (exit code {self.process.poll()}):"
-                                 f"\n{log[:3000]}" + (f"\n...\n{log[main:main + 4000]}" if main >= 0 else ""))
+            raise AssertionError(f"Prometheus is not ready within {READY_TIMEOUT}s:\n{log[:3000]}"
+                                 + (f"\n...\n{log[main:main + 4000]}" if main >= 0 else ""))
 
     def scrape(self, groups: list[dict[str, Any]]) -> None:
         write_atomically(self.targets, json.dumps(groups))

@@ -361,3 +361,15 @@ def test_the_planned_alert_durations_are_what_promtool_tests(observed: Observed)
     planned = rule["spec"]["groups"]
     assert [[{k: v for k, v in r.items() if k != "for"} for r in g["rules"]] for g in loaded["groups"]] == [
         [{k: v for k, v in r.items() if k != "for"} for r in g["rules"]] for g in planned]
+
+
+def test_a_prometheus_that_cannot_start_fails_its_wait_at_once_with_its_reason(data_plane: DataPlane,
+                                                                             tmp_path: Path) -> None:
+    """The harness's wait for Prometheus ends when Prometheus exits, with its own line, not after READY_TIMEOUT with
+    no reason (a test's Prometheus given a configuration it refuses)."""
+    refused = {"scrape_configs": [{"job_name": "refused", "no_such_field": 1}]}
+    with pytest.raises(AssertionError) as failed:
+        Prometheus(data_plane.inside(), data_plane.client, tmp_path / "prometheus", PROMETHEUS_PORT + 1,
+                   config=refused)
+    assert "exited with code 2 before it was ready" in str(failed.value)  # its exit code for a bad config
+    assert "no_such_field" in str(failed.value)
