@@ -319,7 +319,8 @@ DATAPLANE_GROUP = "dataplane"
 DATAPLANE_LAST = ("test_dataplane_ray.py", "test_dataplane_drain.py")
 """Data-plane modules run after the group's others, in this order: the ones whose figures depend most on the CPU
 they get (Ray's deploy and routing deadlines, the drain's streams against its shutdown timeout) at the end, when the
-other workers' planes have mostly ended; the vLLM module's engine starts, which only wait, first."""
+other workers' planes have mostly ended; the others (the metrics and vLLM modules, whose engine starts only wait)
+first, in file order."""
 
 
 def plane_group(fixtures: Iterable[str]) -> str | None:
