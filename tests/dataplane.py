@@ -182,6 +182,8 @@ RAY_METRICS_PORT = 8080
 TREE_ACTOR = "LlmPrefixTreeActor"
 """The name Ray 2.60's PrefixCacheAffinityRouter gives its prefix tree actor (prefix_aware_router.py,
 initialize_state)."""
+CONTROL_LOOP_SECONDS = 0.5
+"""Serve's controller's loop here (Ray's default 0.1): see start_ray."""
 RAY_LOGICAL_CPUS = 16
 """The head's logical CPUs: what Ray accounts replicas, their engines' bundles and the prefix router's tree actor
 against (a number, not cores: the processes share the machine's two)."""
@@ -228,7 +230,11 @@ def start_ray(plane: DataPlane, temp: Path, python_path: Path | None = None) -> 
     the engines have their CPUs to themselves, here they share two cores with the suite's other planes and would
     start only once those idle. Its engines share the environment's vLLM cache, as plain engines do (cpu_serving.py).
     `python_path`: what the plan mounts on the Ray containers' PYTHONPATH (Triarch's router), every process of the node
-    inherits it as the pods' do."""
+    inherits it as the pods' do. Serve's controller runs its control loop every half second, not every tenth
+    (`RAY_SERVE_CONTROL_LOOP_INTERVAL_S`): a deployment reacts within the second still, and the controller, polling
+    its replicas and proxies each time, was the busiest of Ray's own processes (47 CPU-seconds of a 16-minute module;
+    Ray's module alone 921 CPU-seconds with the half second, 955 with Ray's tenth, one run each on an idle host,
+    2026-12-08)."""
     python = dataplane.python(dataplane.for_engine("ray-serve"))
     home = plane.work / "ray-home"
     home.mkdir(parents=True, exist_ok=True)
@@ -238,7 +244,7 @@ def start_ray(plane: DataPlane, temp: Path, python_path: Path | None = None) -> 
            "TMPDIR": str(dataplane.engine_tmp(python)),  # the user's own, as plain engines have (cpu_serving.py)
            # a driver run here (the tests' own) has `uv run` among its ancestors (pytest's), and Ray 2.60 would then
            # build a uv venv of the working directory for the workers it starts (worker.py, RAY_ENABLE_UV_RUN_...)
-           "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+           "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": str(CONTROL_LOOP_SECONDS),
            **{name: value for name, (value, _) in CPU_ENV.items()}}  # what every engine of the node inherits
     if python_path is not None:
         env["PYTHONPATH"] = str(python_path)
