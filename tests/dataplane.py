@@ -273,12 +273,19 @@ def ray_head(plane: DataPlane, python_path: Path | None = None) -> Iterator[RayH
         shutil.rmtree(temp, ignore_errors=True)
 
 
+STOP_GRACE = 5.0
+"""Seconds Ray's processes get to exit on SIGTERM before SIGKILL. Nothing of a test's cluster is kept, Ray's GCS
+server, raylet, dashboard, runtime-env agent and Serve controller were still running 5 s after SIGTERM, and the 15 s
+waited before ended in SIGKILL too (the module's last teardown took 15.4 s, 2026-12-08): a longer wait only delays
+the SIGKILL."""
+
+
 def stop_ray(head: RayHead) -> None:
     """Every Ray process in the namespace ended (`ray stop` would find Ray's processes by name on the whole host):
-    SIGTERM, then SIGKILL what is left; the client inside stays."""
+    SIGTERM, then SIGKILL what is left after STOP_GRACE; the client inside stays."""
     keep = {head.plane.client.pid, head.plane.namespace.holder}
     ours = [pid for pid in head.plane.namespace.pids() if pid not in keep]
-    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, 5.0)):
         for pid in ours:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
