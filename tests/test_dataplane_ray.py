@@ -445,21 +445,28 @@ def test_routing_by_prefix_goes_on_after_the_prefix_tree_actor_is_lost(served: S
 
 
 BALANCE_PROBE = Path(__file__).parent / "ray_balance_probe.py"
-ANSWERED = "answered per replica: "
-"""How the probe's line of counts starts (Ray may print its workers' logs on the driver's output after it)."""
+BATCHES = (1, 4)
+ANSWERED = re.compile(r"^answered per replica at batch (\d+): (\[.*\])$", re.MULTILINE)
+"""The probe's line of counts for a batch (Ray may print its workers' logs on the driver's output around it)."""
 
 
-@pytest.mark.parametrize("batch", [1, 4])
-def test_the_prefix_router_balances_one_hot_prompt_at_every_batch(served: Served, batch: int) -> None:
+@pytest.fixture(scope="module")
+def balanced(served: Served) -> dict[int, list[int]]:
+    """What each batch's two replicas answered: one run of the probe for every batch, side by side."""
+    done = served.head.run("python", str(BALANCE_PROBE), "balance", PREFIX_ROUTER, "8",
+                           *[f"{batch}:{imbalance_threshold(batch)}" for batch in BATCHES], timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = {int(batch): json.loads(counts) for batch, counts in ANSWERED.findall(done.stdout)}
+    assert set(found) == set(BATCHES), done.stdout[-2000:]
+    return found
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_the_prefix_router_balances_one_hot_prompt_at_every_batch(balanced: dict[int, list[int]], batch: int) -> None:
     """Two replicas that take `batch` requests at once (a role's max_ongoing_requests, its max_num_seqs) and hold each
     for a second, behind Triarch's router with Triarch's default threshold for that batch, sent 8 requests of one
     prompt at once: both replicas answer half (issue 47, item 7). Measured on this cluster (2026-12-06), with the
     threshold half a batch rounded up to 1 at batch 1 (Triarch's before) and with Ray's default (never balance) at
     batch 4, one replica answered all 8 while the other idled."""
-    done = served.head.run("python", str(BALANCE_PROBE), f"balance-{batch}", PREFIX_ROUTER, str(batch),
-                           str(imbalance_threshold(batch)), "8", timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    [line] = [line for line in done.stdout.splitlines() if line.startswith(ANSWERED)] or [done.stdout[-2000:]]
-    answered = json.loads(line.removeprefix(ANSWERED))
+    answered = balanced[batch]
     assert len(answered) == 2 and min(answered) >= 3, answered
-
